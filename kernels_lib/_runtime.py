@@ -1,0 +1,39 @@
+"""Where the kernels run: compiled Triton on CUDA, Triton's interpreter on a machine without a GPU.
+
+The choice is made once, when ``kernels_lib`` is imported and before any kernel is defined:
+``triton.jit`` reads ``TRITON_INTERPRET`` at decoration time, so the variable must be set before
+the kernel modules are imported. On a machine without CUDA we set it; the kernels then take CPU
+tensors and run as NumPy code (slow, exact enough to test against a float64 reference). On a CUDA
+machine they are compiled and take CUDA tensors only. Nothing here is for the user to set; an
+explicit ``TRITON_INTERPRET`` in the environment is respected.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: True when the kernels run through Triton's interpreter (CPU tensors), False when compiled (CUDA).
+INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+#: The device the kernels take tensors on.
+KERNEL_DEVICE: str = "cpu" if INTERPRETED else "cuda"
+
+
+def default_device() -> torch.device:
+    """The device on which this machine's kernels run (``cuda`` when compiled, ``cpu`` when interpreted)."""
+    return torch.device(KERNEL_DEVICE)
+
+
+def check_kernel_device(name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor the kernels of this machine cannot read, naming the argument."""
+    if tensor.device.type != KERNEL_DEVICE:
+        mode = "Triton's interpreter (no CUDA on this machine)" if INTERPRETED else "compiled Triton on CUDA"
+        raise ValueError(
+            f"{name} is on {tensor.device}, but kernels_lib runs its kernels with {mode} and "
+            f"needs {KERNEL_DEVICE} tensors; move {name} with .to({KERNEL_DEVICE!r})."
+        )
