@@ -76,9 +76,9 @@ def kl_div_forward_kernel(
         tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
-def num_programs(numel: int) -> int:
+def num_programs(numel: int, block: int = BLOCK) -> int:
     """The grid size for ``numel`` elements (the length of the partial-sum buffer)."""
-    return triton.cdiv(numel, BLOCK)
+    return triton.cdiv(numel, block)
 
 
 def launch_kl_div_forward(
@@ -90,19 +90,22 @@ def launch_kl_div_forward(
     loss: torch.Tensor | None,
     grad: torch.Tensor | None,
     grad_scale: float = 1.0,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Launch the forward kernel on contiguous ``input`` and ``target`` of the same numel.
 
     Exactly one of ``partial`` (float32, ``num_programs(numel)`` elements: reduce) and ``loss``
     (``numel`` elements: pointwise) is given; ``grad`` (``numel`` elements) when the gradient is
     wanted. Buffers are written, never read, so callers may pass ``torch.empty`` (tests pass
-    NaN-poisoned ones to prove every element is written).
+    NaN-poisoned ones to prove every element is written). ``block`` and ``num_warps`` are the tuning
+    dials (``partial`` then has ``num_programs(numel, block)`` elements).
     """
     if (partial is None) == (loss is None):
         raise ValueError("give exactly one of partial (reduce) and loss (pointwise)")
     numel = input.numel()
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
-    kl_div_forward_kernel[(num_programs(numel),)](
+    kl_div_forward_kernel[(num_programs(numel, block),)](
         input,
         target,
         partial if partial is not None else input,
@@ -113,6 +116,6 @@ def launch_kl_div_forward(
         LOG_TARGET=bool(log_target),
         REDUCE=partial is not None,
         WRITE_GRAD=grad is not None,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
+        BLOCK=block,
+        num_warps=num_warps,
     )

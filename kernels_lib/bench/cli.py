@@ -1,0 +1,108 @@
+"""Command line: run a sweep on this machine and append it to ``data/measured/<loss>.csv``.
+
+Examples::
+
+    ./workbench bench kl_div --preset published          # the published workload (on a GPU)
+    ./workbench bench kl_div --preset small              # the CPU-sized version
+    ./workbench bench kl_div --x V --values 4096,50257 --size N=1024 --dtype bfloat16 \\
+        --providers kernels_lib,torch --modes forward,full --dry-run
+
+The ceilings (copy bandwidth, matmul rate) are measured in the same run on CUDA and appended to
+``data/measured/ceilings.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from .. import data
+from .._runtime import default_device
+from .spec import get_spec, registered_losses
+from .timing import MODES
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _size(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not name or not value.isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=POSITIVE_INT, got {text!r}")
+    return name, int(value)
+
+
+def _device(text: str) -> torch.device:
+    if text not in ("auto", "cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu or cuda, got {text!r}")
+    device = default_device() if text == "auto" else torch.device(text)
+    if device != default_device():
+        raise argparse.ArgumentTypeError(f"kernels_lib runs on {default_device()} on this machine, not {text}")
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernels-bench", description=__doc__.split("\n")[0])
+    p.add_argument("loss", choices=registered_losses(), help="the loss, named as in the published CSV")
+    p.add_argument("--preset", choices=("published", "small"), help="the published workload or its CPU-sized version")
+    p.add_argument("--x", dest="x_name", help="the swept axis (default: the preset's)")
+    p.add_argument("--values", type=_positive_ints, help="comma-separated points of the swept axis")
+    p.add_argument("--size", type=_size, action="append", default=[], help="a fixed size, NAME=INT (repeatable)")
+    p.add_argument("--dtype", choices=DTYPES, help="input dtype (default: the preset's)")
+    p.add_argument("--providers", help="comma-separated providers (default: all that run here)")
+    p.add_argument("--modes", default="forward,forward_no_grad,full", help=f"comma-separated, among {', '.join(MODES)}")
+    p.add_argument("--device", type=_device, default="auto", help="auto (default), cpu or cuda")
+    p.add_argument("--dry-run", action="store_true", help="print the rows, append nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    spec = get_spec(args.loss)
+    preset = spec.published if args.preset == "published" or (args.preset is None and args.device.type == "cuda") else spec.small
+    providers = args.providers.split(",") if args.providers else None
+    modes = args.modes.split(",")
+    from .ceilings import measure_ceilings
+    from .sweep import run_sweep
+
+    try:
+        rows = run_sweep(
+            args.loss,
+            x_name=args.x_name or preset["x_name"],
+            x_values=args.values or preset["x_values"],
+            sizes={**preset["sizes"], **dict(args.size)},
+            dtype=DTYPES[args.dtype] if args.dtype else preset["dtype"],
+            device=args.device,
+            providers=providers,
+            modes=modes,
+            progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True),
+        )
+    except ValueError as error:  # unknown providers or modes
+        cli.error(str(error))
+    ceilings = measure_ceilings(args.device)
+    shown = ["kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "y_value_50", "y_value_20", "y_value_80"]
+    print(rows[shown].to_string(index=False))
+    if len(ceilings):
+        print(ceilings[["kernel_name", "metric_unit", "y_value_50"]].to_string(index=False))
+    if args.dry_run:
+        return 0
+    print(f"appended {len(rows)} rows to {data.append_measured(rows, args.loss)}")
+    if len(ceilings):
+        print(f"appended {len(ceilings)} rows to {data.append_measured(ceilings, 'ceilings')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

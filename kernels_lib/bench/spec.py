@@ -1,0 +1,82 @@
+"""What the benchmark and the checks need to know about one loss, behind one interface.
+
+A :class:`LossSpec` names the loss as the published CSV does, lists its providers (each a thin
+adapter with the signature of ``kernels_lib.<loss>``), makes inputs for a size, and says how many
+bytes and FLOPs a call must at least move or do (for the floors on the charts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Inputs:
+    """Positional and keyword arguments of one call, and the tensors that take gradients."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    grad_inputs: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An implementation under one name. ``load`` returns the callable, or raises ImportError /
+    RuntimeError with the reason it cannot run here (a peer not installed, no CUDA)."""
+
+    name: str
+    load: Callable[[], Callable]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One loss as the workbench measures it.
+
+    Attributes:
+        kernel_name: the published CSV's ``kernel_name``.
+        providers: name -> Provider, in display order.
+        make_inputs: ``(sizes: dict, dtype, device, options: dict, seed) -> Inputs``.
+        published: the published workload: ``x_name``, ``x_label``, ``x_values``, ``sizes``, ``dtype``.
+        small: a CPU-sized version of the same workload (the interpreter is slow).
+        bytes_moved: ``(sizes, dtype, mode) -> bytes`` at least read and written by a fused kernel.
+        baseline: the provider that is the published baseline (and, on float64 inputs, the reference).
+        default_options: the loss's options as the published workload sets them.
+    """
+
+    kernel_name: str
+    providers: dict[str, Provider]
+    make_inputs: Callable[..., Inputs]
+    published: dict
+    small: dict
+    bytes_moved: Callable[[dict, torch.dtype, str], int]
+    baseline: str
+    default_options: dict = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, LossSpec] = {}
+
+
+def register(spec: LossSpec) -> LossSpec:
+    _REGISTRY[spec.kernel_name] = spec
+    return spec
+
+
+def registered_losses() -> list[str]:
+    _load_all()
+    return list(_REGISTRY)
+
+
+def get_spec(kernel_name: str) -> LossSpec:
+    """The spec of ``kernel_name`` (as in the published CSV, e.g. ``kl_div``)."""
+    _load_all()
+    if kernel_name not in _REGISTRY:
+        raise ValueError(f"loss must be one of {', '.join(_REGISTRY)}; got {kernel_name!r}")
+    return _REGISTRY[kernel_name]
+
+
+def _load_all() -> None:
+    from . import kl_div  # noqa: F401  (registers itself)

@@ -1,0 +1,100 @@
+"""How one provider call is timed and its memory measured.
+
+Speed on CUDA: ``triton.testing.do_bench`` (CUDA events, L2 flushed between repeats), median and
+p20/p80 in milliseconds. On CPU there are no events: a wall-clock timer over a few repeats, labelled
+``wall_clock_cpu`` in the ``timer`` column, since interpreter times say nothing about a GPU.
+
+Memory on CUDA: peak allocated during one call minus what was allocated before it (the inputs),
+in MiB (the published rows' "MB"). On CPU the caching allocator keeps no statistics: NaN.
+
+Modes, as in the published harness (inputs that take gradients have ``requires_grad=True``):
+``forward`` the loss; ``forward_no_grad`` the loss under ``torch.no_grad()``; ``backward`` only
+``loss.backward()`` on a retained graph; ``full`` forward and backward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MODES = ("forward", "forward_no_grad", "backward", "full")
+QUANTILES = (0.5, 0.2, 0.8)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and p20/p80 of one measurement, and how it was taken."""
+
+    p50: float
+    p20: float
+    p80: float
+    timer: str
+
+
+def _clear_grads(tensors: list[torch.Tensor]) -> None:
+    for tensor in tensors:
+        tensor.grad = None
+
+
+def mode_callable(call: Callable[[], torch.Tensor], grad_inputs: list[torch.Tensor], mode: str) -> Callable[[], None]:
+    """The function that ``mode`` times: ``call`` returns the loss of one provider on fixed inputs."""
+    if mode == "forward":
+        return lambda: call()
+    if mode == "forward_no_grad":
+
+        def forward_no_grad():
+            with torch.no_grad():
+                call()
+
+        return forward_no_grad
+    if mode == "full":
+
+        def full():
+            _clear_grads(grad_inputs)
+            call().backward()
+
+        return full
+    if mode == "backward":
+        loss = call()
+
+        def backward():
+            _clear_grads(grad_inputs)
+            loss.backward(retain_graph=True)
+
+        return backward
+    raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+
+
+def time_callable(fn: Callable[[], None], device: torch.device, *, grad_to_none=None, cpu_repeats: int = 5) -> Timing:
+    """Time ``fn``: ``do_bench`` quantiles on CUDA, wall clock over ``cpu_repeats`` runs after one warm-up on CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        p50, p20, p80 = triton.testing.do_bench(fn, quantiles=list(QUANTILES), grad_to_none=grad_to_none)
+        return Timing(float(p50), float(p20), float(p80), "cuda_events_do_bench")
+    fn()
+    samples = []
+    for _ in range(cpu_repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    p50, p20, p80 = np.quantile(samples, QUANTILES)
+    return Timing(float(p50), float(p20), float(p80), "wall_clock_cpu")
+
+
+def peak_memory_mib(fn: Callable[[], None], device: torch.device, grad_inputs: list[torch.Tensor]) -> float:
+    """Peak allocated during one ``fn()`` minus what was allocated before it (the inputs, with their
+    gradients cleared), in MiB; NaN on CPU."""
+    if device.type != "cuda":
+        return float("nan")
+    _clear_grads(grad_inputs)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20

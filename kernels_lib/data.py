@@ -1,0 +1,83 @@
+"""The data behind the charts: published rows (``data/published/``) and our measurements (``data/measured/``).
+
+Both share the published CSV's columns (SPEC §3); measured rows add provenance
+(:data:`kernels_lib.bench.sweep.MEASURED_COLUMNS`). A missing or unreadable file raises an error
+that names it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+PUBLISHED_ROWS = DATA_DIR / "published" / "liger_benchmark_rows.csv"
+PUBLISHED_PAGES = DATA_DIR / "published" / "kernelindex_pages.csv"
+MEASURED_DIR = DATA_DIR / "measured"
+
+_REQUIRED = ["kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "y_value_50", "gpu_name"]
+
+
+def read_rows(path: Path | str, required: list[str] = _REQUIRED) -> pd.DataFrame:
+    """Read one CSV of benchmark rows, checking it has the columns the charts need."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark data file {path} does not exist")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise ValueError(f"benchmark data file {path} is not a readable CSV: {error}") from error
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ValueError(f"benchmark data file {path} lacks the column(s) {', '.join(missing)}")
+    numeric = [c for c in ("x_value", "y_value_50", "y_value_20", "y_value_80") if c in frame.columns]
+    for column in numeric:
+        converted = pd.to_numeric(frame[column], errors="coerce")
+        if converted.isna().any() and not frame[column].isna().all():
+            bad = frame.loc[converted.isna() & frame[column].notna(), column].iloc[0]
+            raise ValueError(f"benchmark data file {path}: column {column} holds a non-number ({bad!r})")
+        frame[column] = converted
+    return frame
+
+
+def load_published(kernel_name: str | None = None) -> pd.DataFrame:
+    """Liger's published rows for the four losses, optionally one ``kernel_name`` (e.g. ``kl_div``)."""
+    frame = read_rows(PUBLISHED_ROWS)
+    return frame if kernel_name is None else frame[frame.kernel_name == kernel_name].reset_index(drop=True)
+
+
+def load_pages(kernel_name: str | None = None) -> pd.DataFrame:
+    """The forward medians quoted on the KernelIndex pages (``../shared/seeds/``)."""
+    frame = read_rows(PUBLISHED_PAGES, ["kernel_name", "kernel_provider", "x_value", "median_ms", "gpu_name"])
+    return frame if kernel_name is None else frame[frame.kernel_name == kernel_name].reset_index(drop=True)
+
+
+def measured_path(kernel_name: str) -> Path:
+    """Where the sweeps of ``kernel_name`` are appended (one CSV per loss; ``ceilings`` for the ceilings)."""
+    return MEASURED_DIR / f"{kernel_name}.csv"
+
+
+def load_measured(kernel_name: str, *, latest: bool = True) -> pd.DataFrame:
+    """Our measured rows of ``kernel_name``; with ``latest``, only the newest row of each
+    (GPU, provider, mode, metric, x, config), so re-runs replace older figures on the charts."""
+    path = measured_path(kernel_name)
+    if not path.exists():
+        return pd.DataFrame(columns=_REQUIRED)
+    frame = read_rows(path)
+    if latest and len(frame):
+        key = ["gpu_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "extra_benchmark_config_str"]
+        frame = frame.sort_values("timestamp").drop_duplicates(key, keep="last").reset_index(drop=True)
+    return frame
+
+
+def append_measured(rows: pd.DataFrame, kernel_name: str) -> Path:
+    """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path."""
+    path = measured_path(kernel_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        existing = read_rows(path)
+        if list(existing.columns) != list(rows.columns):
+            raise ValueError(f"benchmark data file {path} has other columns than the rows to append")
+    rows.to_csv(path, mode="a", header=not path.exists(), index=False)
+    return path
