@@ -54,3 +54,20 @@ def require_choice(name: str, value, choices: Iterable) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def require_same_dtype(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """Refuse differing dtypes (torch would promote or fail inside a matmul; we say which argument)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name_b} must have the dtype of {name_a} ({a.dtype}); got {b.dtype}")
+
+
+def require_ndim(name: str, tensor: torch.Tensor, ndim: int) -> None:
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s); got shape {tuple(tensor.shape)}")
+
+
+def require_index_dtype(name: str, tensor: torch.Tensor) -> None:
+    """Refuse anything but int64/int32 class indices."""
+    if tensor.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 or int32 tensor of class indices; got {tensor.dtype}")

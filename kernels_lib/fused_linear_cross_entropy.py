@@ -1,0 +1,447 @@
+r"""Fused linear + cross-entropy: the LM-head loss without the ``N × V`` logits.
+
+.. math::
+
+    z = x W^\top + b, \qquad c = s \tanh(z / s)\ \text{(softcap, optional)}, \qquad
+    \mathrm{lse}_i = \log \textstyle\sum_j e^{c_{ij}},
+
+    \ell_i = (1-\varepsilon)(\mathrm{lse}_i - c_{i,y_i})
+             + \varepsilon\,(\mathrm{lse}_i - \tfrac1V \textstyle\sum_j c_{ij})
+             + \lambda\,\mathrm{lse}_i^2
+    \quad\text{for valid rows } (y_i \ne \text{ignore\_index}),\ 0 \text{ otherwise},
+
+reduced by ``mean`` (over the valid rows), ``sum`` or ``none``. With :math:`\varepsilon = \lambda = 0`
+and no softcap this is ``F.cross_entropy(x @ W.T + b, y)``; with them it is torch's label smoothing,
+the z-loss of PaLM, and Gemma 2's logit softcap. The gradient with respect to the logits is
+
+.. math::
+
+    \frac{\partial \ell_i}{\partial z_{ij}} = \Big(p_{ij}(1 + 2\lambda\,\mathrm{lse}_i)
+        - (1-\varepsilon)\delta_{j y_i} - \tfrac{\varepsilon}{V}\Big)\big(1 - (c_{ij}/s)^2\big),
+    \qquad dx = dz\,W, \quad dW = dz^\top x, \quad db = \textstyle\sum_i dz_i .
+
+Design
+------
+Rows are processed in chunks of ``chunk_size``. Per chunk: the logits ``x_c W^T + b`` are formed by
+one matmul into a reused ``chunk_size × V`` buffer; one Triton kernel
+(:mod:`kernels_lib.kernels.cross_entropy_chunk`) computes each row's lse and loss and, when a
+gradient is needed, overwrites the buffer in place with ``dz`` already multiplied by the reduction
+factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db += Σ dz``.
+
+* ``mean``/``sum``: the gradient is known in forward, so all of the above happens there (three
+  matmuls, the floor); backward only multiplies by ``grad_output``, and not at all when it is 1.
+* ``none``: the upstream gradient is per row and arrives only in backward, so forward keeps just
+  ``lse`` (4 bytes a row) and backward recomputes each logits chunk (a fourth matmul), running the
+  kernel without its first pass.
+* Without a gradient (``torch.no_grad()`` or no input requiring grad) only the loss is computed.
+
+The default chunk bounds one logits buffer at :data:`DEFAULT_CHUNK_BYTES` (256 MiB): about 1024
+rows at ``V = 128256`` in bf16. Fewer rows cost less memory but more passes over ``dW`` (each chunk
+reads and writes the whole ``V × H`` accumulator once); ``chunk_size`` is the dial.
+
+``accurate=True`` (the default, because the library promises float32 accumulation whatever the
+input dtype) accumulates ``dW`` and ``db`` across chunks in float32 and rounds once at the end, at
+the price of a ``V × H`` float32 buffer (2.1 GB for a Llama-3 head) next to the gradient itself.
+``accurate=False`` accumulates in the parameter dtype, as the memory-lean peers do: each chunk's
+contribution is rounded into a bf16/fp16 running sum, so the error grows with the number of chunks.
+With float32 parameters the two modes are the same.
+
+On a machine without CUDA the matmuls run in float32 (the kernels then run in Triton's
+interpreter); on CUDA they run in the input dtype with float32 accumulation inside cuBLAS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import _validate as v
+from ._runtime import INTERPRETED
+from .kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+
+REDUCTIONS = ("mean", "sum", "none")
+
+#: Bytes of one chunk of logits when ``chunk_size`` is not given.
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The non-tensor arguments, as given by the user after validation."""
+
+    ignore_index: int
+    reduction: str
+    label_smoothing: float
+    z_loss_scale: float
+    softcap: float | None
+    chunk_size: int | None
+    accurate: bool
+
+    def kernel_args(self) -> dict:
+        return dict(
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            z_loss_scale=self.z_loss_scale,
+            softcap=self.softcap,
+        )
+
+
+def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the logits chunk and of the matmuls: the input's on CUDA, float32 when interpreted."""
+    return torch.float32 if INTERPRETED else dtype
+
+
+def default_chunk_size(n_rows: int, n_cols: int, dtype: torch.dtype) -> int:
+    """Rows per chunk so that a ``rows × n_cols`` buffer of ``dtype`` fits in :data:`DEFAULT_CHUNK_BYTES`.
+
+    Rounded down to a multiple of 128 (matmul tiles) when that many fit; at least 1, at most ``n_rows``.
+    """
+    rows = DEFAULT_CHUNK_BYTES // (n_cols * torch.empty((), dtype=dtype).element_size())
+    if rows >= 128:
+        rows -= rows % 128
+    return max(1, min(n_rows, rows))
+
+
+def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out = a @ b``, written in place when the dtypes agree (else through a temporary)."""
+    if out.dtype == a.dtype:
+        torch.matmul(a, b, out=out)
+    else:
+        out.copy_(a @ b)
+
+
+def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int) -> None:
+    """``acc += a @ b`` in ``acc``'s dtype.
+
+    In one ``addmm_`` when the dtypes agree, or on CUDA into a float32 ``acc`` from half operands
+    (cuBLAS reads and writes the float32 sum directly: no temporary, no rounding of the product).
+    Otherwise slice by slice of ``acc``'s rows, each product made in ``a``'s dtype (a temporary of
+    at most ``max_temp_numel`` elements) and added once.
+    """
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+        return
+    if acc.is_cuda and acc.dtype == torch.float32:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        return
+    step = max(1, max_temp_numel // acc.shape[1])
+    for start in range(0, acc.shape[0], step):
+        acc[start : start + step].add_(a[start : start + step] @ b)
+
+
+class _GradientSums:
+    """``dx`` per chunk, ``dW`` and ``db`` summed over chunks, from each chunk's ``dz``.
+
+    ``dW``/``db`` accumulate in float32 when ``accurate`` (rounded to the parameter dtype once, in
+    :meth:`result`), else in the parameter dtype.
+    """
+
+    def __init__(self, x, weight, bias, needs, accurate: bool):
+        need_x, need_w, need_b = needs
+
+        def accumulator(param):
+            return torch.zeros(param.shape, dtype=torch.float32 if accurate else param.dtype, device=param.device)
+
+        self.dx = torch.empty_like(x) if need_x else None
+        self.dw = accumulator(weight) if need_w else None
+        self.db = accumulator(bias) if need_b else None
+        self.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+
+    def add_chunk(self, dz: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
+        """Add the contribution of one chunk: ``dx[rows] = dz W``, ``dW += dzᵀ x_c``, ``db += Σ dz``."""
+        if self.dx is not None:
+            _matmul_into(self.dx[rows], dz, w)
+        if self.dw is not None:
+            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel())
+        if self.db is not None:
+            self.db.add_(dz.sum(0, dtype=torch.float32))
+
+    def result(self):
+        dw = None if self.dw is None else self.dw.to(self.dtypes[0])
+        db = None if self.db is None else self.db.to(self.dtypes[1])
+        return self.dx, dw, db
+
+
+def _chunks(n_rows: int, chunk_size: int):
+    return (slice(start, min(start + chunk_size, n_rows)) for start in range(0, n_rows, chunk_size))
+
+
+def _logits_chunk(buffer: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+    """``x_c W^T + b`` written into the first ``len(x_c)`` rows of ``buffer``; returns that view."""
+    out = buffer[: x_c.shape[0]]
+    if b is None:
+        torch.matmul(x_c, w.t(), out=out)
+    else:
+        torch.addmm(b, x_c, w.t(), out=out)
+    return out
+
+
+class _Operands:
+    """The inputs cast once to the matmul dtype, the chunking, and the reused logits buffer."""
+
+    def __init__(self, x, weight, bias, chunk_size: int | None):
+        dtype = matmul_dtype(x.dtype)
+        self.x, self.w = x, weight.to(dtype)
+        self.b = bias.to(dtype) if bias is not None else None
+        n_rows, n_cols = x.shape[0], weight.shape[0]
+        self.chunk_size = min(chunk_size or default_chunk_size(n_rows, n_cols, dtype), n_rows)
+        self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
+
+    def __iter__(self):
+        """Yield ``(rows, x_c, logits_c)`` chunk by chunk (``logits_c`` is the reused buffer)."""
+        for rows in _chunks(self.x.shape[0], self.chunk_size):
+            x_c = self.x[rows].to(self.w.dtype)
+            yield rows, x_c, _logits_chunk(self.buffer, x_c, self.w, self.b)
+
+
+def _reduce(per_row: torch.Tensor, reduction: str, n_valid: int, shape) -> torch.Tensor:
+    """``none``: reshape to the target's shape; ``sum``; ``mean`` over valid rows (0 when none is valid)."""
+    if reduction == "none":
+        return per_row.view(shape)
+    total = per_row.sum()
+    return total / max(n_valid, 1) if reduction == "mean" else total
+
+
+class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, shape, n_valid, opts: _Options, needs):
+        ops = _Operands(x, weight, bias, opts.chunk_size)
+        n_rows = x.shape[0]
+        lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
+        fuse_grad = any(needs) and opts.reduction != "none"
+        grads = _GradientSums(x, weight, bias, needs, opts.accurate) if fuse_grad else None
+        factor = 1.0 / max(n_valid, 1) if opts.reduction == "mean" else 1.0
+        scale = torch.full((1,), factor, dtype=torch.float32, device=x.device)
+        for rows, x_c, logits in ops:
+            launch_cross_entropy_chunk(
+                logits,
+                target[rows],
+                lse=lse[rows],
+                loss=loss[rows],
+                z_loss=z_loss[rows],
+                grad_scale=scale if fuse_grad else None,
+                **opts.kernel_args(),
+            )
+            if fuse_grad:
+                grads.add_chunk(logits, x_c, ops.w, rows)
+        ctx.opts, ctx.needs = opts, needs
+        if fuse_grad:
+            ctx.save_for_backward(*grads.result())
+        elif any(needs):
+            ctx.save_for_backward(x, weight, bias, target, lse)
+        z_loss = _reduce(z_loss, opts.reduction, n_valid, shape)
+        ctx.mark_non_differentiable(z_loss)
+        return _reduce(loss, opts.reduction, n_valid, shape), z_loss
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_z_loss):
+        if ctx.opts.reduction == "none":
+            dx, dw, db = _backward_recompute(ctx, grad_output)
+        else:
+            dx, dw, db = ctx.saved_tensors
+            # One host sync to skip a pass over dx and dW in the common case grad_output == 1.
+            if not bool(grad_output == 1):
+                dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
+        return dx, dw, db, None, None, None, None, None
+
+
+def _backward_recompute(ctx, grad_output: torch.Tensor):
+    """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse."""
+    x, weight, bias, target, lse = ctx.saved_tensors
+    scale = grad_output.reshape(-1).to(torch.float32).contiguous()
+    ops = _Operands(x, weight, bias, ctx.opts.chunk_size)
+    grads = _GradientSums(x, weight, bias, ctx.needs, ctx.opts.accurate)
+    for rows, x_c, logits in ops:
+        launch_cross_entropy_chunk(
+            logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
+            **ctx.opts.kernel_args(),
+        )
+        grads.add_chunk(logits, x_c, ops.w, rows)
+    return grads.result()
+
+
+def _validate_tensors(x, weight, target, bias) -> None:
+    v.require_tensor("x", x)
+    v.require_tensor("weight", weight)
+    v.require_tensor("target", target)
+    v.require_float("x", x)
+    v.require_float("weight", weight)
+    v.require_same_dtype("x", x, "weight", weight)
+    v.require_nonempty("x", x)
+    v.require_ndim("weight", weight, 2)
+    v.require_nonempty("weight", weight, min_dim=2)
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (V, H) with H = x.shape[-1] = {x.shape[-1]}; got {tuple(weight.shape)}"
+        )
+    v.require_index_dtype("target", target)
+    if target.shape != x.shape[:-1]:
+        raise ValueError(
+            f"target must have shape x.shape[:-1] = {tuple(x.shape[:-1])}; got {tuple(target.shape)}"
+        )
+    tensors = {"x": x, "weight": weight, "target": target}
+    if bias is not None:
+        v.require_tensor("bias", bias)
+        v.require_float("bias", bias)
+        v.require_same_dtype("x", x, "bias", bias)
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"bias must have shape (V,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
+        tensors["bias"] = bias
+    v.require_same_device(tensors)
+
+
+def _validate_options(
+    ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+) -> None:
+    def real(name, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"{name} must be a finite real number; got {value!r}")
+
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int; got {ignore_index!r}")
+    v.require_choice("reduction", reduction, REDUCTIONS)
+    real("label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
+    real("z_loss_scale", z_loss_scale)
+    if z_loss_scale < 0:
+        raise ValueError(f"z_loss_scale must be >= 0; got {z_loss_scale}")
+    if softcap is not None:
+        real("softcap", softcap)
+        if softcap <= 0:
+            raise ValueError(f"softcap must be None or > 0; got {softcap}")
+    for name, value in (("return_z_loss", return_z_loss), ("accurate", accurate)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool; got {value!r}")
+    positive_int = isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
+    if chunk_size is not None and not positive_int:
+        raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
+
+
+def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int) -> int:
+    """The number of rows whose target is not ``ignore_index``; refuses targets outside ``[0, V)``."""
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= n_cols))
+    counts = torch.stack([valid.sum(), bad.sum()]).tolist()  # one host sync for both
+    if counts[1]:
+        first = target[bad][0].item()
+        raise ValueError(
+            f"target holds {counts[1]} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
+            f" (e.g. {first})"
+        )
+    return counts[0]
+
+
+def fused_linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss_scale: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+    chunk_size: int | None = None,
+    accurate: bool = True,
+):
+    """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
+
+    Args:
+        x: hidden states, shape ``(..., H)`` (leading dims flatten to ``N`` rows); float32,
+            bfloat16 or float16. Gradients flow to it.
+        weight: the LM head, ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        target: class indices of shape ``x.shape[:-1]``, int64 or int32, aligned with the rows (no
+            shift inside), each in ``[0, V)`` or equal to ``ignore_index``.
+        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        ignore_index: target value of rows that contribute nothing (loss and gradient 0).
+        reduction: ``"mean"`` (over the valid rows), ``"sum"`` or ``"none"`` (per row, shape of
+            ``target``, 0 at ignored rows).
+        label_smoothing: ε in [0, 1], as ``torch.nn.functional.cross_entropy`` defines it.
+        z_loss_scale: λ ≥ 0; adds ``λ·lse²`` per valid row to the loss.
+        softcap: ``s > 0`` replaces the logits by ``s·tanh(z/s)`` before everything, or None.
+        return_z_loss: also return the z-loss term alone (same reduction), for logging: it is
+            already included in the loss, and no gradient flows through this second output.
+        chunk_size: rows per chunk, or None for :func:`default_chunk_size` (a 256 MiB logits buffer).
+        accurate: accumulate ``dW``/``db`` over chunks in float32 (default) rather than in the
+            parameter dtype (saves a ``V × H`` float32 buffer, loses precision with many chunks).
+
+    Returns:
+        The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
+        upcasts the logits), or ``(loss, z_loss)`` with ``return_z_loss``. With ``mean`` and every
+        target ignored the loss is 0 and all gradients are 0 (torch gives NaN), so a batch of pure
+        padding does not poison training. NaN in ``x``, ``weight`` or ``bias`` gives a NaN loss.
+
+    Memory: with ``mean``/``sum`` the gradients are formed in forward and held until backward
+    (``dx``, ``dW``, ``db``: the size of the inputs). With ``none`` forward keeps one float per row
+    (the log-sum-exp) and backward recomputes the logits chunk by chunk (one more matmul).
+
+    Raises:
+        TypeError: a non-tensor, a dtype other than float32/bfloat16/float16 for ``x``/``weight``/
+            ``bias`` or differing between them, a non-integer ``target``, an option of the wrong type.
+        ValueError: shapes that do not fit (naming the argument), empty ``x``, tensors on different
+            devices or one the kernels cannot run on, targets outside ``[0, V)`` other than
+            ``ignore_index``, an option out of range.
+    """
+    _validate_tensors(x, weight, target, bias)
+    _validate_options(
+        ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+    )
+    n_valid = _count_valid(target, weight.shape[0], ignore_index)
+    grad_on = torch.is_grad_enabled()
+    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+    opts = _Options(
+        ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
+        None if softcap is None else float(softcap), chunk_size, accurate,
+    )
+    loss, z_loss = _FusedLinearCrossEntropyFunction.apply(
+        x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
+        target.shape, n_valid, opts, needs,
+    )
+    return (loss, z_loss) if return_z_loss else loss
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`fused_linear_cross_entropy`; ``forward(x, weight, target, bias=None)``.
+
+    The module holds the options only: the LM head's ``weight`` (and ``bias``) stay with the model
+    and are passed at each call.
+    """
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss_scale: float = 0.0,
+        softcap: float | None = None,
+        return_z_loss: bool = False,
+        chunk_size: int | None = None,
+        accurate: bool = True,
+    ):
+        super().__init__()
+        _validate_options(
+            ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+        )
+        self.options = dict(
+            ignore_index=ignore_index,
+            reduction=reduction,
+            label_smoothing=label_smoothing,
+            z_loss_scale=z_loss_scale,
+            softcap=softcap,
+            return_z_loss=return_z_loss,
+            chunk_size=chunk_size,
+            accurate=accurate,
+        )
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None
+    ):
+        return fused_linear_cross_entropy(x, weight, target, bias, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
