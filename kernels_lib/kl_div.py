@@ -12,8 +12,8 @@ for ``batchmean`` (the mathematically correct KL when rows are distributions, as
 
 Cost: with a reduction and ``input.requires_grad`` one pass reads both inputs and writes the
 gradient (12 bytes per fp32 element); backward then only scales it, and not at all when the
-upstream gradient is 1 (the usual ``loss.backward()``), so ``input.grad`` is the forward buffer
-itself. Without grad the pass reads 8 bytes per element and writes one float per 4096 elements.
+upstream gradient is 1 (the usual ``loss.backward()``; decided on the GPU, with no host sync), so
+``input.grad`` is the forward buffer itself. Without grad the pass reads 8 bytes per element and writes one float per 4096 elements.
 With ``reduction="none"`` forward writes the pointwise loss and backward forms ``-t * g``.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
-from .kernels.kl_div_backward import launch_kl_div_backward
+from .kernels.kl_div_backward import launch_kl_div_backward, launch_scale_gradient
 from .kernels.kl_div_forward import launch_kl_div_forward, num_programs
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
@@ -53,20 +53,30 @@ class _KLDivFunction(torch.autograd.Function):
         )
         if needs_grad:
             # Saved (not kept on ctx) so autograd releases it after backward and input.grad can
-            # take this very buffer instead of a copy.
-            ctx.save_for_backward(grad)
+            # take this very buffer instead of a copy. target is kept for a second backward.
+            ctx.divisor, ctx.handed_out = divisor, False
+            ctx.save_for_backward(grad, t)
         return (partial.sum() / divisor).to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        (saved,) = ctx.saved_tensors
         if ctx.reduction == "none":
-            grad = torch.empty(saved.shape, dtype=ctx.input_dtype, device=saved.device)
-            launch_kl_div_backward(saved, grad_output.contiguous(), log_target=ctx.log_target, grad=grad)
+            (target,) = ctx.saved_tensors
+            grad = torch.empty(target.shape, dtype=ctx.input_dtype, device=target.device)
+            launch_kl_div_backward(target, grad_output.contiguous(), log_target=ctx.log_target, grad=grad)
             return grad, None, None, None, None
-        # One host sync to skip a full read+write pass in the common case grad_output == 1.
-        grad = saved if bool(grad_output == 1) else saved * grad_output.to(saved.dtype)
-        return grad, None, None, None, None
+        grad, target = ctx.saved_tensors
+        if not ctx.handed_out:
+            # The forward buffer times grad_output, in place, with no host sync (free when it is 1).
+            ctx.handed_out = True
+            launch_scale_gradient(grad, grad_output)
+            return grad, None, None, None, None
+        # A second backward through a retained graph: the buffer is already someone's gradient.
+        fresh = torch.empty_like(grad)
+        launch_kl_div_backward(
+            target, grad_output, log_target=ctx.log_target, grad=fresh, grad_scale=1.0 / ctx.divisor
+        )
+        return fresh, None, None, None, None
 
 
 def kl_div(

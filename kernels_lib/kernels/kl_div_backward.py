@@ -1,12 +1,21 @@
-r"""KL divergence, backward stage for ``reduction="none"``.
+r"""KL divergence, backward stages.
 
-With a reduction the forward stage already wrote the gradient. With ``none`` the upstream
-gradient :math:`g` is a tensor of the input's shape that exists only in backward, so the gradient
+**Scaling the forward gradient** (``scale_gradient_kernel``). With a reduction the forward stage
+already wrote :math:`-t\,s`; the chain rule multiplies it by the upstream scalar :math:`g`. Each
+program reads :math:`g` from device memory and returns at once when :math:`g = 1` (the usual
+``loss.backward()``), so the common case moves no bytes and, unlike comparing :math:`g` with 1
+on the host, never makes the host wait for the GPU. Otherwise it scales its block in place
+(4 bytes read and 4 written per fp32 element).
 
-.. math:: \partial L / \partial x = -t \cdot g \quad (\text{or } -e^{t} \cdot g)
+**Forming the gradient** (``kl_div_backward_kernel``). With ``reduction="none"`` the upstream
+gradient :math:`g` is a tensor of the input's shape that exists only in backward, so
 
-is formed here in one pass: 2 loads and 1 store per element, about 2 FLOPs. (Writing ``-t`` in
-forward would be a copy of the target that backward then reads again: one more pass, not one less.)
+.. math:: \partial L / \partial x = -t \cdot g \cdot s \quad (\text{or } -e^{t} \cdot g \cdot s)
+
+is formed here in one pass: 2 loads and 1 store per element, about 3 FLOPs. (Writing ``-t`` in
+forward would be a copy of the target that backward then reads again: one more pass, not one
+less.) The same kernel with a scalar :math:`g` re-forms a reduced loss's gradient when backward
+runs a second time through a retained graph (the forward buffer was already handed out).
 """
 
 from __future__ import annotations
@@ -19,27 +28,58 @@ from .kl_div_forward import BLOCK, NUM_WARPS
 
 
 @triton.jit
+def scale_gradient_kernel(
+    grad_ptr,  # numel elements, scaled in place
+    grad_output_ptr,  # the upstream gradient: one element
+    numel,  # number of elements of grad (may exceed 2**31)
+    BLOCK: tl.constexpr,  # elements per program
+):
+    g = tl.load(grad_output_ptr).to(tl.float32)
+    if g != 1.0:
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < numel
+        grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(grad_ptr + offsets, (grad * g).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def kl_div_backward_kernel(
     target_ptr,  # probabilities (or log-probabilities), numel elements, contiguous
-    grad_output_ptr,  # upstream gradient of the pointwise loss, numel elements, contiguous
+    grad_output_ptr,  # upstream gradient: numel elements, or one element when SCALAR_UPSTREAM
     grad_ptr,  # numel elements: the gradient with respect to input
     numel,  # number of elements (may exceed 2**31)
+    grad_scale,  # float: the reduction's factor (1 for "none")
     LOG_TARGET: tl.constexpr,  # target holds log-probabilities
+    SCALAR_UPSTREAM: tl.constexpr,  # grad_output is one element (a reduced loss)
     BLOCK: tl.constexpr,  # elements per program
 ):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < numel
     t = tl.load(target_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(grad_output_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if SCALAR_UPSTREAM:
+        g = tl.load(grad_output_ptr).to(tl.float32)
+    else:
+        g = tl.load(grad_output_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     p = tl.exp(t) if LOG_TARGET else t
-    tl.store(grad_ptr + offsets, (-p * g).to(grad_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_ptr + offsets, (-p * g * grad_scale).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_scale_gradient(grad: torch.Tensor, grad_output: torch.Tensor) -> None:
+    """``grad *= grad_output`` in place (contiguous ``grad``, one-element ``grad_output``); nothing moves when it is 1."""
+    numel = grad.numel()
+    scale_gradient_kernel[(triton.cdiv(numel, BLOCK),)](grad, grad_output, numel, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def launch_kl_div_backward(
-    target: torch.Tensor, grad_output: torch.Tensor, *, log_target: bool, grad: torch.Tensor
+    target: torch.Tensor, grad_output: torch.Tensor, *, log_target: bool, grad: torch.Tensor, grad_scale: float = 1.0
 ) -> None:
-    """Write ``grad = -target * grad_output`` (or ``-exp(target) * grad_output``); all contiguous."""
+    """Write ``grad = -target * grad_output * grad_scale`` (or with ``exp(target)``); all contiguous.
+
+    ``grad_output`` has either target's numel or one element (then it multiplies every element).
+    """
     numel = target.numel()
     kl_div_backward_kernel[(triton.cdiv(numel, BLOCK),)](
-        target, grad_output, grad, numel, LOG_TARGET=bool(log_target), BLOCK=BLOCK, num_warps=NUM_WARPS
+        target, grad_output, grad, numel, float(grad_scale),
+        LOG_TARGET=bool(log_target), SCALAR_UPSTREAM=grad_output.shape != target.shape,
+        BLOCK=BLOCK, num_warps=NUM_WARPS,
     )

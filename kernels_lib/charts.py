@@ -1,0 +1,102 @@
+"""Plotly charts of published and measured rows (both in the published CSV's layout).
+
+:func:`scaling_chart` redraws Liger's published scaling chart: one panel per (metric, mode), the
+swept axis on x, median on y, a p20–p80 band around each line. Liger's charts put x on a log₂
+scale for these workloads (powers of two) and y linear; so do we. Each trace is named
+``provider · GPU (published|measured)`` so rows from different GPUs never read as one series.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PANELS = (("speed", "forward"), ("speed", "full"), ("memory", "full"))
+COLORS = {
+    "kernels_lib": "#d62728",
+    "torch": "#1f77b4",
+    "huggingface": "#1f77b4",
+    "liger": "#2ca02c",
+    "cce": "#9467bd",
+}
+UNITS = {"speed": "ms", "memory": "MB"}
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _series(frame: pd.DataFrame, source: str):
+    """Yield (name, provider, source, rows sorted by x) per (GPU, provider) of ``frame``."""
+    for (gpu, provider), rows in frame.groupby(["gpu_name", "kernel_provider"], sort=False):
+        yield f"{provider} · {gpu} ({source})", provider, rows.sort_values("x_value")
+
+
+def scaling_chart(
+    published: pd.DataFrame | None,
+    measured: pd.DataFrame | None,
+    *,
+    x_label: str,
+    title: str,
+    panels=PANELS,
+    log_x: bool = True,
+) -> go.Figure:
+    """The published scaling chart with our measured rows beside it.
+
+    ``published`` and ``measured``: rows of one loss (either may be None or empty). Each panel
+    shows the rows of its (metric, mode); a line per (GPU, provider, source) with its p20–p80 band.
+    Published lines are dashed, measured ones solid.
+    """
+    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{m} · {mode}" for m, mode in panels])
+    sources = [(published, "published", "dash"), (measured, "measured", "solid")]
+    legend_seen = set()
+    for col, (metric, mode) in enumerate(panels, start=1):
+        for frame, source, dash in sources:
+            if frame is None or not len(frame):
+                continue
+            rows = frame[(frame.metric_name == metric) & (frame.kernel_operation_mode == mode)]
+            for name, provider, series in _series(rows, source):
+                color = COLORS.get(provider, "#7f7f7f")
+                x = series.x_value.tolist()
+                if {"y_value_20", "y_value_80"} <= set(series.columns):
+                    figure.add_trace(
+                        go.Scatter(
+                            x=x + x[::-1],
+                            y=series.y_value_80.tolist() + series.y_value_20.tolist()[::-1],
+                            fill="toself",
+                            fillcolor=_rgba(color, 0.15),
+                            line={"width": 0},
+                            hoverinfo="skip",
+                            showlegend=False,
+                            legendgroup=name,
+                            name=f"{name} p20–p80",
+                        ),
+                        row=1,
+                        col=col,
+                    )
+                figure.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=series.y_value_50,
+                        mode="lines+markers",
+                        name=name,
+                        legendgroup=name,
+                        showlegend=name not in legend_seen,
+                        line={"color": color, "dash": dash},
+                        hovertemplate=f"{name}<br>{x_label}=%{{x}}<br>%{{y:.4g}} {UNITS.get(metric, '')}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
+                legend_seen.add(name)
+        figure.update_xaxes(title_text=x_label, type="log" if log_x else "linear", row=1, col=col)
+        figure.update_yaxes(title_text=f"{metric} ({UNITS.get(metric, '')})", row=1, col=col)
+    figure.update_layout(title=title, height=460, legend={"orientation": "h", "y": -0.25}, margin={"t": 80})
+    return figure
+
+
+def line_traces(figure: go.Figure) -> list[go.Scatter]:
+    """The median lines of a :func:`scaling_chart` (the bands left out)."""
+    return [trace for trace in figure.data if trace.fill != "toself"]

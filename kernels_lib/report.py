@@ -1,0 +1,135 @@
+"""The main job: execute every notebook with papermill on this machine and export HTML reports.
+
+    python -m kernels_lib.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...]
+
+On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's interpreter); on
+a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
+(``interactive=False``: static figures for a fixed grid, no widgets). Executed notebooks go to
+``<out>/executed/``, self-contained HTML reports (figures embedded with plotly.js, readable offline)
+to ``<out>/``, with an ``index.html`` linking them. Cells tagged ``hide-input`` show their output
+only. A failing notebook stops the run with exit code 1, naming the notebook and the cell; its
+partial output stays in ``<out>/executed/`` for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import papermill
+from nbconvert import HTMLExporter
+from nbconvert.preprocessors import TagRemovePreprocessor
+
+from ._runtime import default_device
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised: names the notebook, the cell and where the partial output is."""
+
+
+def notebook_parameters(device: str) -> dict:
+    """The papermill parameters for this machine: small shapes on CPU, the published ones on CUDA."""
+    return {"device": device, "size": "full" if device == "cuda" else "small", "interactive": False}
+
+
+def export_html(executed: Path, html_path: Path) -> Path:
+    """Write a self-contained HTML report of an executed notebook (inputs of ``hide-input`` cells removed)."""
+    exporter = HTMLExporter(template_name="lab")
+    remover = TagRemovePreprocessor(remove_input_tags={"hide-input"}, enabled=True)
+    exporter.register_preprocessor(remover, enabled=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    html_path.write_text(body, encoding="utf-8")
+    return html_path
+
+
+def _failed_cell(executed: Path) -> str:
+    """The first cell of an executed notebook whose output is an error: 'cell N (first line)'."""
+    notebook = nbformat.read(executed, as_version=4)
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+                return f"cell {index} ({first[:60]!r}): {output.get('ename')}: {output.get('evalue')}"
+    return "an unknown cell"
+
+
+def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int) -> Path:
+    """Execute one notebook into ``out/executed/`` and export its HTML to ``out/``; return the HTML path."""
+    executed_dir = out / "executed"
+    executed_dir.mkdir(parents=True, exist_ok=True)
+    executed = executed_dir / notebook.name
+    try:
+        papermill.execute_notebook(
+            str(notebook),
+            str(executed),
+            parameters=parameters,
+            kernel_name="python3",
+            execution_timeout=timeout,
+            cwd=str(notebook.parent),
+            progress_bar=False,
+        )
+    except papermill.PapermillExecutionError as error:
+        raise NotebookFailed(
+            f"{notebook.name} failed in {_failed_cell(executed)}; partial output in {executed}"
+        ) from error
+    return export_html(executed, out / notebook.with_suffix(".html").name)
+
+
+def write_index(out: Path, reports: list[tuple[Path, float]], parameters: dict) -> Path:
+    """An index page linking each report."""
+    items = "\n".join(
+        f'<li><a href="{html.escape(path.name)}">{html.escape(path.stem)}</a> <small>({seconds:.0f} s)</small></li>'
+        for path, seconds in reports
+    )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>kernels_lib reports</title></head><body>"
+        "<h1>kernels_lib reports</h1>"
+        f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>.</p>"
+        f"<ul>\n{items}\n</ul></body></html>"
+    )
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels_lib.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks to run")
+    parser.add_argument("--only", nargs="*", help="notebook names (stems) to run; default: all")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    args = parser.parse_args(argv)
+    device = default_device().type if args.device == "auto" else args.device
+    notebooks = sorted(args.notebooks.glob("*.ipynb"))
+    if args.only:
+        notebooks = [nb for nb in notebooks if nb.stem in args.only]
+    if not notebooks:
+        parser.error(f"no notebooks to run in {args.notebooks}")
+    parameters = notebook_parameters(device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for notebook in notebooks:
+        print(f"running {notebook.name} with {parameters} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            html_path = run_notebook(notebook, args.out, parameters, args.timeout)
+        except NotebookFailed as failure:
+            print(f"error: {failure}", file=sys.stderr)
+            return 1
+        reports.append((html_path, time.perf_counter() - start))
+        print(f"  wrote {html_path}", flush=True)
+    index = write_index(args.out, reports, parameters)
+    print(f"reports: {index}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
