@@ -35,8 +35,10 @@ class NotebookFailed(RuntimeError):
 
 
 def notebook_parameters(device: str) -> dict:
-    """The papermill parameters for this machine: small shapes on CPU, the published ones on CUDA."""
-    return {"device": device, "size": "full" if device == "cuda" else "small", "interactive": False}
+    """The papermill parameters for this machine: small shapes on CPU; on CUDA the published ones,
+    whose sweeps are appended to data/measured/ (the GPU refresh)."""
+    full = device == "cuda"
+    return {"device": device, "size": "full" if full else "small", "interactive": False, "record": full}
 
 
 def export_html(executed: Path, html_path: Path) -> Path:
