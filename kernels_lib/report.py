@@ -51,10 +51,16 @@ def export_html(executed: Path, html_path: Path) -> Path:
     return html_path
 
 
+#: Cells papermill adds to the executed copy; left out when numbering cells as in the source notebook.
+_PAPERMILL_TAGS = {"injected-parameters", "papermill-error-cell-tag"}
+
+
 def _failed_cell(executed: Path) -> str:
-    """The first cell of an executed notebook whose output is an error: 'cell N (first line)'."""
+    """The first cell whose output is an error, numbered as in the source notebook (from 0):
+    'cell N (first line): Error: message'."""
     notebook = nbformat.read(executed, as_version=4)
-    for index, cell in enumerate(notebook.cells):
+    source_cells = [c for c in notebook.cells if not _PAPERMILL_TAGS & set(c.metadata.get("tags", []))]
+    for index, cell in enumerate(source_cells):
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""

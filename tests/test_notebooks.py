@@ -1,0 +1,83 @@
+"""The notebooks as papermill runs them in CI (CPU parameters), and the runner behind ./workbench reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from kernels_lib import report
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
+
+
+def _plotly_figures(html: str) -> int:
+    return html.count("Plotly.newPlot(")
+
+
+@pytest.mark.notebook
+def test_kl_notebook_runs_checks_and_exports_figures(tmp_path):
+    results = tmp_path / "results"
+    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
+    html_path = report.run_notebook(NOTEBOOKS / "02_kl_divergence.ipynb", tmp_path, parameters, timeout=900)
+
+    checks = pd.read_csv(results / "kl_div_checks.csv")
+    # 3 dtypes x 4 reductions x 2 log_target, on 2 shapes, all passed
+    assert len(checks) == 48
+    assert checks["passed"].all()
+    assert set(checks["dtype"]) == {"float32", "bfloat16", "float16"}
+    assert set(checks["reduction"]) == {"none", "sum", "mean", "batchmean"}
+    assert (checks.loc[checks.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()
+    assert (checks.loc[checks.dtype == "float32", "kernels_lib grad err"] < 1e-5).all()
+
+    executed = nbformat.read(tmp_path / "executed" / "02_kl_divergence.ipynb", as_version=4)
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    assert not any("ipywidgets" in str(o.get("data", {})) for c in executed.cells for o in c.get("outputs", []))
+
+    html = html_path.read_text(encoding="utf-8")
+    assert _plotly_figures(html) >= 2  # the sweep and the published chart
+    assert FALLBACK not in html
+    assert "every target met at every V" in html or "targets missed" in html
+
+
+def _failing_notebook(folder: Path) -> Path:
+    notebook = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell('device = "auto"\nsize = "auto"\ninteractive = True\nrecord = False')
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [
+        parameters,
+        nbformat.v4.new_code_cell("print('reached the first cell')"),
+        nbformat.v4.new_code_cell("raise RuntimeError('broken on purpose')"),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / "99_broken.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
+@pytest.mark.notebook
+def test_runner_stops_on_a_failing_notebook_and_names_it(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _failing_notebook(folder)
+    out = tmp_path / "out"
+    code = report.main(["--notebooks", str(folder), "--out", str(out), "--device", "cpu", "--timeout", "120"])
+    assert code == 1
+    message = capsys.readouterr().err
+    assert "99_broken.ipynb" in message and "RuntimeError" in message and "broken on purpose" in message
+    assert "cell 2 " in message  # numbered as in the source notebook, from 0
+    partial = nbformat.read(out / "executed" / "99_broken.ipynb", as_version=4)
+    printed = [o.get("text", "") for c in partial.cells for o in c.get("outputs", [])]
+    assert any("reached the first cell" in text for text in printed)
+    assert not (out / "index.html").exists()
+
+
+def test_runner_parameters_follow_the_device():
+    assert report.notebook_parameters("cpu") == {"device": "cpu", "size": "small", "interactive": False, "record": False}
+    assert report.notebook_parameters("cuda")["size"] == "full"
+    assert report.notebook_parameters("cuda")["record"] is True
