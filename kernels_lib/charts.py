@@ -100,3 +100,46 @@ def scaling_chart(
 def line_traces(figure: go.Figure) -> list[go.Scatter]:
     """The median lines of a :func:`scaling_chart` (the bands left out)."""
     return [trace for trace in figure.data if trace.fill != "toself"]
+
+
+def _base_provider(provider: str) -> str:
+    """``kernels_lib[chunk_size=512 accurate=False]`` → ``kernels_lib`` (for its color)."""
+    return provider.split("[", 1)[0]
+
+
+def speed_memory_chart(
+    rows: pd.DataFrame, x_value: int, mode: str = "full", *, title: str | None = None, floor_ms: float | None = None
+) -> go.Figure:
+    """Speed against memory at one point of the swept axis: one marker per provider (points of a
+    dial such as ``kernels_lib[chunk_size=…]`` are providers too), the ``mode``'s peak memory on x
+    and its median time on y; lower-left is better. ``floor_ms``, when given, draws the arithmetic
+    floor (e.g. the matmuls at the measured ceiling) as a horizontal line.
+
+    ``rows``: measured rows of one GPU holding ``speed`` and ``memory`` rows of ``mode``.
+    """
+    at_x = rows[rows.x_value == x_value]
+    speed = at_x[(at_x.metric_name == "speed") & (at_x.kernel_operation_mode == mode)]
+    memory = at_x[(at_x.metric_name == "memory") & (at_x.kernel_operation_mode == mode)]
+    ms = speed.groupby("kernel_provider", sort=False).y_value_50.median()
+    mb = memory.groupby("kernel_provider", sort=False).y_value_50.median()
+    figure = go.Figure()
+    for provider in ms.index.intersection(mb.index):
+        color = COLORS.get(_base_provider(provider), "#7f7f7f")
+        figure.add_trace(
+            go.Scatter(
+                x=[mb[provider]],
+                y=[ms[provider]],
+                mode="markers+text",
+                name=provider,
+                text=[provider],
+                textposition="top center",
+                marker={"color": color, "size": 11, "symbol": "circle" if provider == _base_provider(provider) else "diamond"},
+                hovertemplate=f"{provider}<br>%{{x:.0f}} MB<br>%{{y:.3g}} ms<extra></extra>",
+            )
+        )
+    if floor_ms is not None:
+        figure.add_hline(y=floor_ms, line_dash="dot", line_color="#7f7f7f", annotation_text=f"floor {floor_ms:.1f} ms")
+    figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log")
+    figure.update_yaxes(title_text=f"time, {mode} (ms)")
+    figure.update_layout(title=title or f"speed vs memory at x = {x_value} ({mode})", height=480, showlegend=False)
+    return figure

@@ -11,6 +11,7 @@ import json
 import pandas as pd
 import torch
 
+from .fused_linear_cross_entropy import flops
 from .spec import get_spec
 
 
@@ -62,3 +63,95 @@ def kl_div_targets(rows: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
     table["full ≤ 0.6× Liger"] = table["full / Liger"] <= 0.6
     table["memory ≤ Liger"] = table["memory / Liger"] <= 1.0
     return table
+
+
+def achieved_tflops(rows: pd.DataFrame, provider: str, mode: str) -> pd.Series:
+    """TFLOP/s of ``provider`` in ``mode`` for fused linear cross-entropy: the matmul FLOPs that
+    ``mode`` needs (:func:`kernels_lib.bench.fused_linear_cross_entropy.flops`, ``2·N·H·V`` per
+    product) over the median time, per x. Comparable across providers: it counts the floor's
+    FLOPs, not what a provider happens to do (a recomputed matmul lowers the figure)."""
+    selected = rows[
+        (rows.metric_name == "speed") & (rows.kernel_operation_mode == mode) & (rows.kernel_provider == provider)
+    ]
+    result = {}
+    for _, row in selected.iterrows():
+        config = json.loads(row.extra_benchmark_config_str)
+        sizes = {"N": row.x_value, "H": config["H"], "V": config["V"]}
+        result[row.x_value] = flops(sizes, mode) / (row.y_value_50 * 1e-3) / 1e12
+    return pd.Series(result, name=f"{provider} {mode} TFLOP/s", dtype=float).sort_index()
+
+
+#: The targets of issue 3 (fused linear cross-entropy, on one GPU, same run): column of
+#: :func:`fused_linear_cross_entropy_targets` holding the ratio, and its upper bound.
+FLCE_TARGETS = {
+    "full ≤ 0.85× torch": ("full / torch", 0.85),
+    "full ≤ 0.6× Liger": ("full / Liger", 0.6),
+    "full ≤ 0.5× CCE": ("full / CCE", 0.5),
+    "forward_no_grad ≤ 1.0× CCE": ("forward_no_grad / CCE", 1.0),
+    "forward_no_grad ≤ 0.8× torch": ("forward_no_grad / torch", 0.8),
+    "memory full ≤ 1.1× Liger": ("memory / Liger", 1.1),
+}
+
+
+def _provider(table: pd.DataFrame, name: str) -> pd.Series:
+    """One provider's column of a :func:`medians` table, NaN where it was not measured."""
+    return table[name] if name in table.columns else pd.Series(float("nan"), index=table.index)
+
+
+def fused_linear_cross_entropy_targets(
+    rows: pd.DataFrame, matmul_tflops: float, provider: str = "kernels_lib"
+) -> pd.DataFrame:
+    """Issue 3's targets per number of tokens, from rows of one GPU, for ``provider`` (the default
+    mode, or a point of the dial such as ``kernels_lib[accurate=False]``).
+
+    Ratio columns (time or memory of ``provider`` over a peer's; NaN where the peer was not
+    measured), achieved TFLOP/s of ``full`` and its fraction of the matmul ceiling ``matmul_tflops``
+    (measured in the same run), and one column per :data:`FLCE_TARGETS` entry: True / False, or NaN
+    where the ratio is unknown.
+    """
+    speed_full = medians(rows, "speed", "full")
+    speed_fwd = medians(rows, "speed", "forward_no_grad")
+    memory_full = medians(rows, "memory", "full")
+    ours_full = _provider(speed_full, provider)
+    ours_fwd = _provider(speed_fwd, provider).reindex(speed_full.index)
+    table = pd.DataFrame(index=speed_full.index)
+    table["full ms"] = ours_full
+    table["full / torch"] = ours_full / _provider(speed_full, "torch")
+    table["full / Liger"] = ours_full / _provider(speed_full, "liger")
+    table["full / CCE"] = ours_full / _provider(speed_full, "cce")
+    table["forward_no_grad ms"] = ours_fwd
+    table["forward_no_grad / CCE"] = ours_fwd / _provider(speed_fwd, "cce").reindex(speed_full.index)
+    table["forward_no_grad / torch"] = ours_fwd / _provider(speed_fwd, "torch").reindex(speed_full.index)
+    memory = memory_full.reindex(speed_full.index)
+    table["memory MB"] = _provider(memory, provider)
+    table["memory / Liger"] = _provider(memory, provider) / _provider(memory, "liger")
+    tflops = achieved_tflops(rows, provider, "full").reindex(speed_full.index)
+    table["full TFLOP/s"] = tflops
+    table["full / matmul ceiling"] = tflops / matmul_tflops
+    for label, (column, bound) in FLCE_TARGETS.items():
+        table[label] = (table[column] <= bound).where(table[column].notna())
+    return table
+
+
+def target_verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per :data:`FLCE_TARGETS` entry of a :func:`fused_linear_cross_entropy_targets` table:
+    the bound, the worst (largest) and best ratio over x, and ``met`` (at every x), ``missed`` (at
+    some x) or ``not measured`` (no ratio at any x)."""
+    rows = []
+    for label, (column, bound) in FLCE_TARGETS.items():
+        ratios = table[column].dropna()
+        if not len(ratios):
+            status = "not measured"
+        else:
+            status = "met" if (ratios <= bound).all() else "missed"
+        rows.append(
+            {
+                "target": label,
+                "bound": bound,
+                "worst ratio": ratios.max() if len(ratios) else float("nan"),
+                "best ratio": ratios.min() if len(ratios) else float("nan"),
+                "worst at x": ratios.idxmax() if len(ratios) else None,
+                "status": status,
+            }
+        )
+    return pd.DataFrame(rows).set_index("target")

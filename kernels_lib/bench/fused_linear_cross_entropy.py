@@ -1,0 +1,328 @@
+r"""Fused linear + cross-entropy as the workbench measures it: providers, inputs, floors, dial, precision.
+
+Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_linear_cross_entropy`
+(so a sweep or a check swaps one for another):
+
+- ``kernels_lib``: our function, default options; ``kernels_lib[accurate=False]``: the same with
+  ``dW`` accumulated in the parameter dtype. Any other point of the dial is a
+  :func:`kernels_lib_variant` (e.g. ``kernels_lib[chunk_size=2048 accurate=False]``);
+- ``torch``: :func:`kernels_lib.reference.fused_linear_cross_entropy`, fp32 logits materialized, then
+  ``F.cross_entropy``: the published "huggingface" provider (:data:`PUBLISHED_ALIASES`);
+- ``liger``: ``LigerFusedLinearCrossEntropyLoss`` (CUDA only), its defaults (``dW`` accumulated in
+  the parameter dtype);
+- ``cce``: ``cut_cross_entropy.linear_cross_entropy`` (CUDA only) with ``shift=False``, ``mean``,
+  ``ignore_index=-100`` as ours, and its default gradient filter.
+
+The arithmetic floor is the matmuls: one logits product :math:`z = xW^\top` of :math:`2NHV` FLOPs
+without a gradient, and two more with one (:math:`dx = dz\,W`, :math:`dW = dz^\top x`):
+:func:`flops`. The bytes floor (:func:`bytes_moved`) reads :math:`x`, :math:`W` and the targets and,
+with a gradient, writes :math:`dx` and :math:`dW` once: at :math:`H = 4096, V = 128256` that is far
+below what the matmuls take, so the loss is compute-bound and judged in TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pandas as pd
+import torch
+
+from .. import data, reference
+from ..check import relative_error
+from ..fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
+from ..fused_linear_cross_entropy import fused_linear_cross_entropy as kernels_lib_flce
+from ..kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+from .spec import Inputs, LossSpec, Provider, register
+from .sweep import run_sweep
+from .timing import time_callable
+
+KERNEL_NAME = "fused_linear_cross_entropy"
+
+#: Names the published CSV uses for our providers: its "huggingface" is our ``torch`` baseline.
+PUBLISHED_ALIASES = {"huggingface": "torch"}
+
+#: Options of :func:`make_inputs` that shape the data rather than the call.
+DATA_OPTIONS = ("bias", "ignore_fraction")
+
+
+def variant_name(options: dict) -> str:
+    """``kernels_lib[k=v ...]`` for the non-default options (``kernels_lib`` when there are none).
+
+    Options are separated by spaces, not commas: the CLI splits ``--providers`` on commas.
+    """
+    shown = " ".join(f"{k}={v}" for k, v in options.items())
+    return f"kernels_lib[{shown}]" if shown else "kernels_lib"
+
+
+def kernels_lib_variant(**options) -> Provider:
+    """Our function with ``options`` (``chunk_size``, ``accurate``) bound: one point of the dial."""
+    fn = functools.partial(kernels_lib_flce, **options) if options else kernels_lib_flce
+    return Provider(variant_name(options), lambda: fn, f"kernels_lib.fused_linear_cross_entropy({options})")
+
+
+def _require_cuda(peer: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
+
+
+def _peer_options(peer: str, chunk_size, accurate, return_z_loss) -> None:
+    """The peers take our signature; ``chunk_size``/``accurate`` are ours alone and are ignored
+    (each peer runs its own defaults), ``return_z_loss`` is refused (the outputs differ)."""
+    del chunk_size, accurate
+    if return_z_loss:
+        raise NotImplementedError(f"the {peer} adapter returns the loss only")
+
+
+def _load_liger():
+    _require_cuda("Liger")
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    modules: dict[tuple, torch.nn.Module] = {}
+
+    def liger_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                   z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
+        _peer_options("Liger", chunk_size, accurate, return_z_loss)
+        key = (ignore_index, reduction, label_smoothing, z_loss_scale, softcap)
+        if key not in modules:
+            modules[key] = LigerFusedLinearCrossEntropyLoss(
+                ignore_index=ignore_index, lse_square_scale=z_loss_scale, label_smoothing=label_smoothing,
+                reduction=reduction, softcap=softcap,
+            )
+        # Liger's forward takes the weight first: forward(lin_weight, _input, target, bias).
+        return modules[key](weight, x.reshape(-1, x.shape[-1]), target.reshape(-1), bias)
+
+    return liger_flce
+
+
+def _load_cce():
+    _require_cuda("CCE")
+    from cut_cross_entropy import linear_cross_entropy
+
+    def cce_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                 z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
+        _peer_options("CCE", chunk_size, accurate, return_z_loss)
+        if bias is not None or label_smoothing or z_loss_scale:
+            raise NotImplementedError("cut_cross_entropy 25.1 has no bias, label smoothing or z-loss")
+        # shift=False: targets aligned with the rows, as ours (CCE can shift them itself).
+        return linear_cross_entropy(
+            x, weight, target, ignore_index=ignore_index, softcap=softcap, reduction=reduction, shift=False
+        )
+
+    return cce_flce
+
+
+PROVIDERS = {
+    "kernels_lib": kernels_lib_variant(),
+    "kernels_lib[accurate=False]": kernels_lib_variant(accurate=False),
+    "torch": Provider("torch", lambda: reference.fused_linear_cross_entropy, "fp32 logits + F.cross_entropy (the baseline)"),
+    "liger": Provider("liger", _load_liger, "liger_kernel LigerFusedLinearCrossEntropyLoss"),
+    "cce": Provider("cce", _load_cce, "cut_cross_entropy.linear_cross_entropy"),
+}
+
+
+def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: int = 0) -> Inputs:
+    """``x`` (N, H) and ``weight`` (V, H), both requiring grad, and int64 targets of which a fraction
+    ``options["ignore_fraction"]`` is ``ignore_index``; a bias (V,) when ``options["bias"]``.
+
+    ``x ~ N(0, 1)`` and ``W ~ N(0, 1/H)`` give logits of unit scale: the softmax is dense, as on the
+    published benchmark's random data (a gradient filter such as CCE's skips nothing). The other
+    options are passed to the call.
+    """
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    n, h, v = int(sizes["N"]) if "N" in sizes else int(sizes["BT"]), int(sizes["H"]), int(sizes["V"])
+    x = torch.randn(n, h, generator=generator, device=device).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype).requires_grad_()
+    bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype).requires_grad_() if options.get("bias") else None
+    ignore_index = options.get("ignore_index", -100)
+    target = torch.randint(0, v, (n,), generator=generator, device=device)
+    ignored = torch.randperm(n, generator=generator, device=device)[: round(options.get("ignore_fraction", 0.0) * n)]
+    target[ignored] = ignore_index
+    kwargs = {k: val for k, val in options.items() if k not in DATA_OPTIONS}
+    grad_inputs = [x, weight] + ([bias] if bias is not None else [])
+    return Inputs(args=(x, weight, target, bias), kwargs=kwargs, grad_inputs=grad_inputs)
+
+
+def _nhv(sizes: dict) -> tuple[int, int, int]:
+    n = sizes["N"] if "N" in sizes else sizes["BT"]
+    return int(n), int(sizes["H"]), int(sizes["V"])
+
+
+def flops(sizes: dict, mode: str) -> float:
+    """The matmul FLOPs a call must do: ``2·N·H·V`` per product; 1 product for the loss alone
+    (``forward``, ``forward_no_grad``), 2 for the gradients (``backward``), 3 for ``full``."""
+    n, h, v = _nhv(sizes)
+    products = {"forward": 1, "forward_no_grad": 1, "backward": 2, "full": 3}[mode]
+    return 2.0 * n * h * v * products
+
+
+def bytes_moved(sizes: dict, dtype: torch.dtype, mode: str) -> int:
+    """Bytes at least moved: read ``x``, ``W`` (input dtype) and the int64 targets; with a gradient
+    (``backward``, ``full``) write ``dx`` and ``dW`` too."""
+    n, h, v = _nhv(sizes)
+    item = torch.empty((), dtype=dtype).element_size()
+    reads = (n * h + v * h) * item + n * 8
+    return reads + (n * h + v * h) * item if mode in ("backward", "full") else reads
+
+
+def matmul_floor_ms(sizes: dict, mode: str, tflops: float) -> float:
+    """The time the matmuls alone take at ``tflops`` (the measured matmul ceiling), in ms."""
+    return flops(sizes, mode) / (tflops * 1e12) * 1e3
+
+
+FUSED_LINEAR_CROSS_ENTROPY = register(
+    LossSpec(
+        kernel_name=KERNEL_NAME,
+        providers=PROVIDERS,
+        make_inputs=make_inputs,
+        published={
+            "x_name": "BT",
+            "x_label": "tokens",
+            "x_values": [4096, 8192, 16384],
+            "sizes": {"H": 4096, "V": 128256},
+            "dtype": torch.bfloat16,
+        },
+        small={
+            "x_name": "BT",
+            "x_label": "tokens",
+            "x_values": [8, 16, 32],
+            "sizes": {"H": 64, "V": 1031},
+            "dtype": torch.bfloat16,
+        },
+        bytes_moved=bytes_moved,
+        baseline="torch",
+        default_options={"reduction": "mean", "ignore_index": -100, "ignore_fraction": 0.05},
+    )
+)
+
+
+def published_rows() -> pd.DataFrame:
+    """Liger's published rows of this loss (A100), providers renamed as ours (:data:`PUBLISHED_ALIASES`)."""
+    rows = data.load_published(KERNEL_NAME)
+    return rows.assign(kernel_provider=rows.kernel_provider.replace(PUBLISHED_ALIASES))
+
+
+def dial_sweep(
+    sizes: dict,
+    *,
+    chunk_sizes,
+    dtype: torch.dtype,
+    device,
+    modes=("forward_no_grad", "full"),
+) -> pd.DataFrame:
+    """kernels_lib at one size for each ``chunk_size`` × ``accurate``: rows in the measured layout,
+    ``kernel_provider`` naming the point (:func:`variant_name`). ``sizes`` holds ``BT``, ``H``, ``V``.
+
+    ``accurate`` changes only the gradient, so ``forward_no_grad`` is measured once per chunk size.
+    """
+    point = {k: val for k, val in sizes.items() if k != "BT"}
+    frames = []
+    for chunk_size in chunk_sizes:
+        for accurate in (True, False):
+            chosen = [m for m in modes if accurate or m != "forward_no_grad"]
+            if not chosen:
+                continue
+            options = {"chunk_size": int(chunk_size), "accurate": accurate}
+            rows = run_sweep(
+                KERNEL_NAME, x_name="BT", x_values=[int(sizes["BT"])], sizes=point, dtype=dtype, device=device,
+                providers=["kernels_lib"], modes=chosen, options=options,
+            )
+            frames.append(rows.assign(kernel_provider=variant_name(options)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _float64_reference(inputs: Inputs):
+    """Loss and gradients of the baseline on float64 copies of ``inputs``."""
+    copies = [t.detach().double().requires_grad_() for t in inputs.grad_inputs]
+    x, weight, target, bias = inputs.args
+    bias64 = copies[2] if bias is not None else None
+    loss = reference.fused_linear_cross_entropy(copies[0], copies[1], target, bias64, **inputs.kwargs)
+    loss.backward()
+    return loss.detach(), [c.grad for c in copies]
+
+
+def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *, seed: int = 0,
+                    options: dict | None = None) -> pd.DataFrame:
+    """Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
+    (name → callable with our signature) against the baseline in float64, on the same inputs.
+
+    ``dx`` is formed once per row, so its error is one rounding of the dtype; ``dW`` is a sum over all
+    N rows, so an accumulator in the parameter dtype adds one rounding per chunk (about
+    :math:`\sqrt{n_\text{chunks}}` roundings in norm) where a float32 one rounds once at the end.
+    """
+    inputs = make_inputs(sizes, dtype, device, {"reduction": "mean", **(options or {})}, seed)
+    ref_loss, (ref_dx, ref_dw, *_) = _float64_reference(inputs)
+    rows = []
+    for name, fn in providers.items():
+        for tensor in inputs.grad_inputs:
+            tensor.grad = None
+        loss = fn(*inputs.args, **inputs.kwargs)
+        loss.backward()
+        x, weight = inputs.grad_inputs[:2]
+        rows.append(
+            {
+                "provider": name,
+                "loss err": relative_error(loss, ref_loss),
+                "dx err": relative_error(x.grad, ref_dx),
+                "dW err": relative_error(weight.grad, ref_dw),
+            }
+        )
+    table = pd.DataFrame(rows)
+    n, h, v = _nhv(sizes)
+    table.insert(1, "shape", f"N={n} H={h} V={v}")
+    table.insert(2, "dtype", str(dtype).replace("torch.", ""))
+    return table
+
+
+def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | None = None,
+                accurate: bool = True) -> pd.DataFrame:
+    """Where the time of kernels_lib's ``full`` goes: each stage of one chunk timed alone, times the
+    number of chunks. ``sizes`` holds ``BT`` (or ``N``), ``H``, ``V``.
+
+    Stages per chunk of ``c`` rows: the logits ``x_c Wᵀ`` (``2cHV`` FLOPs), the Triton kernel (lse,
+    loss, ``dz`` in place: memory-bound, ``3cV`` logits moved), ``dx_c = dz W`` (``2cHV``) and
+    ``dW += dzᵀ x_c`` (``2cHV`` plus a read and a write of the ``V × H`` accumulator: the cost that
+    grows with the number of chunks). The sum is a floor on the measured ``full`` (launches and the
+    final rounding of an fp32 accumulator come on top).
+    """
+    device = torch.device(device)
+    n, h, v = _nhv(sizes)
+    mm_dtype = matmul_dtype(dtype)
+    chunk = min(chunk_size or default_chunk_size(n, v, mm_dtype), n)
+    generator = torch.Generator(device=device).manual_seed(0)
+    x_c = torch.randn(chunk, h, generator=generator, device=device).to(mm_dtype)
+    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
+    target = torch.randint(0, v, (chunk,), generator=generator, device=device)
+    buffer = torch.empty(chunk, v, dtype=mm_dtype, device=device)
+    dx = torch.empty(chunk, h, dtype=dtype, device=device)
+    acc = torch.zeros(v, h, dtype=torch.float32 if accurate else dtype, device=device)
+    per_row = [torch.empty(chunk, dtype=torch.float32, device=device) for _ in range(3)]
+    scale = torch.full((1,), 1.0 / n, dtype=torch.float32, device=device)
+
+    def kernel():
+        launch_cross_entropy_chunk(buffer, target, lse=per_row[0], loss=per_row[1], z_loss=per_row[2],
+                                   grad_scale=scale, ignore_index=-100, label_smoothing=0.0,
+                                   z_loss_scale=0.0, softcap=None)
+
+    def dx_matmul():
+        if dx.dtype == buffer.dtype:
+            torch.matmul(buffer, w, out=dx)
+        else:
+            dx.copy_(buffer @ w)
+
+    stages = [
+        ("logits x_c Wᵀ", lambda: torch.matmul(x_c, w.t(), out=buffer), 2.0 * chunk * h * v),
+        ("kernel: lse, loss, dz", kernel, 0.0),
+        ("dx_c = dz W", dx_matmul, 2.0 * chunk * h * v),
+        ("dW += dzᵀ x_c", lambda: _addmm_into(acc, buffer.t(), x_c, max_temp_numel=buffer.numel()), 2.0 * chunk * h * v),
+    ]
+    n_chunks = math.ceil(n / chunk)
+    rows = []
+    for name, fn, stage_flops in stages:
+        ms = time_callable(fn, device).p50
+        rows.append({"stage": name, "ms per chunk": ms, "chunks": n_chunks, "ms": ms * n_chunks,
+                     "TFLOP/s": stage_flops / (ms * 1e-3) / 1e12 if stage_flops else float("nan")})
+    table = pd.DataFrame(rows)
+    table.attrs.update(chunk_size=chunk, accurate=accurate, N=n, H=h, V=v, dtype=str(dtype))
+    return table
