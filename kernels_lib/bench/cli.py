@@ -77,12 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     from .ceilings import measure_ceilings
     from .sweep import run_sweep
 
+    # The loss's sizes are the preset's axis and fixed sizes: refuse another axis, and a swept
+    # preset size whose place must then be taken by --size (else make_inputs fails with a KeyError).
+    x_name = args.x_name or preset["x_name"]
+    sizes = {**preset["sizes"], **dict(args.size)}
+    axes = {preset["x_name"], *preset["sizes"]}
+    if x_name not in axes:
+        cli.error(f"--x must be one of {', '.join(sorted(axes))} for {args.loss}; got {x_name!r}")
+    missing = sorted(axes - {x_name} - set(sizes))
+    if missing:
+        cli.error(f"sweeping {x_name} needs the fixed size(s) {', '.join(missing)}: give --size NAME=INT")
     try:
         rows = run_sweep(
             args.loss,
-            x_name=args.x_name or preset["x_name"],
+            x_name=x_name,
             x_values=args.values or preset["x_values"],
-            sizes={**preset["sizes"], **dict(args.size)},
+            sizes=sizes,
             dtype=DTYPES[args.dtype] if args.dtype else preset["dtype"],
             device=args.device,
             providers=providers,

@@ -1,0 +1,446 @@
+"""The measurement side: sweeps, timing modes, ceilings, the command line, analysis, provenance.
+
+Sweeps run on tiny CPU sizes (the interpreter is slow, and CPU times mean nothing for a GPU): the
+tests check the rows' layout and consistency, never a time's value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import data, default_device
+from kernels_lib.bench import analysis, cli, environment
+from kernels_lib.bench.ceilings import measure_ceilings
+from kernels_lib.bench.spec import get_spec, registered_losses
+from kernels_lib.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS, available_providers, run_sweep
+from kernels_lib.bench.timing import MODES, mode_callable
+
+DEVICE = default_device()
+ON_CPU = DEVICE.type == "cpu"
+TINY = {"x_name": "V", "x_values": [64, 129], "sizes": {"N": 3}, "dtype": torch.float32}
+# The ceilings' CUDA time would dominate this file; the CLI tests only need the sweep's rows.
+needs_cpu = pytest.mark.skipif(not ON_CPU, reason="CPU-machine behaviour (no CUDA, liger cannot run)")
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    progress = []
+    rows = run_sweep(
+        "kl_div", **TINY, device=DEVICE, modes=MODES, progress=lambda *a: progress.append(a)
+    )
+    return rows, progress
+
+
+# --------------------------------------------------------------------------- run_sweep
+
+
+def test_sweep_columns(sweep):
+    rows, _ = sweep
+    assert list(rows.columns) == MEASURED_COLUMNS
+    assert MEASURED_COLUMNS[: len(PUBLISHED_COLUMNS)] == PUBLISHED_COLUMNS
+
+
+def test_sweep_one_speed_row_per_provider_x_mode(sweep):
+    rows, _ = sweep
+    speed = rows[rows.metric_name == "speed"]
+    ran = sorted(set(speed.kernel_provider))
+    assert {"kernels_lib", "torch"} <= set(ran)
+    keys = speed[["kernel_provider", "x_value", "kernel_operation_mode"]].apply(tuple, axis=1)
+    assert keys.is_unique
+    expected = {(p, x, m) for p in ran for x in TINY["x_values"] for m in MODES}
+    assert set(keys) == expected
+    assert (speed.metric_unit == "ms").all()
+    assert (rows.kernel_name == "kl_div").all()
+    assert (rows.x_name == "V").all() and (rows.x_label == "vocab size").all()
+
+
+def test_sweep_medians_positive_finite_and_ordered(sweep):
+    rows, _ = sweep
+    speed = rows[rows.metric_name == "speed"]
+    for column in ("y_value_20", "y_value_50", "y_value_80"):
+        values = speed[column].astype(float)
+        assert np.isfinite(values).all() and (values > 0).all(), column
+    assert (speed.y_value_20 <= speed.y_value_50).all()
+    assert (speed.y_value_50 <= speed.y_value_80).all()
+
+
+def test_sweep_config_and_provenance(sweep):
+    rows, _ = sweep
+    for _, row in rows.iterrows():
+        config = json.loads(row.extra_benchmark_config_str)
+        assert config["N"] == 3 and config["V"] == row.x_value
+        assert config["dtype"] == "torch.float32"
+        assert config["reduction"] == "batchmean" and config["log_target"] is False
+    assert (rows.torch_version == torch.__version__).all()
+    assert (rows.device == DEVICE.type).all()
+    assert rows.kernels_lib_commit.astype(str).str.len().gt(0).all()
+
+
+@needs_cpu
+def test_sweep_on_cpu_timer_no_memory_liger_skipped(sweep):
+    rows, _ = sweep
+    assert (rows.metric_name == "speed").all(), "memory rows on CPU"
+    assert (rows.timer == "wall_clock_cpu").all()
+    assert (rows.gpu_name == environment.device_name("cpu")).all()
+    assert "liger" not in set(rows.kernel_provider)
+    assert rows.note.str.contains("liger skipped").all()
+
+
+def test_sweep_progress_reports_every_measurement(sweep):
+    rows, progress = sweep
+    total = len(rows[rows.metric_name == "speed"])
+    assert [done for done, _, _ in progress] == list(range(1, total + 1))
+    assert {t for _, t, _ in progress} == {total}
+
+
+@pytest.mark.parametrize("names", [["nope"], ["kernels_lib", "nope", "other"]])
+def test_unknown_provider_raises_naming_it(names):
+    with pytest.raises(ValueError, match="nope"):
+        run_sweep("kl_div", **TINY, device=DEVICE, providers=names)
+    with pytest.raises(ValueError, match="nope"):
+        available_providers("kl_div", names)
+
+
+def test_unknown_mode_raises_naming_it():
+    with pytest.raises(ValueError, match="sideways"):
+        run_sweep("kl_div", **TINY, device=DEVICE, modes=("forward", "sideways"))
+
+
+def test_unknown_loss_and_empty_axis():
+    with pytest.raises(ValueError, match="nope_loss"):
+        get_spec("nope_loss")
+    assert "kl_div" in registered_losses()
+    with pytest.raises(ValueError, match="x_values"):
+        run_sweep("kl_div", x_name="V", x_values=[], sizes={"N": 3}, dtype=torch.float32, device=DEVICE)
+
+
+@needs_cpu
+def test_available_providers_names_liger_reason():
+    loaded, skipped = available_providers("kl_div")
+    assert set(loaded) == {"kernels_lib", "torch"}
+    assert set(skipped) == {"liger"} and "CUDA" in skipped["liger"]
+
+
+def test_sweep_with_one_provider_and_option():
+    rows = run_sweep(
+        "kl_div", **TINY, device=DEVICE, providers=["kernels_lib"], modes=("forward_no_grad",),
+        options={"reduction": "sum", "log_target": True},
+    )
+    assert set(rows.kernel_provider) == {"kernels_lib"}
+    assert set(rows.kernel_operation_mode) == {"forward_no_grad"}
+    assert len(rows[rows.metric_name == "speed"]) == len(TINY["x_values"])
+    config = json.loads(rows.extra_benchmark_config_str.iloc[0])
+    assert config["reduction"] == "sum" and config["log_target"] is True
+    assert not rows.note.str.contains("liger").any()  # liger was not asked for
+
+
+# --------------------------------------------------------------------------- mode_callable
+
+
+class Probe:
+    """A provider call on a fixed leaf: counts calls and whether grad mode was on."""
+
+    def __init__(self):
+        self.x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        self.calls, self.grad_enabled = 0, []
+
+    def __call__(self):
+        self.calls += 1
+        self.grad_enabled.append(torch.is_grad_enabled())
+        return (self.x * self.x).sum()
+
+
+def test_mode_forward():
+    probe = Probe()
+    fn = mode_callable(probe, [probe.x], "forward")
+    assert probe.calls == 0
+    fn()
+    fn()
+    assert probe.calls == 2 and probe.grad_enabled == [True, True]
+    assert probe.x.grad is None
+
+
+def test_mode_forward_no_grad():
+    probe = Probe()
+    fn = mode_callable(probe, [probe.x], "forward_no_grad")
+    fn()
+    assert probe.calls == 1 and probe.grad_enabled == [False]
+    assert torch.is_grad_enabled()
+    assert probe.x.grad is None
+
+
+def test_mode_full_clears_grads_each_call():
+    probe = Probe()
+    fn = mode_callable(probe, [probe.x], "full")
+    fn()
+    fn()
+    assert probe.calls == 2
+    assert torch.equal(probe.x.grad, 2 * probe.x.detach())  # not accumulated over the two calls
+
+
+def test_mode_backward_reuses_one_forward():
+    probe = Probe()
+    fn = mode_callable(probe, [probe.x], "backward")
+    assert probe.calls == 1  # the forward runs once, when the callable is made
+    fn()
+    fn()
+    fn()
+    assert probe.calls == 1
+    assert torch.equal(probe.x.grad, 2 * probe.x.detach())
+
+
+def test_mode_unknown():
+    with pytest.raises(ValueError, match="sideways"):
+        mode_callable(Probe(), [], "sideways")
+
+
+def test_modes_with_kernels_lib_kl_div():
+    spec = get_spec("kl_div")
+    fn = spec.providers["kernels_lib"].load()
+    for mode in MODES:
+        inputs = spec.make_inputs({"N": 2, "V": 33}, torch.float32, DEVICE, spec.default_options, 0)
+        call = lambda: fn(*inputs.args, **inputs.kwargs)  # noqa: E731
+        mode_callable(call, inputs.grad_inputs, mode)()
+        (x,) = inputs.grad_inputs
+        if mode in ("full", "backward"):
+            target = inputs.args[1]
+            assert torch.allclose(x.grad, -target / 2), mode
+        else:
+            assert x.grad is None, mode
+
+
+# --------------------------------------------------------------------------- ceilings
+
+
+@needs_cpu
+def test_measure_ceilings_on_cpu_is_empty():
+    frame = measure_ceilings("cpu")
+    assert isinstance(frame, pd.DataFrame)
+    assert len(frame) == 0
+    assert list(frame.columns) == MEASURED_COLUMNS
+
+
+# --------------------------------------------------------------------------- command line
+
+CLI_ARGS = ["kl_div", "--x", "V", "--values", "64,129", "--size", "N=3", "--providers", "kernels_lib,torch", "--modes", "forward,full"]
+
+
+@pytest.fixture
+def measured_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path / "measured")
+    return tmp_path / "measured"
+
+
+@needs_cpu
+def test_cli_dry_run_prints_and_appends_nothing(measured_dir, capsys):
+    assert cli.main(CLI_ARGS + ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels_lib" in out and "torch" in out and "forward" in out and "129" in out
+    assert "appended" not in out
+    assert not measured_dir.exists() or not any(measured_dir.iterdir())
+
+
+@needs_cpu
+def test_cli_appends_twice_with_one_header(measured_dir, capsys):
+    assert cli.main(CLI_ARGS) == 0
+    assert cli.main(CLI_ARGS + ["--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    path = measured_dir / "kl_div.csv"
+    assert out.count(f"appended 8 rows to {path}") == 2
+    lines = path.read_text().splitlines()
+    header = ",".join(MEASURED_COLUMNS)
+    assert lines[0] == header and lines.count(header) == 1
+    rows = data.read_rows(path)
+    assert list(rows.columns) == MEASURED_COLUMNS
+    assert len(rows) == 16
+    dtypes = rows.extra_benchmark_config_str.map(lambda s: json.loads(s)["dtype"])
+    assert (dtypes == "torch.float32").sum() == 8 and (dtypes == "torch.bfloat16").sum() == 8
+    assert not (measured_dir / "ceilings.csv").exists()  # no ceilings on CPU
+    # load_measured keeps one row per key: both dtypes differ in config, so all 16 stay.
+    assert len(data.load_measured("kl_div")) == 16
+
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--providers", "kernels_lib,nope"], "nope"),
+        (["--modes", "forward,sideways"], "sideways"),
+        (["--values=0"], "positive"),
+        (["--values=64,-3"], "positive"),
+        (["--values", "64,abc"], "integers"),
+        (["--size", "N=0"], "NAME=POSITIVE_INT"),
+        (["--size", "N3"], "NAME=POSITIVE_INT"),
+        (["--size", "=3"], "NAME=POSITIVE_INT"),
+        (["--size", "N=-2"], "NAME=POSITIVE_INT"),
+        (["--dtype", "float64"], "float64"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_cli_rejects_bad_arguments(extra, fragment, measured_dir, capsys):
+    base = ["kl_div", "--values", "64", "--size", "N=2", "--dry-run"]
+    with pytest.raises(SystemExit) as info:
+        cli.main(base + extra)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err, err
+    assert not measured_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [(["--x", "T"], "--x must be one of"), (["--x", "N"], "needs the fixed size(s) V")],
+    ids=["unknown-axis", "swept-axis-without-other-size"],
+)
+def test_cli_rejects_axes_the_loss_lacks(extra, fragment, measured_dir, capsys):
+    """A usage error (exit 2, message), not a KeyError from inside the sweep."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["kl_div", "--values", "4", "--size", "N=2", "--dry-run"] + extra)
+    assert info.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_cli_sweeps_another_axis_given_the_fixed_sizes(measured_dir, capsys):
+    args = ["kl_div", "--x", "N", "--values", "1,2", "--size", "V=33", "--providers", "kernels_lib", "--modes", "forward", "--dry-run"]
+    assert cli.main(args) == 0
+    assert not measured_dir.exists()
+
+
+def test_cli_rejects_unknown_loss(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["nope_loss", "--dry-run"])
+    assert info.value.code == 2
+    assert "nope_loss" in capsys.readouterr().err
+
+
+@needs_cpu
+def test_cli_rejects_cuda_on_cpu_machine(measured_dir, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["kl_div", "--values", "64", "--size", "N=2", "--device", "cuda"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cuda" in err and "cpu" in err
+    assert not measured_dir.exists()
+
+
+# --------------------------------------------------------------------------- analysis on committed data
+
+
+@pytest.fixture(scope="module")
+def committed():
+    rows = data.read_rows(data.DATA_DIR / "measured" / "kl_div.csv")
+    latest = rows.sort_values("timestamp").drop_duplicates(
+        ["gpu_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "extra_benchmark_config_str"],
+        keep="last",
+    )
+    ceilings = data.read_rows(data.DATA_DIR / "measured" / "ceilings.csv")
+    # The H200 runs (other GPUs may be added later; the analysis reads rows of one GPU).
+    return latest[latest.gpu_name == "NVIDIA H200"].reset_index(drop=True), ceilings
+
+
+def test_committed_measurements_cover_the_published_workload(committed):
+    rows, _ = committed
+    assert list(rows.columns) == MEASURED_COLUMNS
+    assert len(rows) == 6 * 3 * 4 * 2  # x, providers, modes, metrics (speed and memory)
+    assert sorted(set(rows.x_value)) == [4096, 8192, 16384, 32768, 65536, 131072]
+    assert set(rows.kernel_provider) == {"kernels_lib", "torch", "liger"}
+    assert set(rows.kernel_operation_mode) == set(MODES)
+
+
+def test_medians(committed):
+    rows, _ = committed
+    table = analysis.medians(rows, "speed", "forward")
+    assert list(table.index) == [4096, 8192, 16384, 32768, 65536, 131072]
+    assert set(table.columns) == {"kernels_lib", "torch", "liger"}
+    row = rows[
+        (rows.metric_name == "speed") & (rows.kernel_operation_mode == "forward")
+        & (rows.kernel_provider == "torch") & (rows.x_value == 32768)
+    ]
+    assert len(row) == 1
+    assert table.loc[32768, "torch"] == pytest.approx(row.y_value_50.iloc[0])
+
+
+@pytest.mark.parametrize("mode,bytes_per_element", [("forward", 12), ("forward_no_grad", 8), ("full", 12)])
+def test_achieved_bandwidth_is_bytes_over_time(committed, mode, bytes_per_element):
+    rows, _ = committed
+    bandwidth = analysis.achieved_bandwidth(rows, "kl_div", "kernels_lib", mode)
+    assert list(bandwidth.index) == [4096, 8192, 16384, 32768, 65536, 131072]
+    row = rows[
+        (rows.metric_name == "speed") & (rows.kernel_operation_mode == mode)
+        & (rows.kernel_provider == "kernels_lib") & (rows.x_value == 65536)
+    ].iloc[0]
+    # Computed independently: N = 16384 rows of V = 65536 fp32 elements, 4 bytes each.
+    expected = 16384 * 65536 * bytes_per_element / (row.y_value_50 / 1e3) / 1e9
+    assert bandwidth.loc[65536] == pytest.approx(expected, rel=1e-12)
+    assert (bandwidth > 0).all()
+
+
+def test_ceiling_is_the_newest(committed):
+    _, ceilings = committed
+    copies = ceilings[(ceilings.kernel_name == "copy") & (ceilings.gpu_name == "NVIDIA H200")]
+    newest = copies.sort_values("timestamp").y_value_50.iloc[-1]
+    assert analysis.ceiling(ceilings, "copy", "NVIDIA H200") == pytest.approx(newest)
+    with pytest.raises(ValueError, match="NVIDIA A100"):
+        analysis.ceiling(ceilings, "copy", "NVIDIA A100")
+
+
+def test_kl_div_targets(committed):
+    rows, ceilings = committed
+    copy = analysis.ceiling(ceilings, "copy", "NVIDIA H200")
+    table = analysis.kl_div_targets(rows, copy)
+    assert list(table.index) == [4096, 8192, 16384, 32768, 65536, 131072]
+    for column in ("forward GB/s", "forward / copy", "forward_no_grad GB/s", "full ms", "Liger full ms",
+                   "full / Liger", "memory / Liger", "bandwidth ≥ 0.9", "full ≤ 0.6× Liger", "memory ≤ Liger"):
+        assert column in table.columns, column
+    speed_full = analysis.medians(rows, "speed", "full")
+    memory_full = analysis.medians(rows, "memory", "full")
+    x = 131072
+    assert table.loc[x, "full / Liger"] == pytest.approx(speed_full.loc[x, "kernels_lib"] / speed_full.loc[x, "liger"])
+    assert table.loc[x, "memory / Liger"] == pytest.approx(memory_full.loc[x, "kernels_lib"] / memory_full.loc[x, "liger"])
+    assert table.loc[x, "forward / copy"] == pytest.approx(table.loc[x, "forward GB/s"] / copy)
+    assert (table["bandwidth ≥ 0.9"] == (table["forward / copy"] >= 0.9)).all()
+    assert (table["full ≤ 0.6× Liger"] == (table["full / Liger"] <= 0.6)).all()
+    assert (table["memory ≤ Liger"] == (table["memory / Liger"] <= 1.0)).all()
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def test_provenance_keys_and_values():
+    stamp = environment.provenance(DEVICE)
+    assert set(stamp) == {
+        "gpu_name", "timestamp", "liger_version", "cce_version", "torch_version", "triton_version", "kernels_lib_commit",
+    }
+    assert set(stamp) <= set(MEASURED_COLUMNS)
+    assert stamp["torch_version"] == torch.__version__
+    dt.datetime.strptime(stamp["timestamp"], "%Y-%m-%d %H:%M:%S")
+    assert stamp["kernels_lib_commit"]
+    if ON_CPU:
+        assert stamp["gpu_name"] == "CPU (Triton interpreter)"
+
+
+def test_commit_override(monkeypatch):
+    environment.git_commit.cache_clear()
+    monkeypatch.setenv("KERNELS_LIB_COMMIT", "abc123def456")
+    try:
+        assert environment.git_commit() == "abc123def456"
+        assert environment.provenance(DEVICE)["kernels_lib_commit"] == "abc123def456"
+    finally:
+        environment.git_commit.cache_clear()
+    monkeypatch.delenv("KERNELS_LIB_COMMIT")
+    try:
+        assert environment.git_commit() != "abc123def456"
+    finally:
+        environment.git_commit.cache_clear()
+
+
+def test_package_version():
+    assert environment.package_version("torch").split("+")[0] == torch.__version__.split("+")[0]
+    assert environment.package_version("no-such-distribution-kernels-lib") == ""
+    assert environment.device_name("cpu") == "CPU (Triton interpreter)"

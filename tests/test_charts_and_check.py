@@ -1,0 +1,225 @@
+"""Charts, the interactive sweep panel, and the check tables against the float64 reference."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import data, default_device
+from kernels_lib.bench.spec import Provider, get_spec
+from kernels_lib.charts import PANELS, line_traces, scaling_chart
+from kernels_lib.check import TOLERANCE, assert_checks_pass, check_against_reference
+from kernels_lib.kl_div import kl_div
+
+DEVICE = default_device()
+
+
+# --------------------------------------------------------------------------- scaling_chart
+
+
+def _rows(gpu, provider, mode, metric, xs, bands=True):
+    rows = []
+    for i, x in enumerate(xs):
+        row = {
+            "kernel_name": "kl_div", "kernel_provider": provider, "kernel_operation_mode": mode,
+            "metric_name": metric, "x_value": x, "y_value_50": 1.0 + i, "gpu_name": gpu,
+        }
+        if bands:
+            row.update(y_value_20=0.9 + i, y_value_80=1.1 + i)
+        rows.append(row)
+    return rows
+
+
+def _bands(figure):
+    return [trace for trace in figure.data if trace.fill == "toself"]
+
+
+def test_chart_counts_lines_and_bands_for_known_inputs():
+    xs = [4096, 8192, 16384]
+    published = pd.DataFrame(
+        _rows("GPU P", "torch", "forward", "speed", xs)
+        + _rows("GPU P", "liger", "forward", "speed", xs)
+        + _rows("GPU P", "torch", "full", "speed", xs)
+        + _rows("GPU P", "torch", "backward", "speed", xs)  # no panel shows backward
+    )
+    measured = pd.DataFrame(
+        _rows("GPU M", "kernels_lib", "forward", "speed", xs[::-1])  # unsorted on purpose
+        + _rows("GPU M", "kernels_lib", "full", "memory", xs)
+        + _rows("GPU N", "kernels_lib", "full", "memory", xs)
+    )
+    figure = scaling_chart(published, measured, x_label="vocab size", title="t")
+    lines = line_traces(figure)
+    # speed·forward: torch, liger (published) + kernels_lib GPU M; speed·full: torch;
+    # memory·full: kernels_lib on two GPUs.
+    assert len(lines) == 6
+    assert len(_bands(figure)) == 6
+    names = [line.name for line in lines]
+    assert sorted(names) == sorted(
+        [
+            "torch · GPU P (published)", "liger · GPU P (published)", "kernels_lib · GPU M (measured)",
+            "torch · GPU P (published)", "kernels_lib · GPU M (measured)", "kernels_lib · GPU N (measured)",
+        ]
+    )
+    for line in lines:
+        assert list(line.x) == sorted(line.x), line.name
+        assert ("(published)" in line.name) != ("(measured)" in line.name)
+        assert ("GPU P" in line.name) == ("(published)" in line.name)
+        assert line.line.dash == ("dash" if "(published)" in line.name else "solid"), line.name
+    # One legend entry per name even when a series appears in two panels.
+    shown = [line.name for line in lines if line.showlegend]
+    assert sorted(shown) == sorted(set(names))
+
+
+def test_chart_axes_log_and_linear():
+    frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2, 4]))
+    figure = scaling_chart(frame, None, x_label="V", title="t")
+    axes = [figure.layout[name] for name in figure.layout if name.startswith("xaxis")]
+    assert len(axes) == len(PANELS)
+    assert all(axis.type == "log" for axis in axes)
+    assert all(axis.title.text == "V" for axis in axes)
+    linear = scaling_chart(frame, None, x_label="V", title="t", log_x=False)
+    assert all(linear.layout[name].type == "linear" for name in linear.layout if name.startswith("xaxis"))
+
+
+def test_chart_without_p20_p80_has_no_bands():
+    frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2], bands=False))
+    figure = scaling_chart(None, frame, x_label="V", title="t")
+    assert len(line_traces(figure)) == 1 and len(_bands(figure)) == 0
+
+
+def test_chart_empty_inputs_have_no_traces():
+    assert len(scaling_chart(None, None, x_label="V", title="t").data) == 0
+    assert len(scaling_chart(pd.DataFrame(), pd.DataFrame(), x_label="V", title="t").data) == 0
+
+
+def test_chart_of_the_committed_kl_data():
+    published = data.load_published("kl_div")
+    measured = data.load_measured("kl_div")
+    measured = measured[measured.gpu_name == "NVIDIA H200"]
+    figure = scaling_chart(published, measured, x_label="vocab size", title="KL")
+    lines = line_traces(figure)
+    # 3 panels x (torch, liger published + kernels_lib, torch, liger measured).
+    assert len(lines) == 3 * (2 + 3)
+    assert len(_bands(figure)) == len(lines)
+    published_lines = [line for line in lines if line.name.endswith("(published)")]
+    assert len(published_lines) == 6
+    assert all("NVIDIA H100 PCIe" in line.name and line.line.dash == "dash" for line in published_lines)
+    measured_lines = [line for line in lines if line.name.endswith("(measured)")]
+    assert all("NVIDIA H200" in line.name and line.line.dash == "solid" for line in measured_lines)
+    assert {x for line in lines for x in line.x} == {4096, 8192, 16384, 32768, 65536, 131072}
+
+
+# --------------------------------------------------------------------------- SweepPanel
+
+
+PRESET = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes": {"N": 2}, "dtype": torch.float32}
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU panel: liger cannot run and is left out")
+def test_sweep_panel_runs_and_redraws():
+    from kernels_lib.widgets import SweepPanel
+
+    panel = SweepPanel("kl_div", DEVICE, PRESET)
+    assert len(panel.figure.data) == 0
+    assert panel.x_values.value == (64, 128)
+    rows = panel.run()
+    assert rows is panel.rows and len(rows) > 0
+    speed = rows[rows.metric_name == "speed"]
+    assert set(speed.x_value) == {64, 128}
+    assert set(speed.kernel_provider) == {"kernels_lib", "torch"}
+    assert set(speed.kernel_operation_mode) == {"forward", "full"}
+    assert len(speed) == 2 * 2 * 2
+    lines = [trace for trace in panel.figure.data if trace.fill != "toself"]
+    assert len(lines) == 2 * 2  # (kernels_lib, torch) x (speed·forward, speed·full)
+    assert {x for line in lines for x in line.x} == {64, 128}
+    assert panel.progress.value == panel.progress.max == 8
+    assert "8 rows" in panel.status.value
+
+    panel.x_values.value = (32, 64)
+    panel.modes.value = ("forward",)
+    panel.providers["torch"].value = False
+    panel.run()
+    lines = [trace for trace in panel.figure.data if trace.fill != "toself"]
+    assert len(lines) == 1
+    assert {x for line in lines for x in line.x} == {32, 64}
+    assert set(panel.rows.kernel_provider) == {"kernels_lib"}
+
+
+def test_summary_table():
+    from kernels_lib.widgets import summary_table
+
+    assert summary_table(pd.DataFrame()).empty
+    frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2]))
+    table = summary_table(frame)
+    assert list(table.columns) == [1, 2]
+    assert table.loc[("speed", "forward", "torch"), 2] == 2.0
+
+
+# --------------------------------------------------------------------------- check tables
+
+
+SIZES = {"N": 3, "V": 100}
+CASES = [
+    {"dtype": dtype, "reduction": reduction, "log_target": log_target}
+    for dtype in (torch.float32, torch.bfloat16)
+    for reduction in ("batchmean", "none")
+    for log_target in (False, True)
+] + [{"dtype": torch.float16, "reduction": "sum", "log_target": False}, {"dtype": torch.float32, "reduction": "mean"}]
+
+
+def test_check_against_reference_passes():
+    table = check_against_reference("kl_div", CASES, SIZES, DEVICE)
+    assert len(table) == len(CASES)
+    assert table.passed.all(), table.to_string()
+    assert (table["shape"] == "3x100").all()
+    assert list(table.dtype[:2]) == ["float32", "float32"]
+    for column in ("kernels_lib loss err", "kernels_lib grad err", "baseline loss err", "baseline grad err"):
+        assert (table[column] >= 0).all(), column
+    assert (table.tolerance == [TOLERANCE[c["dtype"]] for c in CASES]).all()
+    fp32 = table[table.dtype == "float32"]
+    assert (fp32["kernels_lib loss err"] <= 1e-5).all() and (fp32["kernels_lib grad err"] <= 1e-5).all()
+    assert_checks_pass(table)
+
+
+def _wrong(*args, **kwargs):
+    return kl_div(*args, **kwargs) * 1.01
+
+
+def test_check_catches_a_wrong_kernel(monkeypatch):
+    providers = get_spec("kl_div").providers
+    monkeypatch.setitem(providers, "kernels_lib", Provider("kernels_lib", lambda: _wrong, "off by 1%"))
+    # 1% is beyond the float32 and float16 tolerances (bfloat16's, 1.6%, would let it through).
+    cases = [{"dtype": torch.float32, "reduction": "batchmean"}, {"dtype": torch.float16, "reduction": "none"}]
+    table = check_against_reference("kl_div", cases, SIZES, DEVICE)
+    assert not table.passed.any(), table.to_string()
+    assert (table["kernels_lib loss err"] > 5e-3).all()
+    with pytest.raises(AssertionError, match="2 of 2 checks failed"):
+        assert_checks_pass(table)
+
+
+def test_check_catches_a_wrong_gradient(monkeypatch):
+    def wrong(input, target, reduction="batchmean", log_target=False):
+        # The right loss value, but only half of it carries a gradient (a missing factor of 2).
+        loss = kl_div(input, target, reduction=reduction, log_target=log_target)
+        return loss * 0.5 + loss.detach() * 0.5
+
+    providers = get_spec("kl_div").providers
+    monkeypatch.setitem(providers, "kernels_lib", Provider("kernels_lib", lambda: wrong, "half gradient"))
+    table = check_against_reference("kl_div", [{"dtype": torch.float32}], SIZES, DEVICE)
+    assert table["kernels_lib loss err"].iloc[0] <= 1e-5
+    assert table["kernels_lib grad err"].iloc[0] == pytest.approx(0.5, rel=1e-3)
+    assert not table.passed.iloc[0]
+    with pytest.raises(AssertionError):
+        assert_checks_pass(table)
+
+
+def test_check_nan_never_passes(monkeypatch):
+    def nan_kernel(input, target, reduction="batchmean", log_target=False):
+        return kl_div(input, target, reduction=reduction, log_target=log_target) * float("nan")
+
+    providers = get_spec("kl_div").providers
+    monkeypatch.setitem(providers, "kernels_lib", Provider("kernels_lib", lambda: nan_kernel, "NaN"))
+    table = check_against_reference("kl_div", [{"dtype": torch.float32}], SIZES, DEVICE)
+    assert not table.passed.iloc[0]

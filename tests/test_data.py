@@ -1,0 +1,224 @@
+"""The data behind the charts: published rows, the pages' figures, measured rows and their files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kernels_lib import data
+from kernels_lib.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS
+
+KERNELS = {"fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss"}
+
+
+# --------------------------------------------------------------------------- published
+
+
+def test_published_has_the_four_losses():
+    frame = data.load_published()
+    assert set(frame.kernel_name) == KERNELS
+    assert list(frame.columns) == PUBLISHED_COLUMNS
+    for column in ("x_value", "y_value_50", "y_value_20", "y_value_80"):
+        assert pd.api.types.is_numeric_dtype(frame[column]), column
+    assert (frame.y_value_50 > 0).all()
+    assert set(frame.metric_name) <= {"speed", "memory"}
+
+
+def test_published_kl_rows():
+    kl = data.load_published("kl_div")
+    assert len(kl) > 0 and (kl.kernel_name == "kl_div").all()
+    assert list(kl.index) == list(range(len(kl)))
+    assert set(kl.gpu_name) == {"NVIDIA H100 PCIe"}
+    assert sorted(set(kl.x_value)) == [4096, 8192, 16384, 32768, 65536, 131072]
+    assert set(kl.kernel_provider) == {"torch", "liger"}
+    assert (kl.x_name == "V").all()
+    # Every (provider, mode, metric) has the full axis.
+    for _, group in kl.groupby(["kernel_provider", "kernel_operation_mode", "metric_name"]):
+        assert sorted(group.x_value) == [4096, 8192, 16384, 32768, 65536, 131072]
+
+
+def test_published_unknown_kernel_is_empty():
+    assert len(data.load_published("no_such_loss")) == 0
+
+
+def _half_unit_of_third_digit(value: float) -> float:
+    return 0.5 * 10 ** (math.floor(math.log10(abs(value))) - 2)
+
+
+def test_pages_agree_with_published_forward_medians():
+    pages = data.load_pages()
+    published = data.load_published()
+    assert set(pages.kernel_name) == KERNELS
+    assert (pages.kernel_operation_mode == "forward").all()
+    for _, page in pages.iterrows():
+        candidates = published[
+            (published.kernel_name == page.kernel_name)
+            & (published.kernel_provider == page.kernel_provider)
+            & (published.kernel_operation_mode == "forward")
+            & (published.metric_name == "speed")
+            & (published.x_value == page.x_value)
+            & (published.gpu_name == page.gpu_name)
+        ]
+        # The page's workload picks the published configuration where both name a size.
+        workload = json.loads(page.workload)
+        candidates = candidates[
+            candidates.extra_benchmark_config_str.map(
+                lambda s: all(json.loads(s).get(k, v) == v for k, v in workload.items())
+            )
+        ]
+        where = f"{page.kernel_name} {page.kernel_provider} x={page.x_value}"
+        assert len(candidates) == 1, f"{where}: {len(candidates)} published rows"
+        value = candidates.y_value_50.iloc[0]
+        assert abs(page.median_ms - value) <= _half_unit_of_third_digit(value) * (1 + 1e-9), (
+            f"{where}: page {page.median_ms} vs published {value}"
+        )
+
+
+def test_pages_kl_row_is_the_published_torch_median():
+    pages = data.load_pages("kl_div")
+    assert set(pages.kernel_provider) == {"torch", "liger"}
+    torch_page = pages[pages.kernel_provider == "torch"].median_ms.iloc[0]
+    assert torch_page == pytest.approx(1.33, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- read_rows errors
+
+
+GOOD_HEADER = ",".join(data._REQUIRED)
+
+
+def test_read_rows_missing_file(tmp_path):
+    path = tmp_path / "absent.csv"
+    with pytest.raises(FileNotFoundError) as info:
+        data.read_rows(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        GOOD_HEADER + "\nkl_div,torch,forward,speed,1,2,H\nkl_div,torch,forward,speed,1,2,H,extra,more\n",
+        "",
+    ],
+    ids=["ragged", "empty"],
+)
+def test_read_rows_corrupt_csv(tmp_path, content):
+    path = tmp_path / "corrupt.csv"
+    path.write_text(content)
+    with pytest.raises(ValueError) as info:
+        data.read_rows(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_rows_undecodable_bytes(tmp_path):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(GOOD_HEADER.encode() + b"\n\xff\xfe\x00\x81,\x90\n")
+    with pytest.raises(ValueError) as info:
+        data.read_rows(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_rows_missing_columns(tmp_path):
+    path = tmp_path / "short.csv"
+    path.write_text("kernel_name,kernel_provider,x_value\nkl_div,torch,4096\n")
+    with pytest.raises(ValueError) as info:
+        data.read_rows(path)
+    message = str(info.value)
+    assert str(path) in message and "y_value_50" in message and "gpu_name" in message
+
+
+def test_read_rows_non_numeric_median(tmp_path):
+    path = tmp_path / "text.csv"
+    path.write_text(GOOD_HEADER + "\nkl_div,torch,forward,speed,4096,1.5,H\nkl_div,torch,forward,speed,8192,fast,H\n")
+    with pytest.raises(ValueError) as info:
+        data.read_rows(path)
+    message = str(info.value)
+    assert str(path) in message and "y_value_50" in message and "fast" in message
+
+
+def test_read_rows_all_empty_optional_column_is_allowed(tmp_path):
+    path = tmp_path / "ok.csv"
+    path.write_text(GOOD_HEADER + ",y_value_20\nkl_div,torch,forward,speed,4096,1.5,H,\n")
+    frame = data.read_rows(path)
+    assert frame.y_value_50.iloc[0] == 1.5 and frame.x_value.iloc[0] == 4096
+
+
+# --------------------------------------------------------------------------- measured
+
+
+def _row(provider="kernels_lib", x=64, y=1.0, timestamp="2026-01-01 00:00:00", mode="forward", metric="speed", config="{}"):
+    row = {column: "" for column in MEASURED_COLUMNS}
+    row.update(
+        kernel_name="kl_div", kernel_provider=provider, kernel_operation_mode=mode, metric_name=metric,
+        metric_unit="ms", x_name="V", x_label="vocab size", x_value=x, y_value_50=y, y_value_20=y, y_value_80=y,
+        extra_benchmark_config_str=config, gpu_name="GPU A", timestamp=timestamp,
+    )
+    return row
+
+
+@pytest.fixture
+def measured_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    return tmp_path
+
+
+def test_load_measured_missing_file_is_empty(measured_dir):
+    frame = data.load_measured("kl_div")
+    assert len(frame) == 0 and "y_value_50" in frame.columns
+
+
+def test_load_measured_latest_keeps_newest_per_key(measured_dir):
+    rows = pd.DataFrame(
+        [
+            _row(x=64, y=3.0, timestamp="2026-01-03 00:00:00"),  # newest of its key, written first
+            _row(x=64, y=1.0, timestamp="2026-01-01 00:00:00"),
+            _row(x=64, y=2.0, timestamp="2026-01-02 00:00:00"),
+            _row(x=128, y=5.0, timestamp="2026-01-01 00:00:00"),
+            _row(x=64, y=7.0, timestamp="2026-01-01 00:00:00", provider="torch"),
+            _row(x=64, y=9.0, timestamp="2026-01-01 00:00:00", config='{"dtype": "torch.bfloat16"}'),
+            _row(x=64, y=11.0, timestamp="2026-01-01 00:00:00", mode="full"),
+            _row(x=64, y=13.0, timestamp="2026-01-01 00:00:00", metric="memory"),
+        ],
+        columns=MEASURED_COLUMNS,
+    )
+    data.append_measured(rows, "kl_div")
+    everything = data.load_measured("kl_div", latest=False)
+    assert len(everything) == 8
+    latest = data.load_measured("kl_div")
+    assert len(latest) == 6
+    key = (latest.kernel_provider == "kernels_lib") & (latest.x_value == 64) & (latest.kernel_operation_mode == "forward")
+    key &= (latest.metric_name == "speed") & (latest.extra_benchmark_config_str == "{}")
+    assert latest[key].y_value_50.tolist() == [3.0]
+    assert sorted(latest.y_value_50) == [3.0, 5.0, 7.0, 9.0, 11.0, 13.0]
+
+
+def test_append_measured_writes_one_header(measured_dir):
+    first = pd.DataFrame([_row(x=64)], columns=MEASURED_COLUMNS)
+    second = pd.DataFrame([_row(x=128), _row(x=256)], columns=MEASURED_COLUMNS)
+    path = data.append_measured(first, "kl_div")
+    assert path == measured_dir / "kl_div.csv"
+    data.append_measured(second, "kl_div")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and lines.count(",".join(MEASURED_COLUMNS)) == 1
+    assert data.read_rows(path).x_value.tolist() == [64, 128, 256]
+
+
+def test_append_measured_refuses_other_columns(measured_dir):
+    path = measured_dir / "kl_div.csv"
+    other = GOOD_HEADER + ",something_else\nkl_div,torch,forward,speed,4096,1.5,H,1\n"
+    path.write_text(other)
+    rows = pd.DataFrame([_row()], columns=MEASURED_COLUMNS)
+    with pytest.raises(ValueError) as info:
+        data.append_measured(rows, "kl_div")
+    assert str(path) in str(info.value)
+    assert path.read_text() == other  # nothing appended
+
+
+def test_committed_measured_files_read():
+    for name in ("kl_div", "ceilings"):
+        frame = data.read_rows(data.DATA_DIR / "measured" / f"{name}.csv")
+        assert list(frame.columns) == MEASURED_COLUMNS, name
+        assert len(frame) > 0 and (frame.y_value_50 > 0).all(), name

@@ -1,0 +1,214 @@
+"""The project's own files: environment.yml against pyproject, CI against the README, committed notebooks clean."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def environment() -> dict:
+    return yaml.safe_load((ROOT / "environment.yml").read_text())
+
+
+def _conda_deps(environment: dict) -> tuple[list[str], list[str]]:
+    """(conda specs, pip lines) of environment.yml."""
+    conda, pip = [], []
+    for entry in environment["dependencies"]:
+        if isinstance(entry, dict):
+            pip.extend(entry.get("pip", []))
+        else:
+            conda.append(str(entry))
+    return conda, pip
+
+
+def _conda_python_version(conda: list[str]) -> str:
+    pins = [re.fullmatch(r"python\s*=?=\s*([0-9][0-9.]*)", spec.replace(" ", "")) for spec in conda]
+    pins = [m.group(1) for m in pins if m]
+    assert len(pins) == 1, f"environment.yml should pin python once; got {conda}"
+    return pins[0]
+
+
+# --------------------------------------------------------------------------- environment.yml
+
+
+def test_environment_pins_python_and_pip(environment):
+    conda, pip = _conda_deps(environment)
+    version = _conda_python_version(conda)
+    assert len(Version(version).release) >= 2, f"python pinned to a minor version at least, got {version}"
+    assert "pip" in [re.split(r"[=<>]", spec)[0].strip() for spec in conda]
+    assert pip, "environment.yml installs nothing through pip"
+
+
+def test_environment_installs_the_package_with_existing_extras(environment, pyproject):
+    _, pip = _conda_deps(environment)
+    editable = [line for line in pip if re.match(r"-e\s+\.(\[|$)", line)]
+    assert len(editable) == 1, f"environment.yml should install `-e .[extras]`; got {pip}"
+    match = re.fullmatch(r"-e\s+\.\[([^\]]+)\]", editable[0].strip())
+    assert match, editable[0]
+    extras = [e.strip() for e in match.group(1).split(",")]
+    defined = pyproject["project"]["optional-dependencies"]
+    assert extras and all(e in defined for e in extras), f"{extras} vs {sorted(defined)}"
+    # Every extra pyproject defines is installed (the environment is the full workbench).
+    assert set(extras) == set(defined)
+
+
+def test_environment_python_satisfies_requires_python(environment, pyproject):
+    conda, _ = _conda_deps(environment)
+    version = _conda_python_version(conda)
+    requires = SpecifierSet(pyproject["project"]["requires-python"])
+    assert Version(version) in requires, f"python {version} vs requires-python {requires}"
+
+
+def test_environment_keeps_no_second_dependency_list(environment, pyproject):
+    """pyproject is the one list: environment.yml names only python, pip and the package itself."""
+    conda, pip = _conda_deps(environment)
+    names = {re.split(r"[=<>\s]", spec)[0] for spec in conda}
+    assert names == {"python", "pip"}, conda
+    assert len(pip) == 1, pip
+
+
+# --------------------------------------------------------------------------- CI and README
+
+
+def _ci_test_command() -> str:
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in lines if line.startswith("./workbench")]
+    assert len(commands) == 1, f".ci/run should call ./workbench once; got {commands}"
+    return commands[0]
+
+
+def test_ci_runs_workbench_test():
+    command = shlex.split(_ci_test_command())
+    assert command[:2] == ["./workbench", "test"]
+
+
+def test_readme_mentions_the_ci_test_command(pyproject):
+    readme = ROOT / pyproject["project"]["readme"]
+    assert readme.name == "README.md"
+    if readme.exists():
+        text = readme.read_text()
+        ci = " ".join(shlex.split(_ci_test_command())[:2])
+        assert ci == "./workbench test"
+        assert ci in text, f"README.md does not show the test command CI runs ({ci})"
+    else:  # being written: at least the workbench that CI calls must offer the command
+        assert re.search(r"^\s*test\)", (ROOT / "workbench").read_text(), re.MULTILINE)
+
+
+def test_workbench_test_runs_pytest():
+    text = (ROOT / "workbench").read_text()
+    line = next((l for l in text.splitlines() if l.strip().startswith("test)")), None)
+    assert line is not None and "pytest" in line
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def notebook_problems(notebook: dict) -> list[str]:
+    """What is wrong with a notebook to commit: outputs, execution counts, a missing or non-literal parameters cell."""
+    problems = []
+    cells = notebook.get("cells", [])
+    for number, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        if cell.get("outputs"):
+            problems.append(f"cell {number} has outputs")
+        if cell.get("execution_count") is not None:
+            problems.append(f"cell {number} has execution_count {cell['execution_count']}")
+    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        return problems + [f"{len(tagged)} cells tagged parameters (want exactly 1)"]
+    cell = tagged[0]
+    if cell.get("cell_type") != "code":
+        return problems + ["the parameters cell is not code"]
+    source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        return problems + [f"parameters cell does not parse: {error}"]
+    if not tree.body:
+        problems.append("parameters cell assigns nothing")
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and all(isinstance(t, ast.Name) for t in statement.targets):
+            value = statement.value
+        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and statement.value:
+            value = statement.value
+        else:
+            problems.append(f"parameters cell line {statement.lineno} is not a plain assignment")
+            continue
+        try:
+            ast.literal_eval(value)
+        except ValueError:
+            problems.append(f"parameters cell line {statement.lineno} is not a literal: {ast.unparse(value)}")
+    return problems
+
+
+def _committed_notebooks() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "notebooks/*.ipynb"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+        return [ROOT / name for name in listed if (ROOT / name).exists()]
+    except (OSError, subprocess.CalledProcessError):  # a copy without .git
+        return sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _cell(source, cell_type="code", tags=(), outputs=(), count=None):
+    cell = {"cell_type": cell_type, "metadata": {"tags": list(tags)}, "source": source}
+    if cell_type == "code":
+        cell.update(outputs=list(outputs), execution_count=count)
+    return cell
+
+
+def test_notebook_checker_accepts_a_clean_notebook():
+    good = {"cells": [
+        _cell("# Title", "markdown"),
+        _cell(['device = "auto"  # comment\n', "seed: int = 0\n", "sizes = {'N': 2, 'V': [64, 128]}\n", "flag = None"], tags=["parameters"]),
+        _cell("x = seed + 1"),
+    ]}
+    assert notebook_problems(good) == []
+
+
+@pytest.mark.parametrize(
+    "cells,fragment",
+    [
+        ([_cell("a = 1", tags=["parameters"], outputs=[{"output_type": "stream", "text": "x"}])], "outputs"),
+        ([_cell("a = 1", tags=["parameters"], count=3)], "execution_count"),
+        ([_cell("a = 1")], "0 cells tagged"),
+        ([_cell("a = 1", tags=["parameters"]), _cell("b = 2", tags=["parameters"])], "2 cells tagged"),
+        ([_cell("import torch\na = 1", tags=["parameters"])], "not a plain assignment"),
+        ([_cell("a = torch.float32", tags=["parameters"])], "not a literal"),
+        ([_cell("a = 2 ** 10", tags=["parameters"])], "not a literal"),
+        ([_cell("a.b = 1", tags=["parameters"])], "not a plain assignment"),
+    ],
+    ids=["outputs", "count", "no-parameters", "two-parameters", "import", "name", "expression", "attribute"],
+)
+def test_notebook_checker_rejects(cells, fragment):
+    problems = notebook_problems({"cells": cells})
+    assert any(fragment in p for p in problems), problems
+
+
+def test_committed_notebooks_are_clean():
+    notebooks = _committed_notebooks()
+    assert notebooks, "no committed notebooks under notebooks/"
+    found = {path.name: notebook_problems(json.loads(path.read_text())) for path in notebooks}
+    assert all(path.parent.name == "notebooks" for path in notebooks)
+    bad = {name: problems for name, problems in found.items() if problems}
+    assert not bad, bad
