@@ -244,7 +244,7 @@ def _float64_reference(inputs: Inputs):
 
 def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *, seed: int = 0,
                     options: dict | None = None) -> pd.DataFrame:
-    """Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
+    r"""Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
     (name → callable with our signature) against the baseline in float64, on the same inputs.
 
     ``dx`` is formed once per row, so its error is one rounding of the dtype; ``dW`` is a sum over all

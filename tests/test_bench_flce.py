@@ -1,0 +1,364 @@
+"""The measurement side of fused linear cross-entropy: spec, providers, floors, dial, precision,
+analysis, the speed-vs-memory chart, and the H200 script's CPU paths.
+
+Sizes are tiny (kernels through Triton's interpreter on a machine without a GPU). The peers' CUDA
+adapters are exercised with stand-in modules that record how they are called.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import kernels_lib
+from kernels_lib import charts, default_device, reference
+from kernels_lib.bench import analysis, cli
+from kernels_lib.bench import fused_linear_cross_entropy as flce
+from kernels_lib.bench.spec import get_spec, registered_losses
+from kernels_lib.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
+from kernels_lib.check import assert_checks_pass, check_against_reference
+
+DEVICE = default_device()
+ON_CPU = DEVICE.type == "cpu"
+needs_cpu = pytest.mark.skipif(not ON_CPU, reason="CPU-machine behaviour (no CUDA: the peers cannot run)")
+TINY = {"N": 32, "H": 16, "V": 67}
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_fused_linear_cross_entropy.py"
+
+
+# --------------------------------------------------------------------------- spec and inputs
+
+
+def test_registered_with_presets():
+    assert "fused_linear_cross_entropy" in registered_losses()
+    spec = get_spec("fused_linear_cross_entropy")
+    assert list(spec.providers) == ["kernels_lib", "kernels_lib[accurate=False]", "torch", "liger", "cce"]
+    assert spec.baseline == "torch"
+    assert spec.published == {
+        "x_name": "BT", "x_label": "tokens", "x_values": [4096, 8192, 16384],
+        "sizes": {"H": 4096, "V": 128256}, "dtype": torch.bfloat16,
+    }
+    assert spec.small["x_name"] == "BT" and spec.small["dtype"] == torch.bfloat16
+    assert max(spec.small["x_values"]) * spec.small["sizes"]["V"] < 10**5  # interpreter-sized
+
+
+def test_make_inputs_shapes_grads_and_ignored_rows():
+    options = {"reduction": "sum", "ignore_fraction": 0.25, "label_smoothing": 0.1}
+    inputs = flce.make_inputs(TINY, torch.bfloat16, DEVICE, options, seed=3)
+    x, weight, target, bias = inputs.args
+    assert x.shape == (32, 16) and weight.shape == (67, 16) and bias is None
+    assert x.dtype == weight.dtype == torch.bfloat16 and target.dtype == torch.int64
+    assert x.requires_grad and weight.requires_grad and inputs.grad_inputs == [x, weight]
+    assert (target == -100).sum().item() == 8
+    valid = target[target != -100]
+    assert ((valid >= 0) & (valid < 67)).all()
+    assert inputs.kwargs == {"reduction": "sum", "label_smoothing": 0.1}  # data options consumed
+    again = flce.make_inputs(TINY, torch.bfloat16, DEVICE, options, seed=3)
+    assert torch.equal(again.args[0], x) and torch.equal(again.args[2], target)
+
+
+def test_make_inputs_bias_and_bt_axis():
+    inputs = flce.make_inputs({"BT": 5, "H": 8, "V": 11}, torch.float32, DEVICE, {"bias": True, "ignore_index": -1})
+    x, weight, target, bias = inputs.args
+    assert x.shape == (5, 8) and bias.shape == (11,) and bias.requires_grad
+    assert inputs.grad_inputs == [x, weight, bias]
+    assert inputs.kwargs == {"ignore_index": -1}
+
+
+@pytest.mark.parametrize("mode,products", [("forward", 1), ("forward_no_grad", 1), ("backward", 2), ("full", 3)])
+def test_flops_counts_the_matmuls(mode, products):
+    assert flce.flops({"N": 8192, "H": 4096, "V": 128256}, mode) == products * 2 * 8192 * 4096 * 128256
+    assert flce.flops({"BT": 3, "H": 5, "V": 7}, mode) == products * 2 * 3 * 5 * 7
+
+
+def test_matmul_floor_ms_as_in_spec():
+    # SPEC §4: at N = 8192 one logits matmul is 8.6 TFLOP; full >= 38 ms at 680 TFLOP/s.
+    sizes = {"N": 8192, "H": 4096, "V": 128256}
+    assert flce.flops(sizes, "forward_no_grad") / 1e12 == pytest.approx(8.6, abs=0.05)
+    assert flce.matmul_floor_ms(sizes, "full", 680.0) == pytest.approx(38.0, abs=0.1)
+
+
+@pytest.mark.parametrize("dtype,item", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_bytes_moved(dtype, item):
+    n, h, v = 4096, 4096, 128256
+    reads = (n * h + v * h) * item + n * 8
+    sizes = {"BT": n, "H": h, "V": v}
+    assert flce.bytes_moved(sizes, dtype, "forward_no_grad") == reads
+    assert flce.bytes_moved(sizes, dtype, "forward") == reads
+    assert flce.bytes_moved(sizes, dtype, "full") == reads + (n * h + v * h) * item
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def test_variant_names_and_bound_options():
+    assert flce.variant_name({}) == "kernels_lib"
+    assert flce.variant_name({"chunk_size": 8, "accurate": False}) == "kernels_lib[chunk_size=8 accurate=False]"
+    provider = flce.kernels_lib_variant(chunk_size=8, accurate=False)
+    assert provider.name == "kernels_lib[chunk_size=8 accurate=False]"
+    inputs = flce.make_inputs(TINY, torch.float32, DEVICE, {"ignore_fraction": 0.1})
+    got = provider.load()(*inputs.args, **inputs.kwargs)
+    want = kernels_lib.fused_linear_cross_entropy(*inputs.args, chunk_size=8, accurate=False)
+    assert torch.equal(got, want)
+
+
+@needs_cpu
+def test_peers_skipped_on_cpu_naming_cuda():
+    loaded, skipped = available_providers("fused_linear_cross_entropy")
+    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=False]", "torch"}
+    assert set(skipped) == {"liger", "cce"}
+    assert all("CUDA" in why for why in skipped.values())
+
+
+class _Recorder:
+    """Stands in for a peer: records constructor and call arguments, returns a loss of the inputs."""
+
+    def __init__(self):
+        self.init, self.calls = [], []
+
+    def module(self, **kwargs):
+        self.init.append(kwargs)
+        return lambda *args: self.calls.append((args, {})) or args[1].float().sum()
+
+    def function(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return args[0].float().sum()
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    """liger_kernel.transformers and cut_cross_entropy replaced by recorders; CUDA reported available."""
+    liger, cce = _Recorder(), _Recorder()
+    liger_pkg = types.ModuleType("liger_kernel")
+    liger_transformers = types.ModuleType("liger_kernel.transformers")
+    liger_transformers.LigerFusedLinearCrossEntropyLoss = liger.module
+    cce_module = types.ModuleType("cut_cross_entropy")
+    cce_module.linear_cross_entropy = cce.function
+    monkeypatch.setitem(sys.modules, "liger_kernel", liger_pkg)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", liger_transformers)
+    monkeypatch.setitem(sys.modules, "cut_cross_entropy", cce_module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return liger, cce
+
+
+def test_liger_adapter_maps_our_signature(fake_peers):
+    liger, _ = fake_peers
+    fn = flce.PROVIDERS["liger"].load()
+    x, w = torch.randn(2, 3, 4), torch.randn(5, 4)
+    target = torch.zeros(2, 3, dtype=torch.long)
+    fn(x, w, target, reduction="sum", label_smoothing=0.1, z_loss_scale=1e-4, softcap=30.0, chunk_size=8, accurate=False)
+    fn(x, w, target, reduction="sum", label_smoothing=0.1, z_loss_scale=1e-4, softcap=30.0)
+    assert liger.init == [  # one module per option set, reused
+        {"ignore_index": -100, "lse_square_scale": 1e-4, "label_smoothing": 0.1, "reduction": "sum", "softcap": 30.0}
+    ]
+    (args, _), _ = liger.calls
+    assert args[0] is w  # Liger takes the weight first
+    assert args[1].shape == (6, 4) and args[2].shape == (6,) and args[3] is None
+    with pytest.raises(NotImplementedError, match="loss only"):
+        fn(x, w, target, return_z_loss=True)
+
+
+def test_cce_adapter_no_shift_mean_ignore_index(fake_peers):
+    _, cce = fake_peers
+    fn = flce.PROVIDERS["cce"].load()
+    x, w, target = torch.randn(6, 4), torch.randn(5, 4), torch.zeros(6, dtype=torch.long)
+    fn(x, w, target)
+    (args, kwargs), = cce.calls
+    assert args[0] is x and args[1] is w and args[2] is target
+    assert kwargs == {"ignore_index": -100, "softcap": None, "reduction": "mean", "shift": False}
+    for bad in ({"label_smoothing": 0.1}, {"z_loss_scale": 1e-4}):
+        with pytest.raises(NotImplementedError, match="cut_cross_entropy"):
+            fn(x, w, target, **bad)
+    with pytest.raises(NotImplementedError, match="cut_cross_entropy"):
+        fn(x, w, target, torch.zeros(5))
+
+
+def test_published_rows_use_our_names():
+    rows = flce.published_rows()
+    assert set(rows.kernel_provider) == {"liger", "torch"}
+    assert sorted(set(rows.x_value)) == [4096, 8192, 16384, 32768]
+    assert set(rows.gpu_name) == {"NVIDIA A100-SXM4-80GB"}
+
+
+# --------------------------------------------------------------------------- sweep, checks, dial, precision
+
+
+def test_tiny_sweep_rows():
+    rows = run_sweep(
+        "fused_linear_cross_entropy", x_name="BT", x_values=[4, 8], sizes={"H": 16, "V": 67},
+        dtype=torch.bfloat16, device=DEVICE, modes=("forward_no_grad", "full"),
+    )
+    assert list(rows.columns) == MEASURED_COLUMNS
+    speed = rows[rows.metric_name == "speed"]
+    assert {"kernels_lib", "kernels_lib[accurate=False]", "torch"} <= set(speed.kernel_provider)
+    assert len(speed) == 2 * 2 * len(set(speed.kernel_provider))
+    assert (speed.y_value_50 > 0).all()
+    config = json.loads(rows.extra_benchmark_config_str.iloc[0])
+    assert config["H"] == 16 and config["V"] == 67 and config["reduction"] == "mean" and config["ignore_fraction"] == 0.05
+    if ON_CPU:
+        assert rows.note.str.contains("liger skipped").all() and rows.note.str.contains("cce skipped").all()
+
+
+def test_check_table_passes_over_options():
+    cases = [
+        {"dtype": torch.float32, "reduction": "mean"},
+        {"dtype": torch.bfloat16, "reduction": "sum", "label_smoothing": 0.1, "bias": True},
+        {"dtype": torch.float16, "reduction": "none", "z_loss_scale": 1e-3, "softcap": 5.0},
+    ]
+    table = check_against_reference("fused_linear_cross_entropy", cases, {"N": 7, "H": 24, "V": 131}, DEVICE)
+    assert len(table) == 3 and table.shape[0] == table["passed"].sum()
+    assert_checks_pass(table)
+
+
+def test_cli_dry_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("kernels_lib.data.MEASURED_DIR", tmp_path / "measured")
+    code = cli.main(["fused_linear_cross_entropy", "--preset", "small", "--values", "4", "--providers",
+                     "kernels_lib,kernels_lib[accurate=False]", "--modes", "full", "--dry-run"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "kernels_lib[accurate=False]" in out and "full" in out
+    assert not (tmp_path / "measured").exists()
+
+
+def test_dial_sweep_names_each_point():
+    rows = flce.dial_sweep({"BT": 8, "H": 16, "V": 67}, chunk_sizes=[2, 8], dtype=torch.bfloat16, device=DEVICE)
+    speed = rows[rows.metric_name == "speed"]
+    assert set(zip(speed.kernel_provider, speed.kernel_operation_mode)) == {
+        ("kernels_lib[chunk_size=2 accurate=True]", "forward_no_grad"),
+        ("kernels_lib[chunk_size=2 accurate=True]", "full"),
+        ("kernels_lib[chunk_size=2 accurate=False]", "full"),
+        ("kernels_lib[chunk_size=8 accurate=True]", "forward_no_grad"),
+        ("kernels_lib[chunk_size=8 accurate=True]", "full"),
+        ("kernels_lib[chunk_size=8 accurate=False]", "full"),
+    }
+    for _, row in speed.iterrows():
+        config = json.loads(row.extra_benchmark_config_str)
+        assert row.kernel_provider == flce.variant_name({"chunk_size": config["chunk_size"], "accurate": config["accurate"]})
+
+
+def test_gradient_errors_bf16_accumulation_grows_with_chunks():
+    providers = {
+        "kernels_lib": kernels_lib.fused_linear_cross_entropy,
+        "lean, 16 chunks": flce.kernels_lib_variant(chunk_size=4, accurate=False).load(),
+        "accurate, 16 chunks": flce.kernels_lib_variant(chunk_size=4, accurate=True).load(),
+        "torch": reference.fused_linear_cross_entropy,
+    }
+    table = flce.gradient_errors({"N": 64, "H": 32, "V": 257}, torch.bfloat16, DEVICE, providers).set_index("provider")
+    assert list(table.columns) == ["shape", "dtype", "loss err", "dx err", "dW err"]
+    assert (table[["loss err", "dx err", "dW err"]] < 2e-2).all().all()
+    # float32 accumulation rounds dW once: as accurate as the baseline's single product; bf16
+    # accumulation over 16 chunks rounds 16 times.
+    assert table.loc["accurate, 16 chunks", "dW err"] <= 1.05 * table.loc["torch", "dW err"]
+    assert table.loc["lean, 16 chunks", "dW err"] > 1.3 * table.loc["accurate, 16 chunks", "dW err"]
+
+
+def test_stage_times_cover_the_pipeline():
+    table = flce.stage_times({"BT": 10, "H": 16, "V": 67}, torch.bfloat16, DEVICE, chunk_size=4, accurate=False)
+    assert list(table.stage) == ["logits x_c Wᵀ", "kernel: lse, loss, dz", "dx_c = dz W", "dW += dzᵀ x_c"]
+    assert (table.chunks == 3).all()
+    assert (table["ms"] == table["ms per chunk"] * 3).all() and (table["ms"] > 0).all()
+    assert table.attrs["chunk_size"] == 4 and table.attrs["accurate"] is False
+
+
+# --------------------------------------------------------------------------- analysis on synthetic rows
+
+
+def _rows(values: dict) -> pd.DataFrame:
+    """Measured-layout rows from {(provider, mode, metric): {x: median}} at H = 4096, V = 128256."""
+    rows = []
+    for (provider, mode, metric), by_x in values.items():
+        for x, y in by_x.items():
+            rows.append({
+                "kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider, "kernel_operation_mode": mode,
+                "metric_name": metric, "x_value": x, "y_value_50": y,
+                "extra_benchmark_config_str": json.dumps({"H": 4096, "V": 128256, "BT": x, "dtype": "torch.bfloat16"}),
+            })
+    return pd.DataFrame(rows)
+
+
+SYNTHETIC = _rows({
+    ("kernels_lib", "full", "speed"): {4096: 20.0, 8192: 44.0},
+    ("torch", "full", "speed"): {4096: 24.5, 8192: 49.1},
+    ("liger", "full", "speed"): {4096: 46.1, 8192: 55.3},
+    ("cce", "full", "speed"): {4096: 48.4, 8192: 96.2},
+    ("kernels_lib", "forward_no_grad", "speed"): {4096: 7.0, 8192: 14.0},
+    ("torch", "forward_no_grad", "speed"): {4096: 9.33, 8192: 18.5},
+    ("cce", "forward_no_grad", "speed"): {4096: 8.39, 8192: 16.7},
+    ("kernels_lib", "full", "memory"): {4096: 1100.0, 8192: 1300.0},
+    ("liger", "full", "memory"): {4096: 1065.0, 8192: 1129.0},
+    ("torch", "full", "memory"): {4096: 6012.0, 8192: 12024.0},
+})
+
+
+def test_achieved_tflops():
+    tflops = analysis.achieved_tflops(SYNTHETIC, "kernels_lib", "full")
+    assert list(tflops.index) == [4096, 8192]
+    assert tflops.loc[8192] == pytest.approx(3 * 2 * 8192 * 4096 * 128256 / 44e-3 / 1e12)
+    assert analysis.achieved_tflops(SYNTHETIC, "nobody", "full").empty
+
+
+def test_flce_targets_ratios_and_flags():
+    table = analysis.fused_linear_cross_entropy_targets(SYNTHETIC, matmul_tflops=680.0)
+    assert list(table.index) == [4096, 8192]
+    assert table.loc[8192, "full / torch"] == pytest.approx(44.0 / 49.1)
+    assert table.loc[8192, "full / Liger"] == pytest.approx(44.0 / 55.3)
+    assert table.loc[4096, "full / CCE"] == pytest.approx(20.0 / 48.4)
+    assert table.loc[8192, "forward_no_grad / CCE"] == pytest.approx(14.0 / 16.7)
+    assert table.loc[4096, "forward_no_grad / torch"] == pytest.approx(7.0 / 9.33)
+    assert table.loc[8192, "memory / Liger"] == pytest.approx(1300.0 / 1129.0)
+    assert table.loc[8192, "full / matmul ceiling"] == pytest.approx(table.loc[8192, "full TFLOP/s"] / 680.0)
+    assert bool(table.loc[4096, "full ≤ 0.85× torch"]) and not bool(table.loc[8192, "full ≤ 0.85× torch"])
+    assert bool(table.loc[4096, "memory full ≤ 1.1× Liger"]) and not bool(table.loc[8192, "memory full ≤ 1.1× Liger"])
+    assert table["full ≤ 0.6× Liger"].tolist() == [True, False]  # 20/46.1, 44/55.3
+    assert table["forward_no_grad ≤ 1.0× CCE"].all()
+
+
+def test_target_verdicts_and_missing_peer():
+    without_cce = SYNTHETIC[SYNTHETIC.kernel_provider != "cce"]
+    table = analysis.fused_linear_cross_entropy_targets(without_cce, matmul_tflops=680.0)
+    assert table["full / CCE"].isna().all() and table["full ≤ 0.5× CCE"].isna().all()
+    verdicts = analysis.target_verdicts(table)
+    assert list(verdicts.index) == list(analysis.FLCE_TARGETS)
+    assert verdicts.loc["full ≤ 0.5× CCE", "status"] == "not measured"
+    assert verdicts.loc["full ≤ 0.85× torch", "status"] == "missed"
+    assert verdicts.loc["full ≤ 0.85× torch", "worst at x"] == 8192
+    assert verdicts.loc["full ≤ 0.85× torch", "worst ratio"] == pytest.approx(44.0 / 49.1)
+    assert verdicts.loc["forward_no_grad ≤ 0.8× torch", "status"] == "met"
+
+
+def test_speed_memory_chart_one_point_per_provider():
+    figure = charts.speed_memory_chart(SYNTHETIC, 8192, "full", floor_ms=38.0)
+    points = {trace.name: (trace.x[0], trace.y[0]) for trace in figure.data}
+    assert points == {"kernels_lib": (1300.0, 44.0), "liger": (1129.0, 55.3), "torch": (12024.0, 49.1)}  # cce: no memory row
+    assert figure.layout.shapes[0].y0 == 38.0
+    assert figure.layout.xaxis.type == "log"
+    dial = _rows({("kernels_lib[chunk_size=256 accurate=False]", "full", "speed"): {8192: 60.0},
+                  ("kernels_lib[chunk_size=256 accurate=False]", "full", "memory"): {8192: 1200.0}})
+    figure = charts.speed_memory_chart(pd.concat([SYNTHETIC, dial]), 8192)
+    trace = [t for t in figure.data if t.name.startswith("kernels_lib[")][0]
+    assert trace.marker.color == charts.COLORS["kernels_lib"] and trace.marker.symbol == "diamond"
+
+
+# --------------------------------------------------------------------------- the H200 script at CPU size
+
+
+def test_h200_script_cpu_paths(tmp_path):
+    spec = importlib.util.spec_from_file_location("h200_flce", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.SIZES["full"]["chunks"] == [256, 512, 1024, 2048, 4096, 8192]
+    code = script.main(["--out", str(tmp_path), "--size", "small", "--parts", "dial,precision,stages"])
+    assert code == 0
+    dial = pd.read_csv(tmp_path / "flce_dial.csv")
+    assert list(dial.columns) == MEASURED_COLUMNS and dial.kernel_provider.str.startswith("kernels_lib[chunk_size=").all()
+    precision = pd.read_csv(tmp_path / "flce_precision.csv")
+    assert {"kernels_lib", "kernels_lib[accurate=False]", "torch"} <= set(precision.provider)
+    assert {"gpu_name", "torch_version", "kernels_lib_commit"} <= set(precision.columns)
+    stages = pd.read_csv(tmp_path / "flce_stages.csv")
+    assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns
