@@ -5,19 +5,20 @@ On the GPU machine, from the repository root (the peers come as wheels in ``.whl
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/h200_fused_linear_cross_entropy.py --out $OUT
 
-Parts, each written under ``--out`` as soon as it is done (a failing part is reported and the
-others still run; the exit code is 1 if any failed):
+Parts, each written under ``--out`` as soon as it is done, in the layout of ``data/measured/``
+(copy ``--out``'s content there and commit it; a failing part is reported and the others still run;
+the exit code is 1 if any failed):
 
-a. ``flce_dial.csv``: kernels_lib at N = 8192, H = 4096, V = 128256, bf16, for chunk sizes
+a. ``h200_runs/fused_linear_cross_entropy_dial.csv``: kernels_lib at N = 8192, H = 4096, V = 128256, bf16, for chunk sizes
    256 … 8192 × ``accurate`` True/False: speed (``forward_no_grad``, ``full``) and memory, in the
    measured layout (GPU, versions, commit in every row).
-b. ``flce_precision.csv``: loss, dx and dW relative errors against the baseline in float64 (on the
+b. ``h200_runs/fused_linear_cross_entropy_precision.csv``: loss, dx and dW relative errors against the baseline in float64 (on the
    GPU) at the same size, for kernels_lib (both modes, default and 256-row chunks), torch, Liger, CCE.
-c. ``flce_stages.csv``: time per stage of one chunk (logits, kernel, dx, dW) times the chunks, at the
+c. ``h200_runs/fused_linear_cross_entropy_stages.csv``: time per stage of one chunk (logits, kernel, dx, dW) times the chunks, at the
    default chunk size, both modes.
 d. the CLI sweep of the published workload, all providers, modes forward, forward_no_grad and full
    (appended to ``data/measured/fused_linear_cross_entropy.csv``, ceilings to
-   ``data/measured/ceilings.csv``); both files are copied to ``--out/measured/`` to bring back.
+   ``data/measured/ceilings.csv``); both files are copied to ``--out`` to bring back.
 
 Estimated duration on an H200 (do_bench's ~100 ms of repeats per point, plus memory and setup):
 (a) 18 points × ~1.5 s ≈ 30 s; (b) ≈ 15 s (float64 GEMMs ≈ 26 TFLOP); (c) ≈ 5 s; (d) 3 N × 5 providers
@@ -95,9 +96,8 @@ def sweep(size_name: str, out: Path) -> pd.DataFrame:
     if code:
         raise RuntimeError(f"the CLI sweep exited with {code}")
     if size_name == "full":
-        (out / "measured").mkdir(exist_ok=True)
         for name in (flce.KERNEL_NAME, "ceilings"):
-            shutil.copy(data.measured_path(name), out / "measured")
+            shutil.copy(data.measured_path(name), out)
     return pd.DataFrame()
 
 
@@ -107,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--parts", default="dial,precision,stages,sweep", help="comma-separated parts to run")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "h200_runs").mkdir(parents=True, exist_ok=True)
     device = kernels_lib.default_device()
     size = SIZES[args.size]
     parts = {
-        "dial": ("flce_dial.csv", lambda: dial(size, device)),
-        "precision": ("flce_precision.csv", lambda: precision(size, device)),
-        "stages": ("flce_stages.csv", lambda: stages(size, device)),
+        "dial": (flce.RUN_FILES["dial"], lambda: dial(size, device)),
+        "precision": (flce.RUN_FILES["precision"], lambda: precision(size, device)),
+        "stages": (flce.RUN_FILES["stages"], lambda: stages(size, device)),
         "sweep": (None, lambda: sweep(args.size, args.out)),
     }
     failed = []

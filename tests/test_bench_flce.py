@@ -179,6 +179,14 @@ def test_cce_adapter_no_shift_mean_ignore_index(fake_peers):
         fn(x, w, target, torch.zeros(5))
 
 
+def test_load_run_absent_is_none(monkeypatch, tmp_path):
+    monkeypatch.setattr("kernels_lib.data.MEASURED_DIR", tmp_path)
+    assert flce.load_run("dial") is None
+    (tmp_path / "h200_runs").mkdir()
+    pd.DataFrame({"a": [1]}).to_csv(tmp_path / flce.RUN_FILES["dial"], index=False)
+    assert flce.load_run("dial").a.tolist() == [1]
+
+
 def test_published_rows_use_our_names():
     rows = flce.published_rows()
     assert set(rows.kernel_provider) == {"liger", "torch"}
@@ -355,10 +363,10 @@ def test_h200_script_cpu_paths(tmp_path):
     assert script.SIZES["full"]["chunks"] == [256, 512, 1024, 2048, 4096, 8192]
     code = script.main(["--out", str(tmp_path), "--size", "small", "--parts", "dial,precision,stages"])
     assert code == 0
-    dial = pd.read_csv(tmp_path / "flce_dial.csv")
+    dial = pd.read_csv(tmp_path / flce.RUN_FILES["dial"])
     assert list(dial.columns) == MEASURED_COLUMNS and dial.kernel_provider.str.startswith("kernels_lib[chunk_size=").all()
-    precision = pd.read_csv(tmp_path / "flce_precision.csv")
+    precision = pd.read_csv(tmp_path / flce.RUN_FILES["precision"])
     assert {"kernels_lib", "kernels_lib[accurate=False]", "torch"} <= set(precision.provider)
     assert {"gpu_name", "torch_version", "kernels_lib_commit"} <= set(precision.columns)
-    stages = pd.read_csv(tmp_path / "flce_stages.csv")
+    stages = pd.read_csv(tmp_path / flce.RUN_FILES["stages"])
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns

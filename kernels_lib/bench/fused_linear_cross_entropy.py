@@ -197,6 +197,21 @@ FUSED_LINEAR_CROSS_ENTROPY = register(
 )
 
 
+#: Where the one-off GPU run (``scripts/h200_fused_linear_cross_entropy.py``) puts each part, relative
+#: to ``data/measured/`` (the script writes the same layout under its ``--out``).
+RUN_FILES = {
+    "dial": "h200_runs/fused_linear_cross_entropy_dial.csv",
+    "precision": "h200_runs/fused_linear_cross_entropy_precision.csv",
+    "stages": "h200_runs/fused_linear_cross_entropy_stages.csv",
+}
+
+
+def load_run(part: str) -> pd.DataFrame | None:
+    """The committed GPU measurement of ``part`` (a :data:`RUN_FILES` key), or None when not measured yet."""
+    path = data.MEASURED_DIR / RUN_FILES[part]
+    return pd.read_csv(path) if path.is_file() else None
+
+
 def published_rows() -> pd.DataFrame:
     """Liger's published rows of this loss (A100), providers renamed as ours (:data:`PUBLISHED_ALIASES`)."""
     rows = data.load_published(KERNEL_NAME)
