@@ -71,3 +71,45 @@ def require_index_dtype(name: str, tensor: torch.Tensor) -> None:
     """Refuse anything but int64/int32 class indices."""
     if tensor.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be an int64 or int32 tensor of class indices; got {tensor.dtype}")
+
+
+def require_shape(name: str, tensor: torch.Tensor, shape, described: str) -> None:
+    """Refuse a shape other than ``shape`` (``described`` says where it comes from, e.g. ``"x.shape[:-1]"``)."""
+    if tensor.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {described} = {tuple(shape)}; got {tuple(tensor.shape)}")
+
+
+def require_linear_head(name: str, weight: torch.Tensor, hidden: int, n_cols: int | None = None) -> None:
+    """Refuse a head that is not ``(V, H)`` with ``H = hidden`` (and ``V = n_cols`` when given)."""
+    v_ok = n_cols is None or (weight.dim() == 2 and weight.shape[0] == n_cols)
+    if weight.dim() != 2 or weight.shape[1] != hidden or weight.numel() == 0 or not v_ok:
+        want = f"({'V' if n_cols is None else n_cols}, {hidden})"
+        raise ValueError(f"{name} must have shape {want} (V, H) with H = {hidden}; got {tuple(weight.shape)}")
+
+
+def require_bias(name: str, bias: torch.Tensor, weight: torch.Tensor, weight_name: str = "weight") -> None:
+    """Refuse a bias that is not a ``(V,)`` tensor of the dtype of its head."""
+    require_tensor(name, bias)
+    require_float(name, bias)
+    require_same_dtype(weight_name, weight, name, bias)
+    if bias.shape != weight.shape[:1]:
+        raise ValueError(f"{name} must have shape (V,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
+
+
+def require_real(name: str, value) -> None:
+    """Refuse anything but a finite int or float (bools too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise TypeError(f"{name} must be a finite real number; got {value!r}")
+
+
+def require_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {value!r}")
+
+
+def require_chunk_options(chunk_size, accurate) -> None:
+    """``chunk_size``: None or a positive int; ``accurate``: a bool (the fused linear losses' dials)."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
+    if not isinstance(accurate, bool):
+        raise TypeError(f"accurate must be a bool; got {accurate!r}")

@@ -1,0 +1,173 @@
+r"""Sequence log-probabilities of a linear head, chunked over whole sequences, with their gradient fused.
+
+The machinery shared by the preference losses (ORPO, KTO). For sequences ``k`` of ``T`` tokens,
+rows ``x`` (``S·T × H``), head ``W`` (``V × H``), optional bias ``b`` and targets ``y``,
+
+.. math::
+
+    s_k = \sum_t m_{kt} \log \operatorname{softmax}(x_{kt} W^\top + b)_{y_{kt}},
+    \qquad m_{kt} = [y_{kt} \ne \text{ignore\_index}],
+
+is computed without the ``S·T × V`` logits: chunks of whole sequences go through one logits matmul
+into a reused buffer and the stats pass of :mod:`kernels_lib.kernels.token_logprobs`.
+
+A loss :math:`L` that depends on each sequence only through its own :math:`s_k` (and on constants)
+has :math:`\partial L / \partial \log p_{kt} = w_k` for every valid token, with
+:math:`w_k = \partial L / \partial s_k` known as soon as the chunk's sums are. So, when a gradient
+is wanted, the caller's ``coefficients`` turns the chunk's sums into the :math:`w_k`, the kernel's
+gradient pass overwrites the buffer with :math:`dz = w_k(\mathrm{onehot}(y) - p)`, and the three
+matmuls follow in the same chunk: ``dx = dz W``, ``dW += dzᵀ x``, ``db += Σ dz``. That is the
+arithmetic floor (no logits recomputed in backward), and the logits buffer is the only ``· × V``
+memory.
+
+A second target ``y'`` per token (ORPO's ``nll_target``) adds its own sums and weights; the kernel
+forms both terms in the same pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, matmul_dtype
+from .kernels.kl_div_backward import launch_scale_gradient
+from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
+
+#: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
+#: sequences ``seqs`` (a slice), from their float32 sums (``sums2``/``w2``: the second target's, or None).
+Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, n_cols: int, dtype: torch.dtype) -> int:
+    """Rows per chunk: ``chunk_size`` (or the cross-entropy default) rounded down to whole groups.
+
+    A group is the rows that must share a chunk (one sequence, or an ORPO pair); at least one group
+    per chunk, so a group longer than the budget makes a larger chunk.
+    """
+    budget = chunk_size or default_chunk_size(n_rows, n_cols, matmul_dtype(dtype))
+    return max(1, budget // group_rows) * group_rows
+
+
+def sequence_logprobs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    *,
+    seq_len: int,
+    rows_per_chunk: int,
+    ignore_index: int,
+    target2: torch.Tensor | None = None,
+    coefficients: Coefficients | None = None,
+    needs: tuple[bool, bool, bool] = (False, False, False),
+    accurate: bool = True,
+):
+    """Per-sequence summed log-probs of ``target`` (and ``target2``), and the fused gradients.
+
+    Args:
+        x: ``(S·T, H)`` rows, sequence after sequence (``T = seq_len`` rows each).
+        weight, bias: the head ``(V, H)`` and optional ``(V,)``.
+        target, target2: ``(S·T,)`` class indices in ``[0, V)`` or ``ignore_index`` (checked by the caller).
+        rows_per_chunk: a multiple of ``seq_len`` (see :func:`chunk_rows`); chunks never split a
+            sequence, nor anything the caller's ``coefficients`` needs together.
+        coefficients: turns a chunk's sums into the per-sequence weights ``w`` (and ``w2``);
+            called only when ``any(needs)``.
+        needs: whether ``dx``, ``dW``, ``db`` are wanted.
+        accurate: float32 accumulation of ``dW``/``db`` across chunks (as in cross-entropy).
+
+    Returns:
+        ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
+        ``(dx, dW, db)`` (None where not needed) or None when nothing is needed.
+    """
+    n_rows = x.shape[0]
+    n_seqs = n_rows // seq_len
+    ops = _Operands(x, weight, bias, rows_per_chunk)
+    lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
+    logp2 = None if target2 is None else torch.empty_like(logp)
+    sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
+    sums2 = None if target2 is None else torch.empty_like(sums)
+    grads = _GradientSums(x, weight, bias, needs, accurate) if any(needs) else None
+    for rows, x_c, logits in ops:
+        n = rows.stop - rows.start
+        seqs = slice(rows.start // seq_len, rows.stop // seq_len)
+        y2 = None if target2 is None else target2[rows]
+        launch_token_logprobs(
+            logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+            target2=y2, logp2=None if y2 is None else logp2[:n],
+        )
+        sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
+        if sums2 is not None:
+            sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+        if grads is None:
+            continue
+        w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+        launch_token_logprobs_grad(
+            logits, target[rows], lse=lse[:n], weight=w.contiguous(), rows_per_weight=seq_len,
+            ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
+        )
+        grads.add_chunk(logits, x_c, ops.w, rows)
+    return sums, sums2, None if grads is None else grads.result()
+
+
+def check_targets(
+    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True
+) -> torch.Tensor:
+    """Valid tokens per sequence of ``target`` ``(S, T)`` (float32, on its device), after checking it.
+
+    Refuses values outside ``[0, V)`` other than ``ignore_index``, and sequences with no valid token
+    (their average log-prob would be 0/0; with ``every_sequence=False`` only a ``target`` with no
+    valid token at all), naming ``name``. One host sync for both checks.
+    """
+    valid = target != ignore_index
+    counts = valid.sum(-1)
+    bad = valid & ((target < 0) | (target >= n_cols))
+    empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
+    n_bad, n_empty = torch.stack([bad.sum(), empty.sum()]).tolist()
+    if n_bad:
+        raise ValueError(
+            f"{name} holds {n_bad} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
+            f" (e.g. {target[bad][0].item()})"
+        )
+    if n_empty and every_sequence:
+        first = torch.nonzero(empty)[0, 0].item()
+        raise ValueError(
+            f"{name} has {n_empty} sequence(s) with no valid token (every position is ignore_index="
+            f"{ignore_index}; e.g. sequence {first}): its log-prob is undefined; drop it from the batch"
+        )
+    if n_empty:
+        raise ValueError(f"{name} has no valid token (all ignore_index={ignore_index}): its mean would be 0/0")
+    return counts.to(torch.float32)
+
+
+class FusedSequenceLoss(torch.autograd.Function):
+    """A scalar loss whose gradients ``run`` forms in forward; backward scales them by the upstream gradient.
+
+    ``run(x, weight, bias) -> (loss, aux, grads)``: the float32 loss, a tuple of auxiliary tensors
+    (returned after the loss, non-differentiable) and ``(dx, dW, db)`` (None when no gradient is
+    wanted, or None entries). Backward multiplies the saved gradients in place by ``grad_output``
+    with a kernel that reads it on the device (no host sync) and moves nothing when it is 1, then
+    hands the buffers out: a second backward through the same graph is refused.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, run):
+        loss, aux, grads = run(x, weight, bias)
+        ctx.save_for_backward(*(grads or (None, None, None)))
+        ctx.handed_out = False
+        ctx.mark_non_differentiable(*aux)
+        return (loss, *aux)
+
+    @staticmethod
+    def backward(ctx, grad_output, *_aux_grads):
+        if ctx.handed_out:
+            raise RuntimeError(
+                "backward ran twice through a fused preference loss: its gradients are formed in forward and "
+                "were already handed out; call the loss again instead of retain_graph=True"
+            )
+        ctx.handed_out = True
+        grads = ctx.saved_tensors
+        for grad in grads:
+            if grad is not None:
+                launch_scale_gradient(grad, grad_output.to(torch.float32).contiguous())
+        return (*grads, None)

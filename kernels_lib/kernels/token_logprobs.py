@@ -1,0 +1,169 @@
+r"""Per-token log-probabilities of a logits chunk, and their weighted gradient written in place.
+
+What it computes
+----------------
+The caller has formed a chunk of logits :math:`z = x_c W^\top + b` (``rows × V``) whose rows are
+the tokens of whole sequences, ``T`` consecutive rows per sequence. Two launches of one kernel:
+
+**Stats** (``launch_token_logprobs``). For each row, with target :math:`y` (and optionally a second
+target :math:`y'`),
+
+.. math::
+
+    \mathrm{lse} = \log \sum_j e^{z_j}, \qquad
+    \log p(y) = z_y - \mathrm{lse} \quad (0 \text{ where } y = \text{ignore\_index}),
+
+and the same for :math:`y'`. The caller sums them per sequence and, from those sums alone, forms
+each sequence's weight :math:`w = \partial L / \partial \log p(y_t)` (the same for every valid
+token of a sequence: the losses here depend on a sequence only through its summed or averaged
+log-prob).
+
+**Gradient** (``launch_token_logprobs_grad``). With the weights :math:`w` (and :math:`w'` for the
+second target) of the row's sequence and :math:`\partial \log p(y) / \partial z_j = \delta_{jy} - p_j`,
+
+.. math::
+
+    \frac{\partial L}{\partial z_j} = w\,(\delta_{jy} - p_j) + w'\,(\delta_{jy'} - p_j),
+    \qquad p_j = e^{z_j - \mathrm{lse}},
+
+each term 0 where its target is ``ignore_index``. It overwrites the logits in place, so the
+chunk's buffer holds ``dz`` afterwards and the caller's three matmuls read it from there.
+
+How
+---
+One program per row loops over the vocabulary in blocks of ``BLOCK_V``. The stats pass keeps a
+running maximum :math:`m` and sum :math:`s = \sum e^{z_j - m}`, merged block by block
+(:math:`s \leftarrow s\,e^{m - m'} + \sum_{\text{block}} e^{z_j - m'}`), then reads :math:`z_y`
+once. The gradient pass reads the saved lse and the row's two weights and re-reads the row once.
+
+What it costs
+-------------
+Per logit: the stats pass reads it (``e`` = 2 or 4 bytes) with one ``exp`` and ~4 FLOPs; the
+gradient pass reads and writes it with one ``exp`` and ~6 FLOPs: ``3·rows·V·e`` bytes for both,
+memory-bound and small next to the ``2·rows·V·H`` FLOPs of the matmul that made the chunk. Per row
+a few floats more (targets, lse, log-probs). Offsets are 64-bit, so ``rows·V`` may exceed 2**31.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .cross_entropy_chunk import NUM_WARPS, block_v
+
+
+@triton.jit
+def token_logprobs_kernel(
+    logits_ptr,  # [rows, V] logits of the chunk (fp32/bf16/fp16); overwritten with dz when WRITE_GRAD
+    stride_row,  # elements between consecutive rows of logits
+    target_ptr,  # [rows] int32/int64 targets y, ignore_index allowed
+    target2_ptr,  # [rows] int32/int64 second targets y' (read only when HAS_SECOND)
+    lse_ptr,  # float32 [rows]: written by the stats pass, read by the gradient pass
+    logp_ptr,  # float32 [rows]: log p(y), 0 at ignored rows (written by the stats pass)
+    logp2_ptr,  # float32 [rows]: log p(y'), 0 at ignored rows (stats pass with HAS_SECOND)
+    weight_ptr,  # float32: w of row i at weight_ptr[i // rows_per_weight] (gradient pass)
+    weight2_ptr,  # float32: w' of row i at weight2_ptr[i // rows_per_weight] (gradient pass, HAS_SECOND)
+    rows_per_weight,  # T: consecutive rows sharing one weight (the tokens of one sequence)
+    n_cols,  # V, the vocabulary size
+    ignore_index,  # target value of rows that contribute nothing
+    HAS_SECOND: tl.constexpr,  # a second target y' with its own log-prob and weight
+    WRITE_GRAD: tl.constexpr,  # False: stats pass (lse, log-probs); True: gradient pass (dz in place)
+    BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
+):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * stride_row
+    cols = tl.arange(0, BLOCK_V)
+    y = tl.load(target_ptr + row).to(tl.int64)
+    valid = y != ignore_index
+    if HAS_SECOND:
+        y2 = tl.load(target2_ptr + row).to(tl.int64)
+        valid2 = y2 != ignore_index
+
+    if not WRITE_GRAD:
+        m = -float("inf")
+        s = 0.0
+        for start in range(0, n_cols, BLOCK_V):
+            mask = start + cols < n_cols
+            z = tl.load(row_ptr + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        tl.store(lse_ptr + row, lse)
+        z_y = tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32)
+        tl.store(logp_ptr + row, tl.where(valid, z_y - lse, 0.0))
+        if HAS_SECOND:
+            z_y2 = tl.load(row_ptr + tl.where(valid2, y2, 0)).to(tl.float32)
+            tl.store(logp2_ptr + row, tl.where(valid2, z_y2 - lse, 0.0))
+    else:
+        lse = tl.load(lse_ptr + row)
+        seq = row // rows_per_weight
+        w = tl.where(valid, tl.load(weight_ptr + seq), 0.0)
+        w_total = w
+        if HAS_SECOND:
+            w2 = tl.where(valid2, tl.load(weight2_ptr + seq), 0.0)
+            w_total += w2
+        for start in range(0, n_cols, BLOCK_V):
+            offs = start + cols
+            mask = offs < n_cols
+            z = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dz = tl.where(offs == y, w, 0.0) - w_total * tl.exp(z - lse)
+            if HAS_SECOND:
+                dz += tl.where(offs == y2, w2, 0.0)
+            tl.store(row_ptr + offs, dz.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_token_logprobs(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    lse: torch.Tensor,
+    logp: torch.Tensor,
+    ignore_index: int,
+    target2: torch.Tensor | None = None,
+    logp2: torch.Tensor | None = None,
+) -> None:
+    """Stats pass on a ``rows × V`` chunk (unit stride along V): write ``lse``, ``logp`` (and ``logp2``).
+
+    ``target`` (and ``target2``, given together with ``logp2``): ``rows`` class indices, each in
+    ``[0, V)`` or ``ignore_index`` (the caller checks). ``lse``, ``logp``, ``logp2``: float32
+    ``rows`` output buffers, written, never read (``torch.empty`` is fine).
+    """
+    if (target2 is None) != (logp2 is None):
+        raise ValueError("give target2 and logp2 together")
+    rows, n_cols = logits.shape
+    # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
+    token_logprobs_kernel[(rows,)](
+        logits, logits.stride(0), target, target if target2 is None else target2,
+        lse, logp, logp if logp2 is None else logp2, lse, lse, 1, n_cols, int(ignore_index),
+        HAS_SECOND=target2 is not None, WRITE_GRAD=False, BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
+    )
+
+
+def launch_token_logprobs_grad(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    lse: torch.Tensor,
+    weight: torch.Tensor,
+    rows_per_weight: int,
+    ignore_index: int,
+    target2: torch.Tensor | None = None,
+    weight2: torch.Tensor | None = None,
+) -> None:
+    """Gradient pass: overwrite the chunk ``logits`` with ``dz = w (onehot(y) - p) + w' (onehot(y') - p)``.
+
+    ``lse``: float32 ``rows``, the stats pass's values for these very logits. ``weight`` (and
+    ``weight2``, given together with ``target2``): float32, one weight per ``rows_per_weight``
+    consecutive rows (per sequence), ``rows / rows_per_weight`` of them.
+    """
+    if (target2 is None) != (weight2 is None):
+        raise ValueError("give target2 and weight2 together")
+    rows, n_cols = logits.shape
+    token_logprobs_kernel[(rows,)](
+        logits, logits.stride(0), target, target if target2 is None else target2,
+        lse, lse, lse, weight, weight if weight2 is None else weight2, int(rows_per_weight), n_cols,
+        int(ignore_index),
+        HAS_SECOND=target2 is not None, WRITE_GRAD=True, BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
+    )
