@@ -64,3 +64,64 @@ def fused_linear_cross_entropy(
         loss, z_loss = loss.view(target.shape), z_loss.view(target.shape)
     loss = loss + z_loss
     return (loss, z_loss) if return_z_loss else loss
+
+
+def _reference_logits(x, weight, bias):
+    """Materialized logits ``x @ weight.T + bias`` in float32 (float64 for float64 inputs)."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+
+
+def _reference_token_logps(logits, target, ignore_index):
+    """Per-token ``log_softmax(logits)[target]``, 0 at ignored positions, and the validity mask."""
+    valid = target != ignore_index
+    logps = torch.log_softmax(logits, -1).gather(-1, torch.where(valid, target, 0).long().unsqueeze(-1))
+    return logps.squeeze(-1) * valid, valid
+
+
+def fused_linear_orpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = True,
+):
+    """TRL 1.16's ORPO (``trl/experimental/orpo/orpo_trainer.py``) on materialized float32 logits.
+
+    Follows, in that file: ``log1mexp`` (lines 87–91: ``log1p(-exp x)`` below ``-ln 2``, else
+    ``log(-expm1 x)``); ``get_batch_logps(average_log_prob=True)`` (705–741: masked per-token
+    log-probs summed and divided by the valid count); ``odds_ratio_loss`` (690–702: log-odds,
+    ``losses = beta * logsigmoid``, rewards ``beta * logps``, the two means); the NLL of
+    ``concatenated_forward`` (779–800: ``nn.CrossEntropyLoss`` over the chosen half, TRL's labels
+    being prompt + response, here ``nll_target`` or else ``target``); ``loss = policy_nll_loss -
+    losses.mean()`` (848). Targets are aligned with ``x`` (no shift, TRL's ``is_encoder_decoder``
+    path). ``chunk_size`` and ``accurate`` are accepted and ignored. Returns an ``ORPOOutput``; a
+    sequence with no valid token gives NaN, as TRL does.
+    """
+    from .fused_linear_orpo import ORPOOutput
+
+    del chunk_size, accurate
+    n = x.shape[0] // 2
+    logits = _reference_logits(x, weight, bias)
+    logps, valid = _reference_token_logps(logits, target, ignore_index)
+    average = logps.sum(-1) / valid.sum(-1)
+    chosen, rejected = average[:n], average[n:]
+
+    def log1mexp(a):
+        return torch.where(a < -0.6931471805599453, torch.log1p(-torch.exp(a)), torch.log(-torch.expm1(a)))
+
+    log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+    ratio = F.logsigmoid(log_odds)
+    nll_labels = (target if nll_target is None else nll_target)[:n]
+    nll = F.cross_entropy(logits[:n].flatten(0, 1), nll_labels.flatten().long(), ignore_index=ignore_index)
+    loss = nll - (beta * ratio).mean()
+    return ORPOOutput(
+        loss, chosen.detach(), rejected.detach(), beta * chosen.detach(), beta * rejected.detach(),
+        ratio.mean().detach(), log_odds.mean().detach(), nll.detach(),
+    )
+

@@ -1,0 +1,249 @@
+r"""Fused linear + ORPO (odds-ratio preference optimization) without the ``2n·T × V`` logits.
+
+Rows ``0..n−1`` of ``x`` (``2n × T × H``) are the chosen responses, rows ``n..2n−1`` the rejected
+ones (pair ``i`` is rows ``i`` and ``i+n``). With per-token log-probs
+:math:`\log p_{kt} = \log\operatorname{softmax}(x_{kt}W^\top + b)_{y_{kt}}` over the ``N_k`` valid
+tokens of sequence ``k``,
+
+.. math::
+
+    a_k = \frac1{N_k}\sum_t \log p_{kt}, \qquad
+    \operatorname{log1mexp}(a) = \log(1 - e^a) =
+        \begin{cases} \operatorname{log1p}(-e^a) & a < -\ln 2 \\ \log(-\operatorname{expm1}(a)) & \text{else,} \end{cases}
+
+    o_i = (a_{c} - a_{r}) - (\operatorname{log1mexp} a_{c} - \operatorname{log1mexp} a_{r}),
+    \qquad L_{OR} = -\frac{\beta}{n}\sum_i \log\sigma(o_i),
+
+    \mathrm{NLL} = -\frac1{N'}\sum_{\text{chosen } k}\sum_t \log p'_{kt}, \qquad L = \mathrm{NLL} + L_{OR},
+
+(:math:`c = i`, :math:`r = i + n`; the NLL runs over the :math:`N'` valid tokens of the chosen
+half, under ``nll_target`` when given — TRL takes it over prompt and response — else ``target``).
+log1mexp splits at :math:`-\ln 2` because :math:`1 - e^a` cancels for :math:`a \to 0^-` (use
+expm1) and :math:`\log` of a value near 1 loses digits for :math:`a \ll 0` (use log1p).
+
+Gradient
+--------
+:math:`\partial o / \partial a_c = 1/(1 - e^{a_c})` and :math:`\partial o / \partial a_r = -1/(1 - e^{a_r})`, so
+
+.. math::
+
+    \frac{\partial L}{\partial \log p_{ct}} = -\frac{\beta}{n N_c}\,\frac{\sigma(-o)}{1 - e^{a_c}} - \frac1{N'},
+    \qquad
+    \frac{\partial L}{\partial \log p_{rt}} = \frac{\beta}{n N_r}\,\frac{\sigma(-o)}{1 - e^{a_r}},
+
+(the :math:`-1/N'` on the chosen tokens is the NLL's, on the second target's tokens when
+``nll_target`` is given). The chosen factor is evaluated as
+:math:`1/(1 - e^{a_c} + e^{a_c - a_r + \operatorname{log1mexp} a_r})`, the same value, which stays
+finite when :math:`a_c` rounds to 0 (every chosen token certain: :math:`o = \infty`, where the
+plain form gives 0·∞). These per-token weights times :math:`\mathrm{onehot}(y) - \mathrm{softmax}`
+are ``dz``.
+
+Design
+------
+:mod:`kernels_lib._sequence_logprobs`: chunks hold whole pairs, so a pair's two averages, hence
+its weights, are known inside the chunk that holds both; ``dz`` is formed in place there and
+``dx``, ``dW``, ``db`` follow: three matmuls in all, done in forward (backward only scales by
+``grad_output``, with no host sync). To make a pair's rows contiguous, ``x`` is reordered once to
+chosen/rejected interleaved (a copy of ``x``, and of ``dx`` back: ``2·2n·T·H`` elements, small next
+to the logits). Memory: one ``chunk × V`` logits buffer, plus ``dx``, ``dW``, ``db`` (``dW`` in
+float32 while accumulating when ``accurate``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from . import _validate as v
+from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, sequence_logprobs
+
+
+class ORPOOutput(NamedTuple):
+    """The ORPO loss and what TRL logs beside it; all float32, only ``loss`` carries a gradient."""
+
+    loss: torch.Tensor  #: NLL + L_OR, a scalar
+    chosen_logps: torch.Tensor  #: (n,) average log-probs of the chosen responses
+    rejected_logps: torch.Tensor  #: (n,) average log-probs of the rejected responses
+    chosen_rewards: torch.Tensor  #: (n,) beta * chosen_logps
+    rejected_rewards: torch.Tensor  #: (n,) beta * rejected_logps
+    log_odds_ratio: torch.Tensor  #: mean of logsigmoid(log_odds), a scalar
+    log_odds_chosen: torch.Tensor  #: mean of log_odds, a scalar
+    nll: torch.Tensor  #: the NLL term, a scalar
+
+
+def log1mexp(a: torch.Tensor) -> torch.Tensor:
+    """``log(1 - exp(a))`` for ``a <= 0``: ``log1p(-exp a)`` below ``-ln 2``, ``log(-expm1 a)`` above."""
+    return torch.where(a < -math.log(2), torch.log1p(-torch.exp(a)), torch.log(-torch.expm1(a)))
+
+
+def log_odds(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """``log(odds(chosen) / odds(rejected))`` with ``odds(a) = e^a / (1 - e^a)``."""
+    return (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+
+
+def _pair_weights(chosen, rejected, beta: float, n_pairs: int):
+    """``(∂L_OR/∂a_c, ∂L_OR/∂a_r)`` per pair (see the module docstring)."""
+    o = log_odds(chosen, rejected)
+    d_chosen = -(beta / n_pairs) / (-torch.expm1(chosen) + torch.exp(chosen - rejected + log1mexp(rejected)))
+    d_rejected = (beta / n_pairs) * torch.sigmoid(-o) / -torch.expm1(rejected)
+    return d_chosen, d_rejected
+
+
+def _interleave(t: torch.Tensor) -> torch.Tensor:
+    """``(2n, T, ...)`` chosen-then-rejected to pair order ``c0, r0, c1, r1, ...``, flattened to rows."""
+    n = t.shape[0] // 2
+    return t.reshape(2, n, *t.shape[1:]).transpose(0, 1).reshape(-1, *t.shape[2:])
+
+
+def _deinterleave(rows: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of :func:`_interleave`: rows in pair order back to ``shape`` ``(2n, T, ...)``."""
+    n = shape[0] // 2
+    return rows.reshape(n, 2, *shape[1:]).transpose(0, 1).reshape(shape)
+
+
+def _run(x, weight, bias, target, nll_target, counts, opts):
+    """The forward of :class:`FusedSequenceLoss`: sums chunk by chunk, weights, gradients, then the loss."""
+    beta, ignore_index, chunk_size, accurate, needs = opts
+    n_pairs, seq_len = x.shape[0] // 2, x.shape[1]
+    counts = _interleave(counts)  # (2n,) valid tokens per sequence, pair order
+    y, y2 = _interleave(target), None
+    if nll_target is None:
+        n_nll = counts.view(n_pairs, 2)[:, 0].sum()
+    else:
+        # Only the chosen half enters the NLL: the rejected rows' second targets are all ignored.
+        y2 = _interleave(torch.cat([nll_target[:n_pairs], torch.full_like(nll_target[n_pairs:], ignore_index)]))
+        n_nll = (y2 != ignore_index).sum().to(torch.float32)
+
+    def coefficients(seqs, sums, sums2):
+        avg = (sums / counts[seqs]).view(-1, 2)
+        d_chosen, d_rejected = _pair_weights(avg[:, 0], avg[:, 1], beta, n_pairs)
+        w = torch.stack([d_chosen, d_rejected], 1).view(-1) / counts[seqs]
+        nll_w = torch.stack([torch.full_like(d_chosen, -1.0) / n_nll, torch.zeros_like(d_chosen)], 1).view(-1)
+        return (w + nll_w, None) if sums2 is None else (w, nll_w)
+
+    x_rows = _interleave(x)
+    rows = chunk_rows(chunk_size, 2 * seq_len, x_rows.shape[0], weight.shape[0], x.dtype)
+    sums, sums2, grads = sequence_logprobs(
+        x_rows, weight, bias, y, seq_len=seq_len, rows_per_chunk=rows, ignore_index=ignore_index,
+        target2=y2, coefficients=coefficients, needs=needs, accurate=accurate,
+    )
+    pairs = (sums / counts).view(n_pairs, 2)
+    chosen, rejected = pairs[:, 0], pairs[:, 1]
+    o = log_odds(chosen, rejected)
+    ratio = F.logsigmoid(o)
+    nll = -(sums.view(n_pairs, 2)[:, 0].sum() if sums2 is None else sums2.sum()) / n_nll
+    loss = nll - beta * ratio.mean()
+    if grads is not None and grads[0] is not None:
+        grads = (_deinterleave(grads[0], x.shape), *grads[1:])
+    aux = (chosen, rejected, beta * chosen, beta * rejected, ratio.mean(), o.mean(), nll)
+    return loss, aux, grads
+
+
+def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate) -> None:
+    v.require_tensor("x", x)
+    v.require_tensor("weight", weight)
+    v.require_tensor("target", target)
+    v.require_float("x", x)
+    v.require_float("weight", weight)
+    v.require_same_dtype("x", x, "weight", weight)
+    v.require_ndim("x", x, 3)
+    v.require_nonempty("x", x)
+    if x.shape[0] % 2:
+        raise ValueError(
+            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
+        )
+    v.require_linear_head("weight", weight, x.shape[-1])
+    v.require_index_dtype("target", target)
+    v.require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
+    tensors = {"x": x, "weight": weight, "target": target}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    if nll_target is not None:
+        v.require_tensor("nll_target", nll_target)
+        v.require_index_dtype("nll_target", nll_target)
+        v.require_shape("nll_target", nll_target, target.shape, "target.shape")
+        tensors["nll_target"] = nll_target
+    v.require_same_device(tensors)
+    v.require_real("beta", beta)
+    v.require_int("ignore_index", ignore_index)
+    v.require_chunk_options(chunk_size, accurate)
+
+
+def fused_linear_orpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = True,
+) -> ORPOOutput:
+    """ORPO loss of the head ``x @ weight.T + bias`` (SPEC §2.3), never materializing the logits.
+
+    Args:
+        x: ``(2n, T, H)`` hidden states, the ``n`` chosen sequences then the ``n`` rejected ones
+            (pair ``i`` = rows ``i`` and ``i+n``); float32, bfloat16 or float16. Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        target: ``(2n, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
+            ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
+        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        beta: the weight of the odds-ratio term (TRL's default 0.1).
+        ignore_index: target value of positions that count nowhere.
+        nll_target: optional ``(2n, T)`` targets for the NLL term only (its chosen half is read),
+            e.g. prompt and response where ``target`` masks the prompt; the NLL over it needs at
+            least one valid token.
+        chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
+            least one pair; None for the cross-entropy default (a 256 MiB buffer). The speed/memory dial.
+        accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
+
+    Returns:
+        :class:`ORPOOutput`: the float32 ``loss`` (= TRL's ``policy_nll_loss - losses.mean()``) and
+        the auxiliaries, which carry no gradient. NaN in ``x``/``weight``/``bias`` gives NaN.
+
+    Raises:
+        TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
+        ValueError: an odd batch, shapes that do not fit, tensors on different devices, targets out
+            of range, a sequence with no valid target, an NLL with no valid token.
+    """
+    _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate)
+    n_cols = weight.shape[0]
+    counts = check_targets("target", target, n_cols, ignore_index)
+    if nll_target is not None:
+        check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False)
+    grad_on = torch.is_grad_enabled()
+    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+    opts = (float(beta), ignore_index, chunk_size, accurate, needs)
+
+    def run(x_, w_, b_):
+        return _run(x_, w_, b_, target, nll_target, counts, opts)
+
+    return ORPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+
+
+class FusedLinearORPOLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`fused_linear_orpo`; ``forward(x, weight, target, bias=None, nll_target=None)``.
+
+    Holds the options only; the head's ``weight`` and ``bias`` stay with the model.
+    """
+
+    def __init__(
+        self, beta: float = 0.1, ignore_index: int = -100, chunk_size: int | None = None, accurate: bool = True
+    ):
+        super().__init__()
+        v.require_real("beta", beta)
+        v.require_int("ignore_index", ignore_index)
+        v.require_chunk_options(chunk_size, accurate)
+        self.options = dict(beta=beta, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate)
+
+    def forward(self, x, weight, target, bias=None, nll_target=None) -> ORPOOutput:
+        return fused_linear_orpo(x, weight, target, bias, nll_target=nll_target, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
