@@ -125,3 +125,65 @@ def fused_linear_orpo(
         ratio.mean().detach(), log_odds.mean().detach(), nll.detach(),
     )
 
+
+def fused_linear_kto(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    preference_labels: torch.Tensor,
+    kl: torch.Tensor | float | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    ref_x: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.1,
+    ignore_index: int = -100,
+    average_log_prob: bool = False,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+    chunk_size: int | None = None,
+    accurate: bool = True,
+):
+    """TRL 1.16's KTO loss (``trl/trainer/kto_trainer.py``, ``_compute_loss``, ``loss_type="kto"``) on
+    materialized float32 logits.
+
+    Re-implements, in that file: completion log-probs summed over the valid tokens (line 1401:
+    ``per_token_logps.sum(-1)``, the fused head giving 0 at ``-100`` labels); the split into chosen
+    and rejected by the labels (1410–1415, ``index_select``) and the reference log-probs, precomputed
+    (1417–1419) or from the reference model under ``torch.no_grad()`` (1426–1440); ``kl`` detached,
+    or zero without ``calculate_KL`` (1442–1446); ``chosen_losses = 1 - sigmoid(beta * (logratios -
+    kl))`` and ``chosen_rewards = beta * logratios`` (1449–1459); ``rejected_losses = 1 - sigmoid(beta
+    * (kl - logratios))`` and its rewards (1467–1474); the weights and the concatenation (1479–1482);
+    ``loss = losses.nanmean()`` (1548), here a plain mean so that a NaN is not dropped silently.
+    ``average_log_prob=True`` divides the sums by the valid counts (TRL 1.16 has no such switch).
+    ``chunk_size`` and ``accurate`` are accepted and ignored. Returns a ``KTOOutput``.
+    """
+    from .fused_linear_kto import KTOOutput
+
+    del chunk_size, accurate
+
+    def sequence_logps(hidden, head, head_bias):
+        logps, valid = _reference_token_logps(_reference_logits(hidden, head, head_bias), target, ignore_index)
+        return logps.sum(-1) / valid.sum(-1) if average_log_prob else logps.sum(-1)
+
+    policy = sequence_logps(x, weight, bias)
+    if ref_logps is None:
+        with torch.no_grad():
+            ref_logps = sequence_logps(ref_x, ref_weight, ref_bias)
+    kl = torch.zeros((), dtype=policy.dtype) if kl is None else torch.as_tensor(kl).detach().to(policy.dtype)
+    labels = preference_labels.to(torch.bool)
+    chosen_idx = torch.nonzero(labels).view(-1)
+    rejected_idx = torch.nonzero(~labels).view(-1)
+    chosen_logps, rejected_logps = policy.index_select(0, chosen_idx), policy.index_select(0, rejected_idx)
+    ref = ref_logps.detach().to(policy.dtype)
+    chosen_logratios = chosen_logps - ref.index_select(0, chosen_idx)
+    rejected_logratios = rejected_logps - ref.index_select(0, rejected_idx)
+    chosen_losses = 1 - torch.sigmoid(beta * (chosen_logratios - kl))
+    rejected_losses = 1 - torch.sigmoid(beta * (kl - rejected_logratios))
+    losses = torch.cat((desirable_weight * chosen_losses, undesirable_weight * rejected_losses), 0)
+    return KTOOutput(
+        losses.mean(), beta * chosen_logratios.detach(), beta * rejected_logratios.detach(),
+        chosen_logps.detach(), rejected_logps.detach(),
+    )

@@ -1,0 +1,297 @@
+r"""Fused linear + KTO (Kahneman–Tversky optimization) without the ``B·T × V`` logits.
+
+Unpaired examples: ``x`` (``B × T × H``), ``target`` (``B × T``), a label per example (desirable
+or not). With per-token log-probs :math:`\log p_{kt}` of the policy head over the ``N_k`` valid
+tokens of sequence ``k`` (summed; averaged with ``average_log_prob``) and the reference model's
+:math:`\ell^{\text{ref}}_k` (computed the same way without gradient, or given),
+
+.. math::
+
+    \ell_k = \sum_t \log p_{kt}\ \Big(\text{or } \tfrac1{N_k}\textstyle\sum_t\Big), \qquad
+    r_k = \ell_k - \ell^{\text{ref}}_k, \qquad u_k = \beta\,(r_k - \mathrm{kl}),
+
+    L = \frac1B \sum_k \begin{cases}
+        \lambda_D\,\big(1 - \sigma(u_k)\big) & k \text{ desirable} \\
+        \lambda_U\,\big(1 - \sigma(-u_k)\big) & k \text{ undesirable,} \end{cases}
+
+with ``kl`` a detached scalar (TRL: ``clamp(mean(KL_logps − ref_KL_logps), min=0)`` over
+mismatched pairs, computed by the caller) and the weights :math:`\lambda_D, \lambda_U`. This is
+TRL 1.16's ``KTOTrainer`` loss (``loss_type="kto"``; see :func:`kernels_lib.reference.fused_linear_kto`
+for the lines it follows), except that a NaN example makes the loss NaN where TRL's ``nanmean``
+would drop it silently.
+
+Gradient
+--------
+With :math:`\sigma'(u) = \sigma(u)\sigma(-u)`, each valid token of sequence ``k`` has the weight
+
+.. math::
+
+    \frac{\partial L}{\partial \log p_{kt}} = \frac{\beta\,\sigma(u_k)\,\sigma(-u_k)}{B\,(N_k)}
+        \times \begin{cases} -\lambda_D & \text{desirable} \\ +\lambda_U & \text{undesirable} \end{cases}
+
+(the :math:`N_k` only with ``average_log_prob``); times :math:`\mathrm{onehot}(y) - \mathrm{softmax}`
+it is ``dz``.
+
+Design
+------
+:mod:`kernels_lib._sequence_logprobs`, chunking over whole sequences: a sequence's weight depends
+on that sequence alone, so it is known inside its chunk, where ``dz`` is formed in place and
+``dx``, ``dW``, ``db`` follow (three matmuls, all in forward; backward only scales by
+``grad_output``, with no host sync). The reference model goes through the same chunks first with
+no gradient: one matmul and the stats pass per chunk, nothing stored but its ``B`` sums.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _validate as v
+from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, sequence_logprobs
+
+
+class KTOOutput(NamedTuple):
+    """The KTO loss and what TRL logs beside it; all float32, only ``loss`` carries a gradient."""
+
+    loss: torch.Tensor  #: the mean over the B examples, a scalar
+    chosen_rewards: torch.Tensor  #: beta * r of the desirable examples, in batch order
+    rejected_rewards: torch.Tensor  #: beta * r of the undesirable examples, in batch order
+    chosen_logps: torch.Tensor  #: the policy's log-prob sums (averages) of the desirable examples
+    rejected_logps: torch.Tensor  #: the same for the undesirable examples
+
+
+def _sequence_logps(sums, counts, average: bool):
+    return sums / counts if average else sums
+
+
+def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opts):
+    """The reference log-probs ``(B,)``: given, or the reference head run without gradient."""
+    ignore_index, average, chunk_size = opts
+    if ref_logps is not None:
+        return ref_logps.detach().to(torch.float32)
+    seq_len = target.shape[1]
+    rows = ref_x.reshape(-1, ref_x.shape[-1])
+    with torch.no_grad():
+        sums, _, _ = sequence_logprobs(
+            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
+            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[0], ref_x.dtype),
+        )
+    return _sequence_logps(sums, counts, average)
+
+
+def _run(x, weight, bias, target, labels, kl, ref, counts, opts):
+    """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss."""
+    beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate, needs = opts
+    n_seqs, seq_len = target.shape
+    desirable = labels.to(torch.float32)
+    # d loss_k / d r_k = beta * sigma(u) sigma(-u) * sign_weight_k / B.
+    sign_weight = (undesirable_weight - (desirable_weight + undesirable_weight) * desirable) / n_seqs
+
+    def coefficients(seqs, sums, _sums2):
+        u = beta * (_sequence_logps(sums, counts[seqs], average) - ref[seqs] - kl)
+        w = beta * torch.sigmoid(u) * torch.sigmoid(-u) * sign_weight[seqs]
+        return (w / counts[seqs] if average else w), None
+
+    rows = x.reshape(-1, x.shape[-1])
+    sums, _, grads = sequence_logprobs(
+        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
+        rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], weight.shape[0], x.dtype),
+        coefficients=coefficients, needs=needs, accurate=accurate,
+    )
+    logps = _sequence_logps(sums, counts, average)
+    r = logps - ref
+    u = beta * (r - kl)
+    per_example = torch.where(
+        labels, desirable_weight * (1 - torch.sigmoid(u)), undesirable_weight * (1 - torch.sigmoid(-u))
+    )
+    if grads is not None and grads[0] is not None:
+        grads = (grads[0].view(x.shape), *grads[1:])
+    aux = (beta * r[labels], beta * r[~labels], logps[labels], logps[~labels])
+    return per_example.mean(), aux, grads
+
+
+def _validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps) -> dict:
+    """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name."""
+    if ref_logps is not None:
+        if ref_x is not None or ref_weight is not None or ref_bias is not None:
+            raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
+        v.require_tensor("ref_logps", ref_logps)
+        if not ref_logps.is_floating_point():
+            raise TypeError(f"ref_logps must be a floating tensor; got {ref_logps.dtype}")
+        v.require_shape("ref_logps", ref_logps, x.shape[:1], "(B,)")
+        return {"ref_logps": ref_logps}
+    if ref_x is None or ref_weight is None:
+        raise ValueError("give ref_logps, or the reference model: ref_x and ref_weight (and optionally ref_bias)")
+    v.require_tensor("ref_x", ref_x)
+    v.require_tensor("ref_weight", ref_weight)
+    v.require_float("ref_x", ref_x)
+    v.require_float("ref_weight", ref_weight)
+    v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
+    v.require_ndim("ref_x", ref_x, 3)
+    v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), "(B, T, H_ref) with (B, T) = target.shape")
+    v.require_nonempty("ref_x", ref_x)
+    v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
+    tensors = {"ref_x": ref_x, "ref_weight": ref_weight}
+    if ref_bias is not None:
+        v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
+        tensors["ref_bias"] = ref_bias
+    return tensors
+
+
+def _validate(x, weight, target, labels, kl, bias, options) -> dict:
+    """Check the policy's tensors and the options; returns the tensors by name (for the device check)."""
+    v.require_tensor("x", x)
+    v.require_tensor("weight", weight)
+    v.require_tensor("target", target)
+    v.require_float("x", x)
+    v.require_float("weight", weight)
+    v.require_same_dtype("x", x, "weight", weight)
+    v.require_ndim("x", x, 3)
+    v.require_nonempty("x", x)
+    v.require_linear_head("weight", weight, x.shape[-1])
+    v.require_index_dtype("target", target)
+    v.require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
+    v.require_tensor("preference_labels", labels)
+    if labels.dtype != torch.bool:
+        raise TypeError(f"preference_labels must be a bool tensor (True = desirable); got {labels.dtype}")
+    v.require_shape("preference_labels", labels, x.shape[:1], "(B,) with B = x.shape[0]")
+    tensors = {"x": x, "weight": weight, "target": target, "preference_labels": labels}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    if isinstance(kl, torch.Tensor):
+        if not kl.is_floating_point() or kl.numel() != 1:
+            raise ValueError(
+                f"kl must be None, a real number or a one-element floating tensor; got {kl.dtype} {tuple(kl.shape)}"
+            )
+        tensors["kl"] = kl
+    elif kl is not None:
+        v.require_real("kl", kl)
+    beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate = options
+    v.require_real("beta", beta)
+    v.require_int("ignore_index", ignore_index)
+    if not isinstance(average, bool):
+        raise TypeError(f"average_log_prob must be a bool; got {average!r}")
+    for name, value in (("desirable_weight", desirable_weight), ("undesirable_weight", undesirable_weight)):
+        v.require_real(name, value)
+    v.require_chunk_options(chunk_size, accurate)
+    return tensors
+
+
+def fused_linear_kto(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    preference_labels: torch.Tensor,
+    kl: torch.Tensor | float | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    ref_x: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.1,
+    ignore_index: int = -100,
+    average_log_prob: bool = False,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+    chunk_size: int | None = None,
+    accurate: bool = True,
+) -> KTOOutput:
+    """KTO loss of the head ``x @ weight.T + bias`` against a reference (SPEC §2.4), never materializing logits.
+
+    Args:
+        x: ``(B, T, H)`` hidden states of the policy; float32, bfloat16 or float16. Gradients flow to it.
+        weight: the policy head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        target: ``(B, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
+            ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
+        preference_labels: ``(B,)`` bool, True for a desirable example. All-desirable and
+            all-undesirable batches are fine (the other side's outputs are then empty).
+        kl: the KL estimate, a real number or one-element tensor, detached (no gradient flows to
+            it); None for 0 (TRL without ``calculate_KL``).
+        bias: optional ``(V,)`` policy bias, the dtype of ``x``. Gradients flow to it.
+        ref_x, ref_weight, ref_bias: the reference model's hidden states ``(B, T, H_ref)``, head
+            ``(V, H_ref)`` and optional bias ``(V,)`` (one dtype among them, any of the three), run
+            without gradient and without stored logits, on the same ``target``.
+        ref_logps: instead of the reference model, its precomputed ``(B,)`` log-probs (sums, or
+            averages with ``average_log_prob``); detached.
+        beta: the temperature β (0.1 by default, as TRL).
+        ignore_index: target value of positions that count nowhere.
+        average_log_prob: average the log-probs over the valid tokens instead of summing them (TRL
+            1.16 always sums; older TRL had this switch).
+        desirable_weight, undesirable_weight: λ_D, λ_U.
+        chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
+            None for the cross-entropy default (a 256 MiB buffer).
+        accurate: accumulate ``dW``/``db`` in float32 across chunks.
+
+    Returns:
+        :class:`KTOOutput`: the float32 loss (mean over the B examples) and the auxiliaries, which
+        carry no gradient. NaN anywhere in the inputs gives a NaN loss (TRL's ``nanmean`` would skip
+        that example).
+
+    Raises:
+        TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
+        ValueError: shapes that do not fit (labels not of length B, a reference of other shapes),
+            tensors on different devices, targets out of range, a sequence with no valid target,
+            both or neither of ``ref_logps`` and the reference model.
+    """
+    options = (beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
+    tensors = _validate(x, weight, target, preference_labels, kl, bias, options)
+    tensors.update(_validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
+    v.require_same_device(tensors)
+    counts = check_targets("target", target, weight.shape[0], ignore_index)
+    ref = _reference_logps(
+        target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size)
+    )
+    kl = torch.zeros((), device=x.device) if kl is None else torch.as_tensor(kl, device=x.device)
+    kl = kl.detach().to(torch.float32).reshape(())
+    grad_on = torch.is_grad_enabled()
+    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+    opts = (
+        float(beta), ignore_index, average_log_prob, float(desirable_weight), float(undesirable_weight),
+        chunk_size, accurate, needs,
+    )
+
+    def run(x_, w_, b_):
+        return _run(x_, w_, b_, target, preference_labels, kl, ref, counts, opts)
+
+    return KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+
+
+class FusedLinearKTOLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`fused_linear_kto`.
+
+    ``forward(x, weight, target, preference_labels, kl=None, *, bias=None, ref_x=None, ref_weight=None,
+    ref_bias=None, ref_logps=None)``; the module holds the options (β, weights, ...) only.
+    """
+
+    def __init__(
+        self,
+        beta: float = 0.1,
+        ignore_index: int = -100,
+        average_log_prob: bool = False,
+        desirable_weight: float = 1.0,
+        undesirable_weight: float = 1.0,
+        chunk_size: int | None = None,
+        accurate: bool = True,
+    ):
+        super().__init__()
+        v.require_real("beta", beta)
+        v.require_int("ignore_index", ignore_index)
+        if not isinstance(average_log_prob, bool):
+            raise TypeError(f"average_log_prob must be a bool; got {average_log_prob!r}")
+        v.require_real("desirable_weight", desirable_weight)
+        v.require_real("undesirable_weight", undesirable_weight)
+        v.require_chunk_options(chunk_size, accurate)
+        self.options = dict(
+            beta=beta, ignore_index=ignore_index, average_log_prob=average_log_prob,
+            desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
+            chunk_size=chunk_size, accurate=accurate,
+        )
+
+    def forward(self, x, weight, target, preference_labels, kl=None, **tensors) -> KTOOutput:
+        return fused_linear_kto(x, weight, target, preference_labels, kl, **tensors, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
