@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, matmul_dtype
+from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -39,13 +39,13 @@ from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs
 Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, n_cols: int, dtype: torch.dtype) -> int:
+def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
     """Rows per chunk: ``chunk_size`` (or the cross-entropy default) rounded down to whole groups.
 
     A group is the rows that must share a chunk (one sequence, or an ORPO pair); at least one group
     per chunk, so a group longer than the budget makes a larger chunk.
     """
-    budget = chunk_size or default_chunk_size(n_rows, n_cols, matmul_dtype(dtype))
+    budget = chunk_size or default_chunk_size(n_rows, hidden)
     return max(1, budget // group_rows) * group_rows
 
 
@@ -61,7 +61,7 @@ def sequence_logprobs(
     target2: torch.Tensor | None = None,
     coefficients: Coefficients | None = None,
     needs: tuple[bool, bool, bool] = (False, False, False),
-    accurate: bool = True,
+    accurate: bool = False,
 ):
     """Per-sequence summed log-probs of ``target`` (and ``target2``), and the fused gradients.
 

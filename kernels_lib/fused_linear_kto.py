@@ -75,7 +75,7 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     with torch.no_grad():
         sums, _, _ = sequence_logprobs(
             rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[0], ref_x.dtype),
+            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
         )
     return _sequence_logps(sums, counts, average)
 
@@ -96,7 +96,7 @@ def _run(x, weight, bias, target, labels, kl, ref, counts, opts):
     rows = x.reshape(-1, x.shape[-1])
     sums, _, grads = sequence_logprobs(
         rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-        rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], weight.shape[0], x.dtype),
+        rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], weight.shape[1]),
         coefficients=coefficients, needs=needs, accurate=accurate,
     )
     logps = _sequence_logps(sums, counts, average)
@@ -197,7 +197,7 @@ def fused_linear_kto(
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
     chunk_size: int | None = None,
-    accurate: bool = True,
+    accurate: bool = False,
 ) -> KTOOutput:
     """KTO loss of the head ``x @ weight.T + bias`` against a reference (SPEC §2.4), never materializing logits.
 
@@ -222,7 +222,7 @@ def fused_linear_kto(
             1.16 always sums; older TRL had this switch).
         desirable_weight, undesirable_weight: λ_D, λ_U.
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
-            None for the cross-entropy default (a 256 MiB buffer).
+            None for the cross-entropy default (H / 8 rows, at least 256).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
 
     Returns:
@@ -274,7 +274,7 @@ class FusedLinearKTOLoss(torch.nn.Module):
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
         chunk_size: int | None = None,
-        accurate: bool = True,
+        accurate: bool = False,
     ):
         super().__init__()
         v.require_real("beta", beta)

@@ -125,7 +125,7 @@ def _run(x, weight, bias, target, nll_target, counts, opts):
         return (w + nll_w, None) if sums2 is None else (w, nll_w)
 
     x_rows = _interleave(x)
-    rows = chunk_rows(chunk_size, 2 * seq_len, x_rows.shape[0], weight.shape[0], x.dtype)
+    rows = chunk_rows(chunk_size, 2 * seq_len, x_rows.shape[0], weight.shape[1])
     sums, sums2, grads = sequence_logprobs(
         x_rows, weight, bias, y, seq_len=seq_len, rows_per_chunk=rows, ignore_index=ignore_index,
         target2=y2, coefficients=coefficients, needs=needs, accurate=accurate,
@@ -183,7 +183,7 @@ def fused_linear_orpo(
     ignore_index: int = -100,
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
-    accurate: bool = True,
+    accurate: bool = False,
 ) -> ORPOOutput:
     """ORPO loss of the head ``x @ weight.T + bias`` (SPEC §2.3), never materializing the logits.
 
@@ -200,7 +200,7 @@ def fused_linear_orpo(
             e.g. prompt and response where ``target`` masks the prompt; the NLL over it needs at
             least one valid token.
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
-            least one pair; None for the cross-entropy default (a 256 MiB buffer). The speed/memory dial.
+            least one pair; None for the cross-entropy default (H / 8 rows, at least 256). The speed/memory dial.
         accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
 
     Returns:
@@ -234,7 +234,7 @@ class FusedLinearORPOLoss(torch.nn.Module):
     """
 
     def __init__(
-        self, beta: float = 0.1, ignore_index: int = -100, chunk_size: int | None = None, accurate: bool = True
+        self, beta: float = 0.1, ignore_index: int = -100, chunk_size: int | None = None, accurate: bool = False
     ):
         super().__init__()
         v.require_real("beta", beta)

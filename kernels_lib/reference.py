@@ -38,19 +38,19 @@ def fused_linear_cross_entropy(
     softcap: float | None = None,
     return_z_loss: bool = False,
     chunk_size: int | None = None,
-    accurate: bool = True,
+    accurate: bool = False,
 ):
-    """Materialized logits ``x @ weight.T + bias`` in float32 (float64 for float64 inputs), then
-    ``torch.nn.functional.cross_entropy``, plus the z-loss ``λ·lse²`` over the valid rows.
+    """Materialized logits, as a Transformers model computes them: ``x @ weight.T + bias`` in the
+    input dtype (a bf16 matmul for bf16 inputs), upcast to float32 (float64 stays float64), then
+    ``torch.nn.functional.cross_entropy`` (what ``ForCausalLMLoss`` does), plus the z-loss ``λ·lse²``
+    over the valid rows.
 
     ``chunk_size`` and ``accurate`` are accepted and ignored. Softcap ``s·tanh(z/s)`` is applied to
     the logits first. With ``mean`` and every target ignored the result is NaN, as torch gives.
     The returned z-loss (``return_z_loss``) is the same term reduced alone.
     """
     del chunk_size, accurate
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    logits = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
-    logits = logits.reshape(-1, weight.shape[0])
+    logits = _reference_logits(x, weight, bias).reshape(-1, weight.shape[0])
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     flat = target.reshape(-1).long()
@@ -67,9 +67,10 @@ def fused_linear_cross_entropy(
 
 
 def _reference_logits(x, weight, bias):
-    """Materialized logits ``x @ weight.T + bias`` in float32 (float64 for float64 inputs)."""
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    """Materialized logits as a model's LM head makes them: ``x @ weight.T + bias`` in the input
+    dtype, then upcast to float32 (float64 inputs stay float64)."""
+    logits = F.linear(x, weight, bias)
+    return logits if logits.dtype == torch.float64 else logits.float()
 
 
 def _reference_token_logps(logits, target, ignore_index):
@@ -89,7 +90,7 @@ def fused_linear_orpo(
     ignore_index: int = -100,
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
-    accurate: bool = True,
+    accurate: bool = False,
 ):
     """TRL 1.16's ORPO (``trl/experimental/orpo/orpo_trainer.py``) on materialized float32 logits.
 
@@ -144,7 +145,7 @@ def fused_linear_kto(
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
     chunk_size: int | None = None,
-    accurate: bool = True,
+    accurate: bool = False,
 ):
     """TRL 1.16's KTO loss (``trl/trainer/kto_trainer.py``, ``_compute_loss``, ``loss_type="kto"``) on
     materialized float32 logits.

@@ -67,7 +67,7 @@ def precision(size: dict, device: torch.device) -> pd.DataFrame:
     many = {"chunk_size": size["many"]}
     providers = {
         "kernels_lib": kernels_lib.fused_linear_cross_entropy,
-        "kernels_lib[accurate=False]": flce.kernels_lib_variant(accurate=False).load(),
+        "kernels_lib[accurate=True]": flce.kernels_lib_variant(accurate=True).load(),
         flce.variant_name({**many, "accurate": True}): flce.kernels_lib_variant(**many, accurate=True).load(),
         flce.variant_name({**many, "accurate": False}): flce.kernels_lib_variant(**many, accurate=False).load(),
         **peers,

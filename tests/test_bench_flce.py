@@ -38,7 +38,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_fused_linear_cr
 def test_registered_with_presets():
     assert "fused_linear_cross_entropy" in registered_losses()
     spec = get_spec("fused_linear_cross_entropy")
-    assert list(spec.providers) == ["kernels_lib", "kernels_lib[accurate=False]", "torch", "liger", "cce"]
+    assert list(spec.providers) == ["kernels_lib", "kernels_lib[accurate=True]", "torch", "liger", "cce"]
     assert spec.baseline == "torch"
     assert spec.published == {
         "x_name": "BT", "x_label": "tokens", "x_values": [4096, 8192, 16384],
@@ -111,7 +111,7 @@ def test_variant_names_and_bound_options():
 @needs_cpu
 def test_peers_skipped_on_cpu_naming_cuda():
     loaded, skipped = available_providers("fused_linear_cross_entropy")
-    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=False]", "torch"}
+    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch"}
     assert set(skipped) == {"liger", "cce"}
     assert all("CUDA" in why for why in skipped.values())
 
@@ -204,7 +204,7 @@ def test_tiny_sweep_rows():
     )
     assert list(rows.columns) == MEASURED_COLUMNS
     speed = rows[rows.metric_name == "speed"]
-    assert {"kernels_lib", "kernels_lib[accurate=False]", "torch"} <= set(speed.kernel_provider)
+    assert {"kernels_lib", "kernels_lib[accurate=True]", "torch"} <= set(speed.kernel_provider)
     assert len(speed) == 2 * 2 * len(set(speed.kernel_provider))
     assert (speed.y_value_50 > 0).all()
     config = json.loads(rows.extra_benchmark_config_str.iloc[0])
@@ -227,10 +227,10 @@ def test_check_table_passes_over_options():
 def test_cli_dry_run(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("kernels_lib.data.MEASURED_DIR", tmp_path / "measured")
     code = cli.main(["fused_linear_cross_entropy", "--preset", "small", "--values", "4", "--providers",
-                     "kernels_lib,kernels_lib[accurate=False]", "--modes", "full", "--dry-run"])
+                     "kernels_lib,kernels_lib[accurate=True]", "--modes", "full", "--dry-run"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "kernels_lib[accurate=False]" in out and "full" in out
+    assert "kernels_lib[accurate=True]" in out and "full" in out
     assert not (tmp_path / "measured").exists()
 
 
@@ -366,7 +366,7 @@ def test_h200_script_cpu_paths(tmp_path):
     dial = pd.read_csv(tmp_path / flce.RUN_FILES["dial"])
     assert list(dial.columns) == MEASURED_COLUMNS and dial.kernel_provider.str.startswith("kernels_lib[chunk_size=").all()
     precision = pd.read_csv(tmp_path / flce.RUN_FILES["precision"])
-    assert {"kernels_lib", "kernels_lib[accurate=False]", "torch"} <= set(precision.provider)
+    assert {"kernels_lib", "kernels_lib[accurate=True]", "torch"} <= set(precision.provider)
     assert {"gpu_name", "torch_version", "kernels_lib_commit"} <= set(precision.columns)
     stages = pd.read_csv(tmp_path / flce.RUN_FILES["stages"])
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns

@@ -259,10 +259,11 @@ def test_nan_propagates():
 
 
 def test_default_chunk_size():
-    assert default_chunk_size(100_000, 128256, torch.bfloat16) == 1024  # 256 MiB of bf16 logits
-    assert default_chunk_size(100_000, 128256, torch.float32) == 512
-    assert default_chunk_size(37, 1031, torch.float32) == 37
-    assert default_chunk_size(10, 2**40, torch.float32) == 1
+    assert default_chunk_size(100_000, 4096) == 512  # H / 8: the logits chunk is 1/8 of dW
+    assert default_chunk_size(100_000, 8192) == 1024
+    assert default_chunk_size(100_000, 1000) == 256  # at least 256 rows
+    assert default_chunk_size(100_000, 5000) == 512  # rounded down to a multiple of 128
+    assert default_chunk_size(37, 4096) == 37  # never more than the rows there are
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

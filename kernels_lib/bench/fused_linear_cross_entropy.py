@@ -3,11 +3,11 @@ r"""Fused linear + cross-entropy as the workbench measures it: providers, inputs
 Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_linear_cross_entropy`
 (so a sweep or a check swaps one for another):
 
-- ``kernels_lib``: our function, default options; ``kernels_lib[accurate=False]``: the same with
-  ``dW`` accumulated in the parameter dtype. Any other point of the dial is a
+- ``kernels_lib``: our function, default options (``dW`` accumulated in the parameter dtype);
+  ``kernels_lib[accurate=True]``: the same with ``dW`` accumulated in float32. Any other point of the dial is a
   :func:`kernels_lib_variant` (e.g. ``kernels_lib[chunk_size=2048 accurate=False]``);
-- ``torch``: :func:`kernels_lib.reference.fused_linear_cross_entropy`, fp32 logits materialized, then
-  ``F.cross_entropy``: the published "huggingface" provider (:data:`PUBLISHED_ALIASES`);
+- ``torch``: :func:`kernels_lib.reference.fused_linear_cross_entropy`, logits materialized by a
+  matmul in the input dtype and upcast to fp32, then ``F.cross_entropy``: the published "huggingface" provider (:data:`PUBLISHED_ALIASES`);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss`` (CUDA only), its defaults (``dW`` accumulated in
   the parameter dtype);
 - ``cce``: ``cut_cross_entropy.linear_cross_entropy`` (CUDA only) with ``shift=False``, ``mean``,
@@ -114,7 +114,7 @@ def _load_cce():
 
 PROVIDERS = {
     "kernels_lib": kernels_lib_variant(),
-    "kernels_lib[accurate=False]": kernels_lib_variant(accurate=False),
+    "kernels_lib[accurate=True]": kernels_lib_variant(accurate=True),
     "torch": Provider("torch", lambda: reference.fused_linear_cross_entropy, "fp32 logits + F.cross_entropy (the baseline)"),
     "liger": Provider("liger", _load_liger, "liger_kernel LigerFusedLinearCrossEntropyLoss"),
     "cce": Provider("cce", _load_cce, "cut_cross_entropy.linear_cross_entropy"),
@@ -304,7 +304,7 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
     device = torch.device(device)
     n, h, v = _nhv(sizes)
     mm_dtype = matmul_dtype(dtype)
-    chunk = min(chunk_size or default_chunk_size(n, v, mm_dtype), n)
+    chunk = min(chunk_size or default_chunk_size(n, h), n)
     generator = torch.Generator(device=device).manual_seed(0)
     x_c = torch.randn(chunk, h, generator=generator, device=device).to(mm_dtype)
     w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
