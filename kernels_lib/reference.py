@@ -57,6 +57,9 @@ def fused_linear_cross_entropy(
     loss = F.cross_entropy(
         logits, flat, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
     )
+    if not z_loss_scale:  # no z-loss: nothing more over the logits (a baseline must not pay for it)
+        loss = loss.view(target.shape) if reduction == "none" else loss
+        return (loss, torch.zeros_like(loss)) if return_z_loss else loss
     valid = flat != ignore_index
     z_rows = torch.where(valid, z_loss_scale * torch.logsumexp(logits, dim=-1).square(), 0.0)
     z_loss = {"none": z_rows, "sum": z_rows.sum(), "mean": z_rows.sum() / valid.sum()}[reduction]
