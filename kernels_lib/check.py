@@ -31,7 +31,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64 (``||out||`` when ``ref`` is all zeros); NaN if either holds NaN."""
-    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    out, ref = out.detach().double(), ref.detach().to(device=out.device, dtype=torch.float64)
     if out.shape != ref.shape:
         raise ValueError(f"out has shape {tuple(out.shape)} but ref has {tuple(ref.shape)}")
     if torch.isnan(out).any() or torch.isnan(ref).any():
