@@ -21,12 +21,15 @@ def medians(rows: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     return selected.pivot_table(index="x_value", columns="kernel_provider", values="y_value_50")
 
 
-def ceiling(ceilings: pd.DataFrame, name: str, gpu_name: str) -> float:
-    """The newest measured ``copy`` (GB/s) or ``matmul`` (TFLOP/s) ceiling on ``gpu_name``."""
+def ceiling(ceilings: pd.DataFrame, name: str, gpu_name: str, commit: str | None = None) -> float:
+    """The measured ``copy`` (GB/s) or ``matmul`` (TFLOP/s) ceiling on ``gpu_name``: the newest one
+    of the run of ``commit`` (the run the compared rows come from) when given and measured, else the
+    newest of all."""
     rows = ceilings[(ceilings.kernel_name == name) & (ceilings.gpu_name == gpu_name)]
     if not len(rows):
         raise ValueError(f"no {name} ceiling measured on {gpu_name}")
-    return float(rows.sort_values("timestamp").y_value_50.iloc[-1])
+    same_run = rows[rows.kernels_lib_commit == commit] if commit is not None else rows.iloc[:0]
+    return float((same_run if len(same_run) else rows).sort_values("timestamp").y_value_50.iloc[-1])
 
 
 def achieved_bandwidth(rows: pd.DataFrame, kernel_name: str, provider: str, mode: str) -> pd.Series:
