@@ -29,23 +29,31 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _range_choices(values: list[int]) -> list[int]:
+    """Points a range slider offers around ``values``: them, and halves and doubles of them."""
+    return sorted(set(values) | {v * 2 for v in values} | {max(1, v // 2) for v in values})
+
+
 class SweepPanel:
-    """Controls for the swept axis, the fixed sizes, dtype and providers; a Run button; a progress
-    bar; a chart and a table that update when a sweep finishes. ``run()`` is what the button calls."""
+    """Controls for the swept axis (any size of the loss) and its range, the other sizes, dtype,
+    modes and providers; a Run button; a progress bar; a chart and a table that update when a sweep
+    finishes. ``run()`` is what the button calls."""
 
     def __init__(self, kernel_name: str, device: torch.device | str, preset: dict):
         self.spec = get_spec(kernel_name)
         self.device = torch.device(device)
-        x_name = preset["x_name"]
-        choices = sorted(set(preset["x_values"]) | {v * 2 for v in preset["x_values"]} | {v // 2 for v in preset["x_values"]})
-        self.x_values = w.SelectionRangeSlider(
-            options=choices, index=(choices.index(preset["x_values"][0]), choices.index(preset["x_values"][-1])),
-            description=f"{x_name} range", layout=w.Layout(width="480px"), style={"description_width": "90px"},
-        )
+        self.preset = preset
+        label = {"description_width": "70px"}
+        # every size of the loss gets a slider; the swept one is disabled and the range slider rules
+        fixed = {preset["x_name"]: preset["x_values"][len(preset["x_values"]) // 2], **preset["sizes"]}
         self.sizes = {
-            name: w.IntSlider(value=value, min=1, max=4 * value, description=name, style={"description_width": "90px"})
-            for name, value in preset["sizes"].items()
+            name: w.IntSlider(value=value, min=1, max=4 * value, description=name, style=label)
+            for name, value in fixed.items()
         }
+        self.axis = w.Dropdown(options=list(fixed), value=preset["x_name"], description="sweep", style=label)
+        self.x_values = w.SelectionRangeSlider(options=[1, 2], description="range", layout=w.Layout(width="480px"), style=label)
+        self.axis.observe(lambda _: self._axis_changed(), names="value")
+        self._axis_changed()
         self.dtype = w.Dropdown(options=list(DTYPES), value=str(preset["dtype"]).replace("torch.", ""), description="dtype")
         self.providers = {name: w.Checkbox(value=True, description=name, indent=False) for name in self.spec.providers}
         self.modes = w.SelectMultiple(options=["forward", "forward_no_grad", "backward", "full"], value=["forward", "full"], description="modes")
@@ -58,7 +66,8 @@ class SweepPanel:
         self.button.on_click(lambda _: self.run())
         self.widget = w.VBox(
             [
-                w.HBox([self.x_values, *self.sizes.values()]),
+                w.HBox([self.axis, self.x_values]),
+                w.HBox(list(self.sizes.values())),
                 w.HBox([self.dtype, self.modes, w.VBox(list(self.providers.values()))]),
                 w.HBox([self.button, self.progress, self.status]),
                 self.figure,
@@ -66,9 +75,18 @@ class SweepPanel:
             ]
         )
 
+    def _axis_changed(self) -> None:
+        """Offer a range around the new axis's values and disable its fixed-size slider."""
+        axis = self.axis.value
+        values = self.preset["x_values"] if axis == self.preset["x_name"] else [self.sizes[axis].value // 2, self.sizes[axis].value]
+        choices = _range_choices(values)
+        self.x_values.options = choices
+        self.x_values.index = (choices.index(values[0]), choices.index(values[-1]))
+        for name, slider in self.sizes.items():
+            slider.disabled = name == axis
+
     def _chart(self, rows: pd.DataFrame) -> go.Figure:
-        x_name = self.spec.published["x_name"]
-        return scaling_chart(None, rows, x_label=x_name, title=f"{self.spec.kernel_name} on {self.device}")
+        return scaling_chart(None, rows, x_label=self.axis.value, title=f"{self.spec.kernel_name} on {self.device}")
 
     def _progress(self, done: int, total: int, label: str) -> None:
         self.progress.max, self.progress.value, self.progress.description = total, done, f"{done}/{total}"
@@ -83,9 +101,9 @@ class SweepPanel:
         try:
             self.rows = run_sweep(
                 self.spec.kernel_name,
-                x_name=self.spec.published["x_name"],
+                x_name=self.axis.value,
                 x_values=values,
-                sizes={name: slider.value for name, slider in self.sizes.items()},
+                sizes={name: slider.value for name, slider in self.sizes.items() if name != self.axis.value},
                 dtype=DTYPES[self.dtype.value],
                 device=self.device,
                 providers=providers,
@@ -98,6 +116,7 @@ class SweepPanel:
         with self.figure.batch_update():
             self.figure.data = []
             self.figure.add_traces(list(chart.data))
+            self.figure.layout.update(chart.layout)
         self.table.clear_output()
         with self.table:
             display(summary_table(self.rows))

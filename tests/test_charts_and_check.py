@@ -223,3 +223,22 @@ def test_check_nan_never_passes(monkeypatch):
     monkeypatch.setitem(providers, "kernels_lib", Provider("kernels_lib", lambda: nan_kernel, "NaN"))
     table = check_against_reference("kl_div", [{"dtype": torch.float32}], SIZES, DEVICE)
     assert not table.passed.iloc[0]
+
+
+def test_sweep_panel_sweeps_any_axis_of_the_loss():
+    from kernels_lib.widgets import SweepPanel
+
+    preset = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes": {"N": 4}, "dtype": torch.float32}
+    panel = SweepPanel("kl_div", "cpu", preset)
+    panel.providers["liger"].value = False
+    panel.modes.value = ["full"]
+    panel.axis.value = "N"
+    assert panel.sizes["N"].disabled and not panel.sizes["V"].disabled
+    panel.sizes["V"].value = 100
+    low, high = panel.x_values.options[0], panel.x_values.options[1]
+    panel.x_values.value = (low, high)
+    rows = panel.run()
+    assert set(rows.x_name) == {"N"}
+    assert sorted(set(rows.x_value)) == [low, high]
+    assert all('"V": 100' in config for config in rows.extra_benchmark_config_str)
+    assert panel.figure.layout.xaxis.title.text == "N"
