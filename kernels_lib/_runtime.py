@@ -24,6 +24,27 @@ INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 KERNEL_DEVICE: str = "cpu" if INTERPRETED else "cuda"
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("+")[0].split(".")[:2] if part.isdigit())
+
+
+def check_interpreter_versions(triton_version: str, numpy_version: str) -> None:
+    """Refuse a combination whose interpreter breaks: triton < 3.9 with numpy >= 2.3 fails on every
+    ``for k in range(0, K, BK)`` loop ("only 0-dimensional arrays can be converted", SPEC §5)."""
+    if _version(triton_version) < (3, 9) and _version(numpy_version) >= (2, 3):
+        raise ImportError(
+            f"kernels_lib runs its kernels in Triton's interpreter here, which fails with triton {triton_version} "
+            f"and numpy {numpy_version}; install numpy<2.3 or triton>=3.9"
+        )
+
+
+if INTERPRETED:
+    import numpy
+    import triton
+
+    check_interpreter_versions(triton.__version__, numpy.__version__)
+
+
 def default_device() -> torch.device:
     """The device on which this machine's kernels run (``cuda`` when compiled, ``cpu`` when interpreted)."""
     return torch.device(KERNEL_DEVICE)

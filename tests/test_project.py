@@ -212,3 +212,12 @@ def test_committed_notebooks_are_clean():
     assert all(path.parent.name == "notebooks" for path in notebooks)
     bad = {name: problems for name, problems in found.items() if problems}
     assert not bad, bad
+
+
+def test_interpreter_refuses_the_triton_numpy_pair_that_breaks_it():
+    from kernels_lib._runtime import check_interpreter_versions
+
+    with pytest.raises(ImportError, match="numpy<2.3 or triton>=3.9"):
+        check_interpreter_versions("3.6.0", "2.4.1")
+    check_interpreter_versions("3.6.0", "2.2.6")
+    check_interpreter_versions("3.9.0", "2.4.1")
