@@ -79,4 +79,4 @@ def get_spec(kernel_name: str) -> LossSpec:
 
 
 def _load_all() -> None:
-    from . import fused_linear_cross_entropy, kl_div  # noqa: F401  (register themselves)
+    from . import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, kl_div  # noqa: F401  (register themselves)

@@ -81,7 +81,8 @@ def run_sweep(
 
     ``progress(done, total, label)`` is called after each measurement (the widgets' progress bar).
     Providers that cannot run here are left out and named in the ``note`` of every row.
-    A provider that fails at one point (out of memory, say) gives a NaN row with the error as note.
+    A provider that fails at one point (out of memory, a compiler error, anything it raises) gives a
+    NaN row whose note holds the error's type and first line: what fails is recorded, the sweep goes on.
     """
     spec = get_spec(kernel_name)
     device = torch.device(device)
@@ -153,8 +154,9 @@ def _measure_point(spec, fn, point, dtype, device, options, mode) -> dict:
         memory = peak_memory_mib(timed, device, inputs.grad_inputs)
         timing = time_callable(timed, device, grad_to_none=inputs.grad_inputs)
         return {"timing": timing, "memory": memory}
-    except torch.cuda.OutOfMemoryError as error:
-        return {"error": f"out of memory: {str(error).splitlines()[0]}"}
+    except Exception as error:  # any failure of a provider is a recorded NaN row, not a lost sweep
+        first_line = next(iter(str(error).splitlines()), "")
+        return {"error": f"{type(error).__name__}: {first_line}"}
     finally:
         inputs = timed = call = None
         gc.collect()

@@ -40,8 +40,14 @@ def _clear_grads(tensors: list[torch.Tensor]) -> None:
         tensor.grad = None
 
 
+def _loss(out) -> torch.Tensor:
+    """The loss of a call's result: its ``.loss`` (the preference losses' named results) or the tensor itself."""
+    return out.loss if hasattr(out, "loss") else out
+
+
 def mode_callable(call: Callable[[], torch.Tensor], grad_inputs: list[torch.Tensor], mode: str) -> Callable[[], None]:
-    """The function that ``mode`` times: ``call`` returns the loss of one provider on fixed inputs."""
+    """The function that ``mode`` times: ``call`` returns the loss of one provider on fixed inputs
+    (a tensor, or a result with ``.loss``, whose loss is what backward starts from)."""
     if mode == "forward":
         return lambda: call()
     if mode == "forward_no_grad":
@@ -55,11 +61,11 @@ def mode_callable(call: Callable[[], torch.Tensor], grad_inputs: list[torch.Tens
 
         def full():
             _clear_grads(grad_inputs)
-            call().backward()
+            _loss(call()).backward()
 
         return full
     if mode == "backward":
-        loss = call()
+        loss = _loss(call())
 
         def backward():
             _clear_grads(grad_inputs)
