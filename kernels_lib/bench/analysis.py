@@ -136,12 +136,12 @@ def fused_linear_cross_entropy_targets(
     return table
 
 
-def target_verdicts(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per :data:`FLCE_TARGETS` entry of a :func:`fused_linear_cross_entropy_targets` table:
-    the bound, the worst (largest) and best ratio over x, and ``met`` (at every x), ``missed`` (at
-    some x) or ``not measured`` (no ratio at any x)."""
+def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
+    """One row per ``targets`` entry (label → (ratio column, bound); :data:`FLCE_TARGETS` by default)
+    of a targets table: the bound, the worst (largest) and best ratio over x, and ``met`` (at every
+    x), ``missed`` (at some x) or ``not measured`` (no ratio at any x)."""
     rows = []
-    for label, (column, bound) in FLCE_TARGETS.items():
+    for label, (column, bound) in targets.items():
         ratios = table[column].dropna()
         if not len(ratios):
             status = "not measured"
@@ -158,3 +158,52 @@ def target_verdicts(table: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("target")
+
+
+#: Issue 4's targets (ORPO and KTO, one GPU, same run): label → (ratio column of
+#: :func:`preference_targets`, upper bound).
+ORPO_TARGETS = {
+    "full ≤ 0.85× huggingface": ("full / huggingface", 0.85),
+    "full ≤ 0.8× Liger": ("full / Liger", 0.8),
+    "memory full ≤ Liger": ("memory / Liger", 1.0),
+}
+KTO_TARGETS = {
+    "full ≤ 0.6× Liger": ("full / Liger", 0.6),
+    "forward ≤ 0.9× huggingface": ("forward / huggingface", 0.9),
+    "memory full ≤ Liger": ("memory / Liger", 1.0),
+}
+
+
+def preference_targets(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Issue 4's targets per batch size, from rows of one GPU: ``provider``'s median time of
+    ``forward`` and ``full`` and its ``full`` memory, their ratios to ``huggingface``'s and Liger's
+    (NaN where a peer was not measured or failed), and one True / False / NaN column per ``targets``
+    entry (:data:`ORPO_TARGETS` or :data:`KTO_TARGETS`)."""
+    speed = {mode: medians(rows, "speed", mode) for mode in ("forward", "full")}
+    index = speed["full"].index
+    memory = medians(rows, "memory", "full").reindex(index)
+    table = pd.DataFrame(index=index)
+    for mode, times in speed.items():
+        times = times.reindex(index)
+        ours = _provider(times, provider)
+        table[f"{mode} ms"] = ours
+        table[f"{mode} / huggingface"] = ours / _provider(times, "huggingface")
+        table[f"{mode} / Liger"] = ours / _provider(times, "liger")
+    table["memory MB"] = _provider(memory, provider)
+    table["memory / huggingface"] = table["memory MB"] / _provider(memory, "huggingface")
+    table["memory / Liger"] = table["memory MB"] / _provider(memory, "liger")
+    for label, (column, bound) in targets.items():
+        table[label] = (table[column] <= bound).where(table[column].notna())
+    return table
+
+
+def orpo_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """:func:`preference_targets` with :data:`ORPO_TARGETS`: ``full`` ≤ 0.85× huggingface and
+    ≤ 0.8× Liger, ``full`` memory ≤ Liger's."""
+    return preference_targets(rows, ORPO_TARGETS, provider)
+
+
+def kto_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """:func:`preference_targets` with :data:`KTO_TARGETS`: ``full`` ≤ 0.6× Liger, ``forward``
+    ≤ 0.9× huggingface, ``full`` memory ≤ Liger's."""
+    return preference_targets(rows, KTO_TARGETS, provider)
