@@ -143,3 +143,29 @@ def speed_memory_chart(
     figure.update_yaxes(title_text=f"time, {mode} (ms)")
     figure.update_layout(title=title or f"speed vs memory at x = {x_value} ({mode})", height=480, showlegend=False)
     return figure
+
+
+def add_floor(figure: go.Figure, floor: pd.DataFrame, *, name: str = "floor", panels=PANELS) -> go.Figure:
+    """Draw a floor on the speed panels of a :func:`scaling_chart`: a dotted grey line per panel
+    whose mode is a column of ``floor`` (ms, indexed by x). Returns ``figure``."""
+    shown = False
+    for col, (metric, mode) in enumerate(panels, start=1):
+        if metric != "speed" or mode not in floor.columns:
+            continue
+        series = floor[mode].dropna().sort_index()
+        figure.add_trace(
+            go.Scatter(
+                x=series.index.tolist(),
+                y=series.tolist(),
+                mode="lines",
+                name=name,
+                legendgroup=name,
+                showlegend=not shown,
+                line={"color": "#7f7f7f", "dash": "dot", "width": 2},
+                hovertemplate=f"{name}<br>x=%{{x}}<br>%{{y:.4g}} ms<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        shown = True
+    return figure

@@ -1,0 +1,306 @@
+"""The overview notebook's logic: every published workload beside our measurements, its floor, the
+agreement of our re-measurement of a peer with its published figure, and the environment of the runs.
+
+A *workload* is one published chart: the rows of one ``kernel_name`` and one benchmark
+configuration (ORPO was published at two sequence lengths, so it makes two). Measured rows belong to
+a workload when their configuration has the same sizes (the configs' upper-case keys: ``H``, ``V``,
+``T``, ...) and dtype. Everything here reads ``data/`` only: it works for any loss that has
+published rows, and picks up ``data/measured/<kernel_name>.csv`` as soon as it exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from . import data
+from .bench.analysis import ceiling
+from .bench.spec import get_spec
+
+#: The GPU we measure on.
+H200 = "NVIDIA H200"
+
+#: Datasheet figures of the GPUs in the published and measured rows (NVIDIA's datasheets: HBM
+#: bandwidth, dense bf16 tensor-core rate without sparsity, SXM parts unless named PCIe).
+DATASHEETS = pd.DataFrame(
+    [
+        ("NVIDIA A100-SXM4-80GB", "80 GB HBM2e", 2.039, 312),
+        ("NVIDIA H100 PCIe", "80 GB HBM2e", 2.0, 756),
+        ("NVIDIA H100 80GB HBM3", "80 GB HBM3", 3.35, 989),
+        (H200, "141 GB HBM3e", 4.8, 989),
+    ],
+    columns=["gpu_name", "memory", "bandwidth TB/s", "bf16 dense TFLOP/s"],
+).set_index("gpu_name")
+
+#: Provenance columns of measured rows shown in :func:`environment_table` (``driver`` when recorded).
+ENVIRONMENT_COLUMNS = ["torch_version", "triton_version", "liger_version", "cce_version", "driver", "timer"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One published chart: its rows, the measured rows of the same configuration, and its sizes."""
+
+    kernel_name: str
+    config: dict  # the published configuration, without "mode"
+    published: pd.DataFrame
+    measured: pd.DataFrame
+
+    @property
+    def title(self) -> str:
+        shown = ", ".join(f"{k} = {v}" for k, v in self.config.items() if k.isupper())
+        dtype = self.config.get("dtype", "")
+        return f"{self.kernel_name} ({shown}{', ' + dtype.replace('torch.', '') if dtype else ''})"
+
+    @property
+    def x_name(self) -> str:
+        return str(self.published.x_name.iloc[0])
+
+    @property
+    def x_label(self) -> str:
+        return str(self.published.x_label.iloc[0])
+
+    @property
+    def published_gpu(self) -> str:
+        return str(self.published.gpu_name.iloc[0])
+
+
+def _config(text: str) -> dict:
+    return {k: v for k, v in json.loads(text).items() if k != "mode"}
+
+
+def _match_keys(config: dict) -> set[str]:
+    """The keys that identify a workload: sizes (upper-case) and dtype."""
+    return {k for k in config if k.isupper() or k == "dtype"}
+
+
+def belongs(measured_config: dict, published_config: dict, x_name: str) -> bool:
+    """Whether a measured configuration is the published one: equal on every size and dtype both name
+    (the swept size aside)."""
+    common = (_match_keys(measured_config) & _match_keys(published_config)) - {x_name}
+    return all(measured_config[k] == published_config[k] for k in common)
+
+
+def _spec_baseline(kernel_name: str) -> str | None:
+    """The baseline provider's name in the loss's bench spec, or None when the loss has no spec."""
+    try:
+        return get_spec(kernel_name).baseline
+    except ValueError:
+        return None
+
+
+def workloads(gpu_name: str = H200) -> list[Workload]:
+    """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs,
+    newest row per point) for the same configuration. The published "huggingface" provider is renamed
+    as the spec names its baseline (``torch`` for fused linear cross-entropy)."""
+    published = data.load_published()
+    result = []
+    for kernel_name in published.kernel_name.unique():
+        rows = published[published.kernel_name == kernel_name]
+        baseline = _spec_baseline(kernel_name)
+        if baseline:
+            rows = rows.replace({"kernel_provider": {"huggingface": baseline}})
+        measured = data.load_measured(kernel_name)
+        if len(measured):
+            measured = measured[(measured.gpu_name == gpu_name) & (measured.device == "cuda")]
+        configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
+        for key in configs.unique():
+            config = json.loads(key)
+            x_name = rows.x_name.iloc[0]
+            mine = measured[measured.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))] if len(measured) else measured
+            ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
+            result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
+    return result
+
+
+def run_commit(rows: pd.DataFrame) -> str | None:
+    """The commit of the newest kernels_lib row (else of the newest row): the run whose ceilings judge them."""
+    if not len(rows):
+        return None
+    ours = rows[rows.kernel_provider.str.startswith("kernels_lib")]
+    return str((ours if len(ours) else rows).sort_values("timestamp").kernels_lib_commit.iloc[-1])
+
+
+def _flops_function(kernel_name: str):
+    """``flops(sizes, mode)`` of a compute-bound loss (defined beside its spec, as for fused linear
+    cross-entropy), or None for a bandwidth-bound one."""
+    module = importlib.import_module(get_spec(kernel_name).make_inputs.__module__)
+    return getattr(module, "flops", None)
+
+
+def floor_ms(kernel_name: str, sizes: dict, dtype: torch.dtype, mode: str, copy_gbps: float, matmul_tflops: float) -> tuple[float, str]:
+    """The least time a call of ``mode`` can take, and what bounds it: the spec's minimal bytes at the
+    copy bandwidth (``"bytes"``) or, for a loss that defines ``flops``, its matmul FLOPs at the matmul
+    rate (``"matmul"``), whichever is longer (a roofline)."""
+    spec = get_spec(kernel_name)
+    candidates = {"bytes": spec.bytes_moved(sizes, dtype, mode) / (copy_gbps * 1e9) * 1e3}
+    flops = _flops_function(kernel_name)
+    if flops is not None:
+        candidates["matmul"] = flops(sizes, mode) / (matmul_tflops * 1e12) * 1e3
+    bound = max(candidates, key=candidates.get)
+    return candidates[bound], bound
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The floor of a workload per mode (columns) and x (index), the bound at each x, and its provenance."""
+
+    ms: pd.DataFrame
+    bound: pd.Series
+    gpu_name: str
+    commit: str | None
+    copy_gbps: float
+    matmul_tflops: float
+
+    def describe(self) -> str:
+        kind = {"bytes": "minimal bytes at the copy bandwidth", "matmul": "matmul FLOPs at the matmul rate"}
+        bounds = " / ".join(kind[b] for b in dict.fromkeys(self.bound))
+        run = f"the run of commit {self.commit}" if self.commit else "the newest run (no rows of this workload measured)"
+        return (f"floor: {bounds}, with the ceilings measured on the {self.gpu_name} in {run}: "
+                f"copy {self.copy_gbps:.0f} GB/s, matmul {self.matmul_tflops:.0f} TFLOP/s")
+
+
+def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str = H200) -> Floor | None:
+    """The floor of ``workload`` at its published and measured x, with the ceilings of the run of its
+    measured rows (:func:`run_commit`). None when the loss has no bench spec or ``gpu_name`` no ceilings."""
+    try:
+        spec = get_spec(workload.kernel_name)
+    except ValueError:
+        return None
+    measured_on_gpu = ceilings[ceilings.gpu_name == gpu_name]
+    if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
+        return None
+    commit = run_commit(workload.measured)
+    copy_gbps = ceiling(ceilings, "copy", gpu_name, commit)
+    matmul_tflops = ceiling(ceilings, "matmul", gpu_name, commit)
+    dtype_name = workload.config.get("dtype", str(spec.published["dtype"]))
+    dtype = getattr(torch, dtype_name.replace("torch.", ""))
+    base = {**spec.published["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
+    xs = sorted(set(workload.published.x_value) | set(workload.measured.get("x_value", [])))
+    ms, bound = {}, {}
+    for mode in modes:
+        ms[mode] = {}
+        for x in xs:
+            ms[mode][x], bound[x] = floor_ms(workload.kernel_name, {**base, workload.x_name: int(x)}, dtype, mode, copy_gbps, matmul_tflops)
+    return Floor(pd.DataFrame(ms), pd.Series(bound, name="bound"), gpu_name, commit, copy_gbps, matmul_tflops)
+
+
+def coverage(workload: Workload) -> dict:
+    """What a workload holds: published GPU and providers, our providers measured on the H200 and
+    those of its spec that are not (yet), and the run."""
+    published = sorted(set(workload.published.kernel_provider))
+    measured = sorted(set(workload.measured.kernel_provider)) if len(workload.measured) else []
+    try:
+        expected = [p for p in get_spec(workload.kernel_name).providers if "[" not in p]
+    except ValueError:
+        expected = ["kernels_lib", *published]
+    return {
+        "workload": workload.title,
+        "published on": workload.published_gpu,
+        "published providers": ", ".join(published),
+        "measured on the H200": ", ".join(measured) or "none yet",
+        "no H200 rows yet": ", ".join(p for p in expected if p not in measured) or "–",
+        "commit": run_commit(workload.measured) or "–",
+        "measured": workload.measured.timestamp.max()[:10] if len(workload.measured) else "–",
+    }
+
+
+def agreement_table(workload: Workload, floor: Floor | None, tolerance: float = 0.25, gpu_name: str = H200) -> pd.DataFrame:
+    """Where our re-measurement of a published provider agrees with its published time.
+
+    One row per (provider, mode, x) measured in both: both medians, ``ratio`` = our time on
+    ``gpu_name`` / the published time on the published GPU, and ``expected``: the ratio the GPUs
+    alone explain, from :data:`DATASHEETS` (published rate / ours, the bandwidth where the floor is
+    bytes, the bf16 rate where it is the matmuls; NaN without a floor). ``verdict``: ``agrees`` when
+    ratio / expected is within ``tolerance`` of 1, else ``slower`` or ``faster than the GPUs explain``.
+    """
+    columns = ["workload", "provider", "mode", "x", "published ms", "measured ms", "ratio", "expected", "ratio / expected", "verdict"]
+    published, measured = workload.published, workload.measured
+    if not len(measured):
+        return pd.DataFrame(columns=columns)
+    speed = lambda rows: rows[rows.metric_name == "speed"].set_index(["kernel_provider", "kernel_operation_mode", "x_value"]).y_value_50  # noqa: E731
+    both = pd.concat({"published ms": speed(published), "measured ms": speed(measured)}, axis=1, join="inner")
+    sheet_ours, sheet_theirs = DATASHEETS.loc[gpu_name], DATASHEETS.loc[workload.published_gpu]
+    rate = {"bytes": "bandwidth TB/s", "matmul": "bf16 dense TFLOP/s"}
+    rows = []
+    for (provider, mode, x), row in both.iterrows():
+        bound = floor.bound.get(x) if floor is not None else None
+        expected = sheet_theirs[rate[bound]] / sheet_ours[rate[bound]] if bound else float("nan")
+        ratio = row["measured ms"] / row["published ms"]
+        relative = ratio / expected
+        if relative != relative:
+            verdict = "no floor to judge by"
+        elif abs(relative - 1) <= tolerance:
+            verdict = "agrees"
+        else:
+            verdict = "slower than the GPUs explain" if relative > 1 else "faster than the GPUs explain"
+        rows.append([workload.title, provider, mode, x, row["published ms"], row["measured ms"], ratio, expected, relative, verdict])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def environment_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per (measured file, GPU, commit): the versions recorded beside the rows, the dates, and
+    the number of rows. ``frames``: name -> measured rows (all of them, ``latest=False``)."""
+    parts = []
+    for name, rows in frames.items():
+        if not len(rows):
+            continue
+        shown = [c for c in ENVIRONMENT_COLUMNS if c in rows.columns]
+        grouped = rows.fillna({c: "" for c in shown}).groupby(["gpu_name", "kernels_lib_commit"], sort=False)
+        table = grouped[shown].agg(lambda values: ", ".join(sorted(set(map(str, values)) - {""})) or "–")
+        table["first"] = grouped.timestamp.min()
+        table["last"] = grouped.timestamp.max()
+        table["rows"] = grouped.size()
+        table = table.reset_index()
+        table.insert(0, "file", name)
+        parts.append(table)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def measured_files() -> dict[str, pd.DataFrame]:
+    """Every ``data/measured/*.csv`` (ceilings included), all rows."""
+    return {path.stem: data.load_measured(path.stem, latest=False) for path in sorted(data.MEASURED_DIR.glob("*.csv"))}
+
+
+def published_environment() -> pd.DataFrame:
+    """The published runs: GPU, Liger version and date per kernel."""
+    published = data.load_published()
+    grouped = published.groupby("kernel_name", sort=False)
+    return pd.DataFrame({
+        "gpu_name": grouped.gpu_name.first(),
+        "liger_version": grouped.liger_version.first(),
+        "date": grouped.timestamp.max().str[:10],
+    })
+
+
+def speed_memory_x(rows: pd.DataFrame, mode: str = "full") -> int | None:
+    """The x at which to draw speed against memory: among the x where the most providers have both a
+    time and a memory of ``mode``, the middle one. None when no x has both."""
+    selected = rows[rows.kernel_operation_mode == mode]
+    pairs = selected.groupby(["x_value", "kernel_provider"]).metric_name.agg(lambda m: {"speed", "memory"} <= set(m))
+    per_x = pairs.groupby(level="x_value").sum()
+    per_x = per_x[per_x > 0]
+    if not len(per_x):
+        return None
+    best = sorted(per_x[per_x == per_x.max()].index)
+    return int(best[len(best) // 2])
+
+
+def agreement_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (workload, provider, mode) of an :func:`agreement_table`: the range of ``ratio``,
+    the ``expected`` ratio, and how many x agree, out of how many."""
+    if not len(table):
+        return pd.DataFrame(columns=["workload", "provider", "mode", "ratio min", "ratio max", "expected", "agree", "of", "finding"])
+    grouped = table.groupby(["workload", "provider", "mode"], sort=False)
+    summary = grouped.agg(**{
+        "ratio min": ("ratio", "min"),
+        "ratio max": ("ratio", "max"),
+        "expected": ("expected", "first"),
+        "agree": ("verdict", lambda v: int((v == "agrees").sum())),
+        "of": ("verdict", "size"),
+        "finding": ("verdict", lambda v: "; ".join(f"{n}× {verdict}" for verdict, n in v.value_counts().items())),
+    })
+    return summary.reset_index()

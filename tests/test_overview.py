@@ -1,0 +1,170 @@
+"""The overview's logic (kernels_lib.overview, charts.add_floor) and notebook 00 as papermill runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from kernels_lib import charts, overview, report
+from kernels_lib.bench import fused_linear_cross_entropy as flce
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "00_overview.ipynb"
+KL_CONFIG = {"N": 16384, "V": 4096, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}
+
+
+def _rows(gpu, provider, ms, x_values=(4096, 8192), modes=("forward", "full"), commit="aaa", timestamp="2026-01-01 00:00:00",
+          metric="speed", config=KL_CONFIG):
+    """Rows in the measured layout: ``ms`` per x (a number or a list)."""
+    ms = ms if isinstance(ms, list) else [ms] * len(x_values)
+    return pd.DataFrame([
+        {"kernel_name": "kl_div", "kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
+         "x_name": "V", "x_label": "vocab size", "x_value": x, "y_value_50": value, "y_value_20": value, "y_value_80": value,
+         "extra_benchmark_config_str": json.dumps({**config, "V": x}), "gpu_name": gpu, "timestamp": timestamp,
+         "kernels_lib_commit": commit, "torch_version": "2.11.0", "triton_version": "3.6.0", "liger_version": "0.8.5",
+         "cce_version": None, "device": "cuda", "timer": "cuda_events_do_bench"}
+        for mode in modes for x, value in zip(x_values, ms)
+    ])
+
+
+def _ceilings(copy_by_commit: dict, matmul=700.0):
+    rows = []
+    for commit, (copy, stamp) in copy_by_commit.items():
+        for name, rate in (("copy", copy), ("matmul", matmul)):
+            rows.append({"kernel_name": name, "gpu_name": overview.H200, "kernels_lib_commit": commit, "timestamp": stamp, "y_value_50": rate})
+    return pd.DataFrame(rows)
+
+
+def _kl_workload(published, measured):
+    return overview.Workload("kl_div", {"B": 8, "T": 2048}, published, measured)
+
+
+def test_workloads_are_the_published_charts_with_matching_measured_rows():
+    found = overview.workloads()
+    names = [w.kernel_name for w in found]
+    assert names.count("fused_linear_orpo_loss") == 2  # published at T = 1024 and T = 4096
+    assert {"fused_linear_cross_entropy", "kl_div", "kto_loss"} <= set(names)
+    orpo = [w for w in found if w.kernel_name == "fused_linear_orpo_loss"]
+    assert {w.config["T"] for w in orpo} == {1024, 4096}
+    for workload in found:
+        assert workload.published.extra_benchmark_config_str.nunique() == 1
+        if len(workload.measured):
+            assert set(workload.measured.gpu_name) == {overview.H200} and set(workload.measured.device) == {"cuda"}
+    flce_workload = next(w for w in found if w.kernel_name == "fused_linear_cross_entropy")
+    assert "huggingface" not in set(flce_workload.published.kernel_provider)  # renamed as the spec's baseline, torch
+
+
+def test_belongs_compares_sizes_and_dtype_only():
+    published = {"T": 1024, "H": 4096, "V": 128256, "dtype": "torch.bfloat16", "ignore_index": 42}
+    assert overview.belongs({"B": 4, "T": 1024, "H": 4096, "V": 128256, "dtype": "torch.bfloat16", "ignore_index": -100}, published, "B")
+    assert not overview.belongs({"B": 4, "T": 4096, "H": 4096, "V": 128256, "dtype": "torch.bfloat16"}, published, "B")
+    assert not overview.belongs({"T": 1024, "dtype": "torch.float32"}, published, "B")
+    assert overview.belongs({"N": 16384, "V": 4096}, {"B": 8, "T": 2048}, "V")  # no size in common
+
+
+def test_floor_is_the_longer_of_bytes_and_matmuls():
+    ms, bound = overview.floor_ms("kl_div", {"N": 16384, "V": 4096}, torch.float32, "full", 4000.0, 700.0)
+    assert bound == "bytes"
+    assert ms == pytest.approx(12 * 16384 * 4096 / 4000e9 * 1e3)
+    sizes = {"BT": 8192, "H": 4096, "V": 128256}
+    ms, bound = overview.floor_ms("fused_linear_cross_entropy", sizes, torch.bfloat16, "full", 4000.0, 700.0)
+    assert bound == "matmul"
+    assert ms == pytest.approx(flce.matmul_floor_ms(sizes, "full", 700.0))
+
+
+def test_workload_floor_uses_the_ceilings_of_the_rows_run():
+    ceilings = _ceilings({"old": (3000.0, "2026-01-01 00:00:00"), "run": (4000.0, "2026-01-02 00:00:00"), "new": (5000.0, "2026-01-03 00:00:00")})
+    workload = _kl_workload(_rows("NVIDIA H100 PCIe", "torch", 2.0), _rows(overview.H200, "kernels_lib", 1.0, commit="run"))
+    floor = overview.workload_floor(workload, ceilings)
+    assert floor.commit == "run" and floor.copy_gbps == 4000.0
+    assert floor.ms.loc[4096, "full"] == pytest.approx(12 * 16384 * 4096 / 4000e9 * 1e3)
+    assert set(floor.bound) == {"bytes"}
+    assert "commit run" in floor.describe() and "copy bandwidth" in floor.describe()
+    unmeasured = overview.workload_floor(_kl_workload(workload.published, workload.measured.iloc[:0]), ceilings)
+    assert unmeasured.commit is None and unmeasured.copy_gbps == 5000.0  # the newest run
+    assert overview.workload_floor(workload, ceilings[ceilings.kernel_name == "copy"]) is None
+
+
+def test_agreement_judges_the_ratio_against_the_datasheets():
+    published = pd.concat([_rows("NVIDIA H100 PCIe", "torch", 10.0), _rows("NVIDIA H100 PCIe", "liger", 10.0)])
+    expected = 2.0 / 4.8  # a bandwidth-bound loss: H100 PCIe over H200 bandwidth
+    measured = pd.concat([
+        _rows(overview.H200, "torch", 10.0 * expected),  # what the GPUs explain
+        _rows(overview.H200, "liger", [10.0 * expected * 2, 10.0 * expected / 2]),  # slower, then faster
+        _rows(overview.H200, "kernels_lib", 1.0),  # not published: not compared
+    ])
+    workload = _kl_workload(published, measured)
+    floor = overview.workload_floor(workload, _ceilings({"aaa": (4000.0, "2026-01-01 00:00:00")}))
+    table = overview.agreement_table(workload, floor)
+    assert set(table.provider) == {"torch", "liger"} and len(table) == 2 * 2 * 2
+    assert table.expected.unique() == pytest.approx([expected])
+    torch_rows = table[table.provider == "torch"]
+    assert (torch_rows.verdict == "agrees").all() and torch_rows["ratio / expected"].to_numpy() == pytest.approx(1.0)
+    liger = table[table.provider == "liger"].set_index(["mode", "x"]).verdict
+    assert liger["full", 4096] == "slower than the GPUs explain" and liger["full", 8192] == "faster than the GPUs explain"
+    summary = overview.agreement_summary(table).set_index(["provider", "mode"])
+    assert summary.loc[("torch", "full"), "agree"] == 2 and summary.loc[("liger", "full"), "agree"] == 0
+    assert summary.loc[("liger", "full"), "of"] == 2
+    assert overview.agreement_table(_kl_workload(published, measured.iloc[:0]), floor).empty
+    assert (overview.agreement_table(workload, None).verdict == "no floor to judge by").all()
+
+
+def test_speed_memory_x_prefers_the_most_providers():
+    speed = pd.concat([_rows(overview.H200, p, 1.0, x_values=(1, 2, 3, 4)) for p in ("a", "b")])
+    memory = pd.concat([_rows(overview.H200, "a", 5.0, x_values=(1, 2, 3, 4), metric="memory"),
+                        _rows(overview.H200, "b", 5.0, x_values=(2, 3, 4), metric="memory")])
+    assert overview.speed_memory_x(pd.concat([speed, memory])) == 3  # middle of 2, 3, 4
+    assert overview.speed_memory_x(speed) is None
+
+
+def test_environment_table_has_one_row_per_run():
+    rows = pd.concat([_rows(overview.H200, "torch", 1.0, commit="aaa"), _rows(overview.H200, "torch", 1.0, commit="bbb", timestamp="2026-02-01 00:00:00")])
+    table = overview.environment_table({"kl_div": rows, "empty": rows.iloc[:0]})
+    assert list(table.kernels_lib_commit) == ["aaa", "bbb"] and set(table.file) == {"kl_div"}
+    assert list(table.columns[:3]) == ["file", "gpu_name", "kernels_lib_commit"]
+    assert table.set_index("kernels_lib_commit").loc["bbb", "first"] == "2026-02-01 00:00:00"
+    assert table.cce_version.eq("–").all() and table.torch_version.eq("2.11.0").all()
+    published = overview.published_environment()
+    assert published.loc["kl_div", "gpu_name"] == "NVIDIA H100 PCIe"
+
+
+def test_add_floor_draws_on_speed_panels_only():
+    figure = charts.scaling_chart(None, _rows(overview.H200, "torch", 1.0), x_label="V", title="t")
+    before = len(figure.data)
+    floor = pd.DataFrame({"forward": [0.1, 0.2], "full": [0.3, 0.6]}, index=[4096, 8192])
+    charts.add_floor(figure, floor, name="floor")
+    added = figure.data[before:]
+    assert len(added) == 2 and [t.name for t in added] == ["floor", "floor"]
+    assert [t.showlegend for t in added] == [True, False]
+    assert list(added[1].y) == [0.3, 0.6] and added[1].line.dash == "dot"
+
+
+def test_notebook_is_committed_without_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
+    parameters = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(parameters) == 1
+    assert all(name in parameters[0].source for name in ("device", "size", "interactive", "record", "results_dir", "seed"))
+
+
+@pytest.mark.notebook
+def test_overview_notebook_runs_and_exports_every_chart(tmp_path):
+    results = tmp_path / "results"
+    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
+    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=300)
+    coverage = pd.read_csv(results / "coverage.csv")
+    published = overview.workloads()
+    assert len(coverage) == len(published)
+    agreement = pd.read_csv(results / "agreement.csv")
+    measured = [w for w in published if len(w.measured)]
+    assert set(agreement.workload) == {w.title for w in measured if set(w.measured.kernel_provider) & set(w.published.kernel_provider)}
+    assert agreement.verdict.isin(["agrees", "slower than the GPUs explain", "faster than the GPUs explain"]).all()
+    html = html_path.read_text(encoding="utf-8")
+    assert html.count("Plotly.newPlot(") == len(published) + len(measured)  # a scaling chart each, speed vs memory where measured
+    unmeasured = [w for w in published if not len(w.measured)]
+    assert ("No H200 rows yet" in html) == bool(unmeasured)
+    assert "NVIDIA datasheets" in html and "H100 PCIe" in html
