@@ -6,9 +6,11 @@ On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
 (``interactive=False``: static figures for a fixed grid, no widgets). Executed notebooks go to
 ``<out>/executed/``, self-contained HTML reports (figures embedded with plotly.js, readable offline)
-to ``<out>/``, with an ``index.html`` linking them. Cells tagged ``hide-input`` show their output
-only. A failing notebook stops the run with exit code 1, naming the notebook and the cell; its
-partial output stays in ``<out>/executed/`` for inspection.
+to ``<out>/``, with an ``index.html`` listing them by title with a one-line status. Cells tagged
+``hide-input`` show their output only. Math is typeset by MathJax, which nbconvert loads from a CDN
+(no pip package installed here ships MathJax): offline, formulas show as their TeX source. A failing
+notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
+``<out>/executed/`` for inspection.
 """
 
 from __future__ import annotations
@@ -90,17 +92,34 @@ def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int) -> P
     return export_html(executed, out / notebook.with_suffix(".html").name)
 
 
+def describe(executed: Path) -> tuple[str, int]:
+    """The title of an executed notebook (its first markdown heading, else its file name) and how
+    many plotly figures it drew."""
+    notebook = nbformat.read(executed, as_version=4)
+    title = executed.stem
+    for cell in notebook.cells:
+        heading = next((line for line in cell.source.splitlines() if line.startswith("#")), None)
+        if cell.cell_type == "markdown" and heading:
+            title = heading.lstrip("#").strip()
+            break
+    figures = sum("application/vnd.plotly.v1+json" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))
+    return title, figures
+
+
 def write_index(out: Path, reports: list[tuple[Path, float]], parameters: dict) -> Path:
-    """An index page linking each report."""
-    items = "\n".join(
-        f'<li><a href="{html.escape(path.name)}">{html.escape(path.stem)}</a> <small>({seconds:.0f} s)</small></li>'
-        for path, seconds in reports
-    )
+    """An index page listing each report: its title (linked) and a one-line status."""
+    items = []
+    for path, seconds in reports:
+        title, figures = describe(out / "executed" / path.with_suffix(".ipynb").name)
+        status = f"{path.stem}: every cell ran, in {seconds:.0f} s on {parameters['device']} (size {parameters['size']}) · {figures} figures"
+        items.append(f'<li><a href="{html.escape(path.name)}">{html.escape(title)}</a><br><small>{html.escape(status)}</small></li>')
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>kernels_lib reports</title></head><body>"
         "<h1>kernels_lib reports</h1>"
-        f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>.</p>"
-        f"<ul>\n{items}\n</ul></body></html>"
+        f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>. Each report is one self-contained "
+        "file: figures embedded with plotly.js, readable offline (math is typeset by MathJax from its CDN when online; "
+        "offline it shows as TeX source).</p>"
+        "<ul>\n" + "\n".join(items) + "\n</ul></body></html>"
     )
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")

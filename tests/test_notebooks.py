@@ -81,3 +81,27 @@ def test_runner_parameters_follow_the_device():
     assert report.notebook_parameters("cpu") == {"device": "cpu", "size": "small", "interactive": False, "record": False}
     assert report.notebook_parameters("cuda")["size"] == "full"
     assert report.notebook_parameters("cuda")["record"] is True
+
+
+@pytest.mark.notebook
+def test_runner_index_lists_titles_and_status_and_hides_tagged_inputs(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    hidden = nbformat.v4.new_code_cell("print('shown ' + 'output')  # hidden source")
+    hidden.metadata["tags"] = ["hide-input"]
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("Some text first.\n\n# A small report\n\nand more."),
+        hidden,
+        nbformat.v4.new_code_cell("print('visible ' + 'source')"),
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, folder / "10_small.ipynb")
+    out = tmp_path / "out"
+    assert report.main(["--notebooks", str(folder), "--out", str(out), "--device", "cpu", "--timeout", "120"]) == 0
+    index = (out / "index.html").read_text(encoding="utf-8")
+    assert '<a href="10_small.html">A small report</a>' in index
+    assert "10_small: every cell ran" in index and "0 figures" in index
+    page = (out / "10_small.html").read_text(encoding="utf-8")
+    assert "shown output" in page and "hidden source" not in page
+    assert "visible " in page and "source" in page
