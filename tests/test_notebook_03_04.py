@@ -1,0 +1,64 @@
+"""Notebooks 03 (ORPO) and 04 (KTO) as papermill runs them in CI: CPU parameters, checks asserted,
+figures exported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from kernels_lib import report
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+ORPO, KTO = NOTEBOOKS / "03_orpo.ipynb", NOTEBOOKS / "04_kto.ipynb"
+FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
+
+
+@pytest.mark.parametrize("notebook", [ORPO, KTO], ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs(notebook):
+    nb = nbformat.read(notebook, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+    parameters = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(parameters) == 1
+    assert all(name in parameters[0].source for name in ("device", "size", "interactive", "record", "results_dir", "seed"))
+
+
+def _run(notebook: Path, tmp_path: Path) -> tuple[Path, str]:
+    results = tmp_path / "results"
+    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
+    html_path = report.run_notebook(notebook, tmp_path, parameters, timeout=600)
+    executed = nbformat.read(tmp_path / "executed" / notebook.name, as_version=4)
+    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
+    assert [o for o in outputs if o.get("output_type") == "error"] == []
+    assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
+    html = html_path.read_text(encoding="utf-8")
+    assert html.count("Plotly.newPlot(") >= 3  # the sweep, the published chart, speed vs memory
+    assert FALLBACK not in html
+    assert "H200 rows have not been measured yet" not in html or "scripts/h200_preference.py" in html
+    return results, html
+
+
+@pytest.mark.notebook
+def test_orpo_notebook_runs_checks_and_exports_figures(tmp_path):
+    results, html = _run(ORPO, tmp_path)
+    trl = pd.read_csv(results / "orpo_trl_checks.csv")
+    assert len(trl) == 6 and trl["passed"].all()
+    assert set(trl["dtype"]) == {"float32", "bfloat16", "float16"}
+    assert (trl.loc[trl.dtype == "float32", "kernels_lib vs TRL (loss)"] < 1e-5).all()
+    checks = pd.read_csv(results / "orpo_checks.csv")
+    assert len(checks) == 2 * 3 * 3 and checks["passed"].all()
+    assert "log1mexp" in html and "The naive form is infinite" in html
+
+
+@pytest.mark.notebook
+def test_kto_notebook_runs_checks_and_exports_figures(tmp_path):
+    results, html = _run(KTO, tmp_path)
+    checks = pd.read_csv(results / "kto_checks.csv")
+    assert len(checks) == 2 * 3 * 3 and checks["passed"].all()
+    assert (checks.loc[checks.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()
+    labels = pd.read_csv(results / "kto_label_checks.csv")
+    assert len(labels) == 12 and labels["passed"].all()
+    assert set(labels["labels"]) == {"mixed", "all desirable", "all undesirable"}
+    assert "Published H100" in html
