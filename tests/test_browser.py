@@ -1,0 +1,224 @@
+"""The workbench as a person meets it, in Debian's chromium driven by Playwright (no browser download).
+
+- The exported HTML: the runner executes every notebook at CPU size once; each report is opened from
+  disk with the network cut off, and every plotly chart must have rendered with the number of traces
+  its figure has in the executed notebook, without a page error; a screenshot is written next to it.
+- JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
+  panel appears, a sweep runs, the swept axis is changed, a second sweep runs, and the chart and the
+  table must have changed. The server is stopped whatever happens.
+
+Chromium is required: where it is missing these tests fail (``.ci/run`` installs it with apt-get).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kernels_lib import report
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _chromium_path() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    if path is None:
+        pytest.fail("Debian's chromium is required for the browser tests and was not found: "
+                    "apt-get install chromium (.ci/run does it)", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=_chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Every notebook run once by the runner at CPU size: (out folder, HTML reports)."""
+    out = tmp_path_factory.mktemp("reports")
+    assert report.main(["--device", "cpu", "--out", str(out), "--timeout", "900"]) == 0
+    return out, sorted(out.glob("*.html"))
+
+
+def _expected_traces(executed: Path) -> list[int]:
+    """The number of traces of each plotly figure of an executed notebook, in output order."""
+    notebook = nbformat.read(executed, as_version=4)
+    return [
+        len(output["data"]["application/vnd.plotly.v1+json"]["data"])
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if "application/vnd.plotly.v1+json" in output.get("data", {})
+    ]
+
+
+def test_index_links_every_report(reports, browser):
+    out, pages = reports
+    page = browser.new_page()
+    try:
+        page.goto((out / "index.html").as_uri())
+        links = page.eval_on_selector_all("li a", "links => links.map(a => a.getAttribute('href'))")
+        assert sorted(links) == sorted(p.name for p in pages if p.name != "index.html")
+        assert sorted(links) == sorted(nb.with_suffix(".html").name for nb in NOTEBOOKS.glob("*.ipynb"))
+        assert page.locator("li small").count() == len(links)
+    finally:
+        page.close()
+
+
+def test_every_report_renders_its_charts_offline(reports, browser):
+    out, pages = reports
+    for html in (p for p in pages if p.name != "index.html"):
+        expected = _expected_traces(out / "executed" / html.with_suffix(".ipynb").name)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors, blocked = [], []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        # no network: every request that is not the file itself is refused (MathJax's CDN among them)
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else (blocked.append(route.request.url), route.abort()))
+        try:
+            page.goto(html.as_uri(), wait_until="load")
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {len(expected)}", timeout=60_000)
+            traces = page.eval_on_selector_all(".js-plotly-plot", "plots => plots.map(p => p.data.length)")
+            page.screenshot(path=str(html.with_suffix(".png")), full_page=True)
+        finally:
+            page.close()
+        assert expected, f"{html.name}: no figure in the executed notebook"
+        assert traces == expected, f"{html.name}: traces per chart {traces}, figures have {expected}"
+        assert errors == [], f"{html.name}: page errors {errors}"
+        # only the optional scripts nbconvert's template and plotly's figures ask a CDN for (math, require.js)
+        assert all(re.search(r"/(mathjax|require\.js)/", url) for url in blocked), f"{html.name}: asked the network for {blocked}"
+        assert html.with_suffix(".png").stat().st_size > 10_000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_server(url: str, process: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"jupyter lab did not answer {url} within {timeout} s")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on loopback over a copy of the notebooks: (base URL, token). Stopped at the end."""
+    root = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, root)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+    }
+    command = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
+    log_path = tmp_path / "lab.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for_server(f"{base}/api/status?token={token}", process, log_path)
+        yield base, token
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # the server and the kernels it started
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+
+
+PANEL = ".widget-vbox:has(> .widget-hbox button:has-text('Run sweep'))"
+
+
+def _panel_state(page) -> tuple[list, str]:
+    """The x values of every trace of the panel's chart and the text of its table."""
+    xs = page.eval_on_selector(f"{PANEL} .js-plotly-plot", "plot => plot.data.map(trace => Array.from(trace.x || []))")
+    table = page.locator(f"{PANEL} table")
+    return xs, table.inner_text() if table.count() else ""
+
+
+def _run_sweep(page, previous: tuple[list, str], timeout: float = 120) -> tuple[list, str]:
+    """Click Run sweep and wait until the chart has traces, the table has changed and the button is back."""
+    button = page.locator(f"{PANEL} button:has-text('Run sweep')")
+    button.click()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+        state = _panel_state(page)
+        if state[0] and state[1] and state[1] != previous[1] and button.is_enabled():
+            return state
+    raise AssertionError(f"the sweep did not update the panel within {timeout} s")
+
+
+def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(lab, browser, tmp_path):
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(f"{base}/lab/tree/02_kl_divergence.ipynb?token={token}", wait_until="domcontentloaded")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        # Run All before the kernel is connected runs nothing: wait for the status bar's "Idle"
+        page.get_by_text(re.compile(r"Python 3 \(ipykernel\) \| Idle")).wait_for(timeout=90_000)
+        page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
+        page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
+        page.wait_for_selector(f"{PANEL} button:has-text('Run sweep')", timeout=180_000)
+        page.wait_for_selector(f"{PANEL} .js-plotly-plot .main-svg", timeout=60_000)
+        first = _run_sweep(page, _panel_state(page))
+        page.locator(f"{PANEL} .widget-dropdown:has(label:text-is('sweep')) select").select_option("N")
+        second = _run_sweep(page, first)
+        page.screenshot(path=str(tmp_path / "jupyterlab.png"))
+    finally:
+        page.close()
+    assert first[0] and second[0], "the chart has no traces after a sweep"
+    assert first[0] != second[0], f"the chart's x values did not change: {first[0]}"
+    assert first[1] != second[1], "the table did not change"
+    assert errors == [], f"page errors: {errors}"
