@@ -82,7 +82,7 @@ def _expected_traces(executed: Path) -> list[int]:
     ]
 
 
-def test_index_links_every_report(reports, browser):
+def test_index_links_every_report(browser, reports):
     out, pages = reports
     page = browser.new_page()
     try:
@@ -95,7 +95,7 @@ def test_index_links_every_report(reports, browser):
         page.close()
 
 
-def test_every_report_renders_its_charts_offline(reports, browser):
+def test_every_report_renders_its_charts_offline(browser, reports):
     out, pages = reports
     for html in (p for p in pages if p.name != "index.html"):
         expected = _expected_traces(out / "executed" / html.with_suffix(".ipynb").name)
@@ -198,7 +198,7 @@ def _run_sweep(page, previous: tuple[list, str], timeout: float = 120) -> tuple[
     raise AssertionError(f"the sweep did not update the panel within {timeout} s")
 
 
-def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(lab, browser, tmp_path):
+def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(browser, lab, tmp_path):
     base, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
