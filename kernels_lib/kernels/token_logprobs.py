@@ -13,6 +13,9 @@ target :math:`y'`),
     \mathrm{lse} = \log \sum_j e^{z_j}, \qquad
     \log p(y) = z_y - \mathrm{lse} \quad (0 \text{ where } y = \text{ignore\_index}),
 
+evaluated as :math:`(z_y - m) - \log s` with :math:`m` the row's maximum and :math:`s = \sum_j e^{z_j - m}`
+(so a log-prob near 0 keeps its relative accuracy),
+
 and the same for :math:`y'`. The caller sums them per sequence and, from those sums alone, forms
 each sequence's weight :math:`w = \partial L / \partial \log p(y_t)` (the same for every valid
 token of a sequence: the losses here depend on a sequence only through its summed or averaged
@@ -89,13 +92,15 @@ def token_logprobs_kernel(
             m_new = tl.maximum(m, tl.max(z, axis=0))
             s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
             m = m_new
-        lse = m + tl.log(s)
-        tl.store(lse_ptr + row, lse)
+        log_s = tl.log(s)
+        tl.store(lse_ptr + row, m + log_s)
+        # (z_y - m) - log s, not z_y - (m + log s): for a likely token log p is small next to m,
+        # and rounding m + log s first would cost an absolute u·|m| (the float32 reference's: u·|log p|).
         z_y = tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32)
-        tl.store(logp_ptr + row, tl.where(valid, z_y - lse, 0.0))
+        tl.store(logp_ptr + row, tl.where(valid, (z_y - m) - log_s, 0.0))
         if HAS_SECOND:
             z_y2 = tl.load(row_ptr + tl.where(valid2, y2, 0)).to(tl.float32)
-            tl.store(logp2_ptr + row, tl.where(valid2, z_y2 - lse, 0.0))
+            tl.store(logp2_ptr + row, tl.where(valid2, (z_y2 - m) - log_s, 0.0))
     else:
         lse = tl.load(lse_ptr + row)
         seq = row // rows_per_weight
