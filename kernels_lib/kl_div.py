@@ -125,6 +125,8 @@ class KLDivLoss(torch.nn.Module):
     def __init__(self, reduction: str = "batchmean", log_target: bool = False):
         super().__init__()
         v.require_choice("reduction", reduction, REDUCTIONS)
+        if not isinstance(log_target, bool):  # as kl_div would, but at construction, not at the first call
+            raise TypeError(f"log_target must be a bool; got {type(log_target).__name__}")
         self.reduction, self.log_target = reduction, log_target
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
