@@ -211,8 +211,9 @@ def test_orpo_chosen_probability_near_one(chosen_logp):
 def test_orpo_rejected_probability_near_one(rejected_logp):
     """The other side: p(rejected) → 1 drives the log-odds to -∞ and logσ with it: a large, finite loss."""
     x, w, target = confident_orpo_inputs(-1.0, rejected_logp)
-    _, loss, _ = loss_and_grads(orpo_calls(target)[0], leaves([x, w]))
-    assert loss.item() > 0.1 * -math.log(-rejected_logp) * 0.5
+    out = fused_linear_orpo(x.to(DEVICE), w.to(DEVICE), target)
+    # log-odds ≈ log|a_r| + O(1) → -∞, so the odds-ratio term β·(-logσ) grows as β·log(1/|a_r|).
+    assert (out.loss - out.nll).item() > 0.1 * (-math.log(-rejected_logp) - 2)
     assert_matches_reference(*orpo_calls(target), [x, w])
 
 
@@ -325,7 +326,7 @@ def test_kl_div_inf_input_gives_non_finite_loss(value):
     x[1, 1] = value
     for reduction in ("sum", "mean", "batchmean"):
         loss = kl_div(x, t, reduction=reduction)
-        ref = F.kl_div(x.double(), t.double(), reduction=reduction)
+        ref = reference.kl_div(x.double(), t.double(), reduction=reduction)
         assert not torch.isfinite(loss) and not torch.isfinite(ref)
         assert torch.sign(loss) == torch.sign(ref)  # -inf input: +inf loss; +inf input: -inf loss
 

@@ -6,8 +6,8 @@ upstream gradient; each example compares the loss, the auxiliary outputs and eve
 reference run in float64 on the very values the kernel saw (16-bit inputs upcast exactly).
 
 Sizes stay tiny: on a machine without a GPU the kernels run in Triton's interpreter. Examples are
-derandomized (the same draws on every run: CI cannot flake) with budgets that keep this file well
-under a minute here.
+derandomized (the same draws on every run: CI cannot flake) with budgets that keep this file under
+a minute here (about 45 s: KL 150 examples, cross-entropy 250, ORPO 120, KTO 120).
 
 Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_lib.check.relative_error``), per output:
 the larger of a floor and ``BASELINE_FACTOR`` times the error of the reference itself run in the
@@ -180,7 +180,7 @@ def kl_cases(draw):
     )
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(kl_cases())
 def test_kl_div_matches_reference(case):
     gen = torch.Generator().manual_seed(case["seed"])
@@ -231,7 +231,7 @@ def flce_cases(draw):
     )
 
 
-@settings(max_examples=90, **SETTINGS)
+@settings(max_examples=250, **SETTINGS)
 @given(flce_cases())
 def test_fused_linear_cross_entropy_matches_reference(case):
     gen = torch.Generator().manual_seed(case["seed"])
@@ -301,7 +301,7 @@ def orpo_cases(draw):
     )
 
 
-@settings(max_examples=50, **SETTINGS)
+@settings(max_examples=120, **SETTINGS)
 @given(orpo_cases())
 def test_fused_linear_orpo_matches_reference(case):
     gen = torch.Generator().manual_seed(case["seed"])
@@ -372,7 +372,7 @@ def kto_cases(draw):
     )
 
 
-@settings(max_examples=50, **SETTINGS)
+@settings(max_examples=120, **SETTINGS)
 @given(kto_cases())
 def test_fused_linear_kto_matches_reference(case):
     gen = torch.Generator().manual_seed(case["seed"])
