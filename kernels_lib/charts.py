@@ -67,6 +67,7 @@ def scaling_chart(
                             y=series.y_value_80.tolist() + series.y_value_20.tolist()[::-1],
                             fill="toself",
                             fillcolor=_rgba(color, 0.15),
+                            mode="lines",  # the band's outline only: no markers at its vertices
                             line={"width": 0},
                             hoverinfo="skip",
                             showlegend=False,

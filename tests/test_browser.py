@@ -220,5 +220,7 @@ def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(browser, la
         page.close()
     assert first[0] and second[0], "the chart has no traces after a sweep"
     assert first[0] != second[0], f"the chart's x values did not change: {first[0]}"
+    # the swept N values are the range the view shows (8–16 around the preset's N = 16), no more
+    assert {x for trace in second[0] for x in trace} == {8, 16}, f"the sweep ran other points: {second[0]}"
     assert first[1] != second[1], "the table did not change"
     assert errors == [], f"page errors: {errors}"
