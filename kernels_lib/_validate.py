@@ -81,8 +81,12 @@ def require_shape(name: str, tensor: torch.Tensor, shape, described: str) -> Non
 
 def require_linear_head(name: str, weight: torch.Tensor, hidden: int, n_cols: int | None = None) -> None:
     """Refuse a head that is not ``(V, H)`` with ``H = hidden`` (and ``V = n_cols`` when given)."""
-    v_ok = n_cols is None or (weight.dim() == 2 and weight.shape[0] == n_cols)
-    if weight.dim() != 2 or weight.shape[1] != hidden or weight.numel() == 0 or not v_ok:
+    if weight.dim() != 2:
+        raise ValueError(f"{name} must have 2 dimensions, shape (V, H) with H = {hidden}; got shape {tuple(weight.shape)}")
+    if weight.numel() == 0:
+        raise ValueError(f"{name} must not be empty: shape (V, {hidden}) with V >= 1; got {tuple(weight.shape)}")
+    v_ok = n_cols is None or weight.shape[0] == n_cols
+    if weight.shape[1] != hidden or not v_ok:
         want = f"({'V' if n_cols is None else n_cols}, {hidden})"
         raise ValueError(f"{name} must have shape {want} (V, H) with H = {hidden}; got {tuple(weight.shape)}")
 
@@ -113,3 +117,21 @@ def require_chunk_options(chunk_size, accurate) -> None:
         raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
     if not isinstance(accurate, bool):
         raise TypeError(f"accurate must be a bool; got {accurate!r}")
+
+
+def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> None:
+    """The checks every fused linear loss makes of ``x`` (..., H), ``weight`` (V, H) and ``target``
+    (``x.shape[:-1]``, integer): tensors, float dtypes that agree, non-empty, the head's shape and the
+    targets' shape. ``x_ndim`` fixes x's rank (the preference losses take (B, T, H))."""
+    require_tensor("x", x)
+    require_tensor("weight", weight)
+    require_tensor("target", target)
+    require_float("x", x)
+    require_float("weight", weight)
+    require_same_dtype("x", x, "weight", weight)
+    if x_ndim is not None:
+        require_ndim("x", x, x_ndim)
+    require_nonempty("x", x)
+    require_linear_head("weight", weight, x.shape[-1])
+    require_index_dtype("target", target)
+    require_shape("target", target, x.shape[:-1], "x.shape[:-1]")

@@ -269,31 +269,10 @@ def _backward_recompute(ctx, grad_output: torch.Tensor):
 
 
 def _validate_tensors(x, weight, target, bias) -> None:
-    v.require_tensor("x", x)
-    v.require_tensor("weight", weight)
-    v.require_tensor("target", target)
-    v.require_float("x", x)
-    v.require_float("weight", weight)
-    v.require_same_dtype("x", x, "weight", weight)
-    v.require_nonempty("x", x)
-    v.require_ndim("weight", weight, 2)
-    v.require_nonempty("weight", weight, min_dim=2)
-    if weight.shape[1] != x.shape[-1]:
-        raise ValueError(
-            f"weight must have shape (V, H) with H = x.shape[-1] = {x.shape[-1]}; got {tuple(weight.shape)}"
-        )
-    v.require_index_dtype("target", target)
-    if target.shape != x.shape[:-1]:
-        raise ValueError(
-            f"target must have shape x.shape[:-1] = {tuple(x.shape[:-1])}; got {tuple(target.shape)}"
-        )
+    v.require_linear_loss_inputs(x, weight, target)
     tensors = {"x": x, "weight": weight, "target": target}
     if bias is not None:
-        v.require_tensor("bias", bias)
-        v.require_float("bias", bias)
-        v.require_same_dtype("x", x, "bias", bias)
-        if bias.shape != weight.shape[:1]:
-            raise ValueError(f"bias must have shape (V,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
+        v.require_bias("bias", bias, weight)
         tensors["bias"] = bias
     v.require_same_device(tensors)
 

@@ -141,17 +141,7 @@ def _validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logp
 
 def _validate(x, weight, target, labels, kl, bias, options) -> dict:
     """Check the policy's tensors and the options; returns the tensors by name (for the device check)."""
-    v.require_tensor("x", x)
-    v.require_tensor("weight", weight)
-    v.require_tensor("target", target)
-    v.require_float("x", x)
-    v.require_float("weight", weight)
-    v.require_same_dtype("x", x, "weight", weight)
-    v.require_ndim("x", x, 3)
-    v.require_nonempty("x", x)
-    v.require_linear_head("weight", weight, x.shape[-1])
-    v.require_index_dtype("target", target)
-    v.require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
+    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
     v.require_tensor("preference_labels", labels)
     if labels.dtype != torch.bool:
         raise TypeError(f"preference_labels must be a bool tensor (True = desirable); got {labels.dtype}")

@@ -143,21 +143,11 @@ def _run(x, weight, bias, target, nll_target, counts, opts):
 
 
 def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate) -> None:
-    v.require_tensor("x", x)
-    v.require_tensor("weight", weight)
-    v.require_tensor("target", target)
-    v.require_float("x", x)
-    v.require_float("weight", weight)
-    v.require_same_dtype("x", x, "weight", weight)
-    v.require_ndim("x", x, 3)
-    v.require_nonempty("x", x)
+    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
     if x.shape[0] % 2:
         raise ValueError(
             f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
         )
-    v.require_linear_head("weight", weight, x.shape[-1])
-    v.require_index_dtype("target", target)
-    v.require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
     tensors = {"x": x, "weight": weight, "target": target}
     if bias is not None:
         v.require_bias("bias", bias, weight)
