@@ -15,14 +15,6 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_cross_entropy
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
 
 
-def test_notebook_is_committed_without_outputs():
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
-    parameters = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
-    assert len(parameters) == 1
-    assert all(name in parameters[0].source for name in ("device", "size", "interactive", "record", "results_dir", "seed"))
-
-
 @pytest.mark.notebook
 def test_flce_notebook_runs_checks_and_exports_figures(tmp_path):
     results = tmp_path / "results"

@@ -16,15 +16,6 @@ ORPO, KTO = NOTEBOOKS / "03_orpo.ipynb", NOTEBOOKS / "04_kto.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
 
 
-@pytest.mark.parametrize("notebook", [ORPO, KTO], ids=lambda p: p.stem)
-def test_notebook_is_committed_without_outputs(notebook):
-    nb = nbformat.read(notebook, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
-    parameters = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
-    assert len(parameters) == 1
-    assert all(name in parameters[0].source for name in ("device", "size", "interactive", "record", "results_dir", "seed"))
-
-
 def _run(notebook: Path, tmp_path: Path) -> tuple[Path, str]:
     results = tmp_path / "results"
     parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 import torch
@@ -141,14 +140,6 @@ def test_add_floor_draws_on_speed_panels_only():
     assert len(added) == 2 and [t.name for t in added] == ["floor", "floor"]
     assert [t.showlegend for t in added] == [True, False]
     assert list(added[1].y) == [0.3, 0.6] and added[1].line.dash == "dot"
-
-
-def test_notebook_is_committed_without_outputs():
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
-    parameters = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
-    assert len(parameters) == 1
-    assert all(name in parameters[0].source for name in ("device", "size", "interactive", "record", "results_dir", "seed"))
 
 
 @pytest.mark.notebook

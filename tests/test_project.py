@@ -221,3 +221,17 @@ def test_interpreter_refuses_the_triton_numpy_pair_that_breaks_it():
         check_interpreter_versions("3.6.0", "2.4.1")
     check_interpreter_versions("3.6.0", "2.2.6")
     check_interpreter_versions("3.9.0", "2.4.1")
+
+
+#: The parameters every notebook takes from the runner (kernels_lib.report) or a test.
+RUNNER_PARAMETERS = ("device", "size", "interactive", "record", "results_dir", "seed")
+
+
+@pytest.mark.parametrize("path", _committed_notebooks(), ids=lambda p: p.stem)
+def test_each_notebook_takes_the_runner_parameters(path):
+    notebook = json.loads(path.read_text())
+    tagged = [c for c in notebook["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1
+    source = "".join(tagged[0]["source"]) if isinstance(tagged[0]["source"], list) else tagged[0]["source"]
+    assigned = {t.id for s in ast.parse(source).body if isinstance(s, ast.Assign) for t in s.targets}
+    assert set(RUNNER_PARAMETERS) <= assigned, f"missing {set(RUNNER_PARAMETERS) - assigned}"
