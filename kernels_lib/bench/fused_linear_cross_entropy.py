@@ -33,7 +33,7 @@ from ..check import relative_error
 from ..fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
 from ..fused_linear_cross_entropy import fused_linear_cross_entropy as kernels_lib_flce
 from ..kernels.cross_entropy_chunk import launch_cross_entropy_chunk
-from .spec import Inputs, LossSpec, Provider, register
+from .spec import Inputs, LossSpec, Provider, register, require_cuda
 from .sweep import run_sweep
 from .timing import time_callable
 
@@ -61,11 +61,6 @@ def kernels_lib_variant(**options) -> Provider:
     return Provider(variant_name(options), lambda: fn, f"kernels_lib.fused_linear_cross_entropy({options})")
 
 
-def _require_cuda(peer: str) -> None:
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
-
-
 def _peer_options(peer: str, chunk_size, accurate, return_z_loss) -> None:
     """The peers take our signature; ``chunk_size``/``accurate`` are ours alone and are ignored
     (each peer runs its own defaults), ``return_z_loss`` is refused (the outputs differ)."""
@@ -75,7 +70,7 @@ def _peer_options(peer: str, chunk_size, accurate, return_z_loss) -> None:
 
 
 def _load_liger():
-    _require_cuda("Liger")
+    require_cuda("Liger")
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     modules: dict[tuple, torch.nn.Module] = {}
@@ -96,7 +91,7 @@ def _load_liger():
 
 
 def _load_cce():
-    _require_cuda("CCE")
+    require_cuda("CCE")
     from cut_cross_entropy import linear_cross_entropy
 
     def cce_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,

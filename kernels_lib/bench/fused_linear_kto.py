@@ -29,7 +29,7 @@ import torch
 from .. import data, reference
 from ..fused_linear_kto import fused_linear_kto as kernels_lib_kto
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, register
+from .spec import Inputs, LossSpec, Provider, register, require_cuda
 
 KERNEL_NAME = "kto_loss"
 
@@ -38,8 +38,7 @@ DATA_OPTIONS = ("bias", "ignore_fraction", "input_grad")
 
 
 def _load_liger():
-    if not torch.cuda.is_available():
-        raise RuntimeError("Liger's kernels need CUDA (they do not run in Triton's interpreter)")
+    require_cuda("Liger")
     from liger_kernel.chunked_loss import LigerFusedLinearKTOLoss
 
     modules: dict[tuple, torch.nn.Module] = {}

@@ -29,7 +29,7 @@ import torch
 
 from .. import data, reference
 from ..fused_linear_orpo import fused_linear_orpo as kernels_lib_orpo
-from .spec import Inputs, LossSpec, Provider, register
+from .spec import Inputs, LossSpec, Provider, register, require_cuda
 
 KERNEL_NAME = "fused_linear_orpo_loss"
 
@@ -37,13 +37,8 @@ KERNEL_NAME = "fused_linear_orpo_loss"
 DATA_OPTIONS = ("bias", "ignore_fraction")
 
 
-def _require_cuda(peer: str) -> None:
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
-
-
 def _load_liger():
-    _require_cuda("Liger")
+    require_cuda("Liger")
     from liger_kernel.chunked_loss import LigerFusedLinearORPOLoss
 
     modules: dict[tuple, torch.nn.Module] = {}

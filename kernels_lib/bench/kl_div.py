@@ -6,12 +6,11 @@ import torch
 
 from .. import reference
 from ..kl_div import kl_div as kernels_lib_kl_div
-from .spec import Inputs, LossSpec, Provider, register
+from .spec import Inputs, LossSpec, Provider, register, require_cuda
 
 
 def _load_liger():
-    if not torch.cuda.is_available():
-        raise RuntimeError("Liger's kernels need CUDA (they do not run in Triton's interpreter)")
+    require_cuda("Liger")
     from liger_kernel.transformers.kl_div import LigerKLDIVLoss
 
     modules: dict[tuple, torch.nn.Module] = {}

@@ -57,6 +57,12 @@ class LossSpec:
     default_options: dict = field(default_factory=dict)
 
 
+def require_cuda(peer: str) -> None:
+    """Refuse to load a peer whose kernels cannot run here (they are not written for Triton's interpreter)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
+
+
 _REGISTRY: dict[str, LossSpec] = {}
 
 
