@@ -29,10 +29,9 @@ no second ``rows × V`` buffer is needed.
 
 How
 ---
-One program per row loops over the vocabulary in blocks of ``BLOCK_V``. Pass 1 keeps a running
-maximum :math:`m` and a running sum :math:`s = \sum e^{c_j - m}`, merged block by block
-(:math:`s \leftarrow s\,e^{m - m'} + \sum_{\text{block}} e^{c_j - m'}`), and the sum of the logits
-for smoothing. Pass 2 (only when the gradient is wanted) re-reads the row and writes ``dz``.
+One program per row loops over the vocabulary in blocks of ``BLOCK_V``. Pass 1 is the online
+log-sum-exp of ``row_logsumexp`` (a running maximum :math:`m` and sum :math:`s = \sum e^{c_j - m}`,
+merged block by block), which also sums the logits for smoothing. Pass 2 (only when the gradient is wanted) re-reads the row and writes ``dz``.
 When ``lse`` is already known (backward of ``reduction="none"``) pass 1 is skipped.
 
 What it costs
@@ -51,32 +50,13 @@ import triton
 import triton.language as tl
 
 from .._runtime import INTERPRETED
+from .row_logsumexp import row_logsumexp, softcap_and_slope
+from .row_logsumexp import softcap as apply_softcap
 
 #: Vocabulary elements per loop step: 4096 on GPU (16 KiB of fp32 per step); in the interpreter a
 #: larger block means fewer (slow) Python-level steps.
 MAX_BLOCK_V = 16384 if INTERPRETED else 4096
 NUM_WARPS = 8
-
-
-@triton.jit
-def _softcap(z, softcap, HAS_SOFTCAP: tl.constexpr):
-    """``s * tanh(z / s)`` via ``tanh(u) = sign(u) (1 - e^{-2|u|}) / (1 + e^{-2|u|})`` (no overflow)."""
-    if HAS_SOFTCAP:
-        u = z / softcap
-        e = tl.exp(-2.0 * tl.abs(u))
-        t = (1.0 - e) / (1.0 + e)
-        z = softcap * tl.where(u >= 0.0, t, -t)
-    return z
-
-
-@triton.jit
-def _softcap_and_slope(z, softcap):
-    """``(s tanh(z/s), 1 - tanh²(z/s))`` from one ``e = e^{-2|u|}``: the slope as ``4e / (1 + e)²``,
-    which keeps its relative accuracy where ``1 - tanh²`` would cancel (|z| a few times ``s``)."""
-    u = z / softcap
-    e = tl.exp(-2.0 * tl.abs(u))
-    t = (1.0 - e) / (1.0 + e)
-    return softcap * tl.where(u >= 0.0, t, -t), 4.0 * e / ((1.0 + e) * (1.0 + e))
 
 
 @triton.jit
@@ -106,22 +86,9 @@ def cross_entropy_chunk_kernel(
     valid = y != ignore_index
 
     if COMPUTE_LSE:
-        m = -float("inf")
-        s = 0.0
-        sum_c = 0.0
-        for start in range(0, n_cols, BLOCK_V):
-            mask = start + cols < n_cols
-            z = tl.load(row_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            c = _softcap(z, softcap, HAS_SOFTCAP)
-            m_new = tl.maximum(m, tl.max(tl.where(mask, c, -float("inf")), axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(c - m_new), 0.0), axis=0)
-            sum_c += tl.sum(tl.where(mask, c, 0.0), axis=0)
-            m = m_new
-        log_s = tl.log(s)
+        m, log_s, sum_c = row_logsumexp(row_ptr, n_cols, softcap, HAS_SOFTCAP, BLOCK_V)
         lse = m + log_s
-        c_y = _softcap(
-            tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32), softcap, HAS_SOFTCAP
-        )
+        c_y = apply_softcap(tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32), softcap, HAS_SOFTCAP)
         z_term = z_loss_scale * lse * lse
         # lse - c_y as (m - c_y) + log s: a confident row's loss is small next to m, and rounding
         # m + log s first would cost an absolute u·|m| (the float32 reference's: u·|loss|).
@@ -144,7 +111,7 @@ def cross_entropy_chunk_kernel(
             z = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             hit = tl.where(offs == y, 1.0 - label_smoothing, 0.0)
             if HAS_SOFTCAP:
-                c, slope = _softcap_and_slope(z, softcap)
+                c, slope = softcap_and_slope(z, softcap)
                 p = tl.exp(c - lse)
                 dc = ((p - hit - smooth) + p * z_grad) * slope
             else:

@@ -34,10 +34,9 @@ chunk's buffer holds ``dz`` afterwards and the caller's three matmuls read it fr
 
 How
 ---
-One program per row loops over the vocabulary in blocks of ``BLOCK_V``. The stats pass keeps a
-running maximum :math:`m` and sum :math:`s = \sum e^{z_j - m}`, merged block by block
-(:math:`s \leftarrow s\,e^{m - m'} + \sum_{\text{block}} e^{z_j - m'}`), then reads :math:`z_y`
-once. The gradient pass reads the saved lse and the row's two weights and re-reads the row once.
+One program per row loops over the vocabulary in blocks of ``BLOCK_V``. The stats pass is the
+online log-sum-exp of ``row_logsumexp`` (running maximum :math:`m` and sum
+:math:`s = \sum e^{z_j - m}`, merged block by block), then reads :math:`z_y` once. The gradient pass reads the saved lse and the row's two weights and re-reads the row once.
 
 What it costs
 -------------
@@ -54,6 +53,7 @@ import triton
 import triton.language as tl
 
 from .cross_entropy_chunk import NUM_WARPS, block_v
+from .row_logsumexp import row_logsumexp
 
 
 @triton.jit
@@ -84,15 +84,7 @@ def token_logprobs_kernel(
         valid2 = y2 != ignore_index
 
     if not WRITE_GRAD:
-        m = -float("inf")
-        s = 0.0
-        for start in range(0, n_cols, BLOCK_V):
-            mask = start + cols < n_cols
-            z = tl.load(row_ptr + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(z - m_new), 0.0), axis=0)
-            m = m_new
-        log_s = tl.log(s)
+        m, log_s, _ = row_logsumexp(row_ptr, n_cols, 1.0, False, BLOCK_V)
         tl.store(lse_ptr + row, m + log_s)
         # (z_y - m) - log s, not z_y - (m + log s): for a likely token log p is small next to m,
         # and rounding m + log s first would cost an absolute u·|m| (the float32 reference's: u·|log p|).

@@ -1,0 +1,75 @@
+r"""Shared ``tl`` helpers of the logits stages: the online log-sum-exp of one row, and the softcap.
+
+Both per-chunk kernels (``cross_entropy_chunk``, ``token_logprobs``) start the same way: one program
+reads one row of ``V`` logits in blocks of ``BLOCK_V`` and keeps a running maximum :math:`m` and a
+running sum :math:`s = \sum_j e^{c_j - m}`, merged block by block,
+
+.. math::
+
+    m' = \max(m, \max_{\text{block}} c_j), \qquad
+    s \leftarrow s\,e^{m - m'} + \textstyle\sum_{\text{block}} e^{c_j - m'},
+
+so that :math:`\mathrm{lse} = m + \log s` without a second read of the row and without overflow
+(every exponent is :math:`\le 0`). The helpers return :math:`m` and :math:`\log s` apart rather
+than their sum: a log-prob :math:`c_y - \mathrm{lse}` is then formed as :math:`(c_y - m) - \log s`,
+which keeps its relative accuracy when the token is likely (rounding :math:`m + \log s` first
+would cost an absolute :math:`u\,|m|`).
+
+Cost: one read of the row (``V`` × 2 or 4 bytes) and one ``exp`` per logit (two more with the
+softcap). These are ``@triton.jit`` functions: inlined into the calling kernel, no launch of
+their own.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softcap(z, cap, HAS_SOFTCAP: tl.constexpr):
+    """``cap * tanh(z / cap)`` via ``tanh(u) = sign(u) (1 - e^{-2|u|}) / (1 + e^{-2|u|})`` (no
+    overflow); ``z`` unchanged without ``HAS_SOFTCAP``."""
+    if HAS_SOFTCAP:
+        u = z / cap
+        e = tl.exp(-2.0 * tl.abs(u))
+        t = (1.0 - e) / (1.0 + e)
+        z = cap * tl.where(u >= 0.0, t, -t)
+    return z
+
+
+@triton.jit
+def softcap_and_slope(z, cap):
+    """``(cap tanh(z/cap), 1 - tanh²(z/cap))`` from one ``e = e^{-2|u|}``: the slope as
+    ``4e / (1 + e)²``, which keeps its relative accuracy where ``1 - tanh²`` would cancel (|z| a
+    few times ``cap``)."""
+    u = z / cap
+    e = tl.exp(-2.0 * tl.abs(u))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(u >= 0.0, t, -t), 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+@triton.jit
+def row_logsumexp(
+    row_ptr,  # pointer to the row's first logit (unit stride along V)
+    n_cols,  # V, the row's length
+    cap,  # softcap s > 0 (read only when HAS_SOFTCAP)
+    HAS_SOFTCAP: tl.constexpr,  # the row is c = s tanh(z / s) of the stored z
+    BLOCK_V: tl.constexpr,  # elements per loop step (a power of two)
+):
+    """One pass over the row: ``(m, log s, Σ_j c_j)`` with ``lse = m + log s`` (float32 scalars).
+    The sum of the (capped) logits (label smoothing needs it) costs one add per element, nothing
+    next to the read in this memory-bound loop."""
+    cols = tl.arange(0, BLOCK_V)
+    m = -float("inf")
+    s = 0.0
+    sum_c = 0.0
+    for start in range(0, n_cols, BLOCK_V):
+        mask = start + cols < n_cols
+        z = tl.load(row_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        c = softcap(z, cap, HAS_SOFTCAP)
+        m_new = tl.maximum(m, tl.max(tl.where(mask, c, -float("inf")), axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(c - m_new), 0.0), axis=0)
+        sum_c += tl.sum(tl.where(mask, c, 0.0), axis=0)
+        m = m_new
+    return m, tl.log(s), sum_c
