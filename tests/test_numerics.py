@@ -97,14 +97,23 @@ def test_cross_entropy_logits_of_1e4(reduction, options):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cross_entropy_logits_of_1e4_half(dtype):
-    """16-bit inputs (fp16 holds 1e4: its largest finite value is 65504): finite, and as close as their rounding allows."""
+    """16-bit inputs (fp16 holds 1e4: its largest finite value is 65504): finite, and as close as their
+    rounding allows. That floor depends on the device: on CUDA the logits chunk is a 16-bit matmul,
+    so logits of 1e4 carry the 16-bit rounding (an absolute ~1e4·2^-9 in bf16), as the baseline's
+    do; in the interpreter the matmuls run in float32. So the bound is ``BASELINE_FACTOR`` × the
+    error of the baseline on the same 16-bit inputs (logits as a model forms them), or the tolerance,
+    whichever is larger: on CPU that is the float32 tolerance, on CUDA the baseline's rounding."""
     x, w, b, target = huge_logit_inputs(bias=False)
     x, w = x.to(dtype), w.to(dtype)
     _, loss, grads = loss_and_grads(fused_linear_cross_entropy, leaves([x, w]), target)
     _, ref, ref_grads = loss_and_grads(reference.fused_linear_cross_entropy, leaves([x, w], torch.float64), target)
+    _, base, base_grads = loss_and_grads(reference.fused_linear_cross_entropy, leaves([x, w]), target)
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
-    assert relative_error(loss, ref) < TOLERANCE[torch.float32]  # float32 arithmetic on exact 16-bit values
-    assert all(relative_error(g, r) < TOLERANCE[dtype] for g, r in zip(grads, ref_grads))
+    loss_limit = max(TOLERANCE[torch.float32], BASELINE_FACTOR * relative_error(base, ref))
+    assert relative_error(loss, ref) <= loss_limit, (relative_error(loss, ref), loss_limit)
+    for name, g, r, bg in zip(("dx", "dW"), grads, ref_grads, base_grads):
+        limit = max(TOLERANCE[dtype], BASELINE_FACTOR * relative_error(bg, r))
+        assert relative_error(g, r) <= limit, f"{name}: {relative_error(g, r):.3g} > {limit:.3g}"
 
 
 def test_kl_div_log_probabilities_of_minus_1e4():
