@@ -1,6 +1,6 @@
 """The main job: execute every notebook with papermill on this machine and export HTML reports.
 
-    python -m kernels_lib.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...]
+    python -m kernels_lib.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...] [--keep-going]
 
 On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's interpreter); on
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
@@ -10,7 +10,8 @@ to ``<out>/``, with an ``index.html`` listing them by title with a one-line stat
 ``hide-input`` show their output only. Math is typeset by MathJax, which nbconvert loads from a CDN
 (no pip package installed here ships MathJax): offline, formulas show as their TeX source. A failing
 notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
-``<out>/executed/`` for inspection.
+``<out>/executed/`` for inspection. With ``--keep-going`` the other notebooks still run, the index
+marks the failed ones, and the exit code is still 1.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from ._runtime import default_device
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+#: Notebooks that summarize what the others measure: run last (at full size they read the rows the
+#: loss notebooks have just appended to data/measured/), listed first in the index (by name).
+SUMMARY_NOTEBOOKS = ("00_overview",)
+
+
+def run_order(notebooks: list[Path]) -> list[Path]:
+    """The loss notebooks in name order, then the summaries."""
+    return sorted(notebooks, key=lambda nb: (nb.stem in SUMMARY_NOTEBOOKS, nb.name))
 
 
 class NotebookFailed(RuntimeError):
@@ -106,13 +115,20 @@ def describe(executed: Path) -> tuple[str, int]:
     return title, figures
 
 
-def write_index(out: Path, reports: list[tuple[Path, float]], parameters: dict) -> Path:
-    """An index page listing each report: its title (linked) and a one-line status."""
+def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: dict) -> Path:
+    """An index page listing each report ``(html path, seconds, failure message or "")``: its title
+    (linked to the report, or to the partial executed notebook of a failed one) and a one-line status."""
     items = []
-    for path, seconds in reports:
-        title, figures = describe(out / "executed" / path.with_suffix(".ipynb").name)
-        status = f"{path.stem}: every cell ran, in {seconds:.0f} s on {parameters['device']} (size {parameters['size']}) · {figures} figures"
-        items.append(f'<li><a href="{html.escape(path.name)}">{html.escape(title)}</a><br><small>{html.escape(status)}</small></li>')
+    for path, seconds, failure in reports:
+        executed = out / "executed" / path.with_suffix(".ipynb").name
+        title, figures = describe(executed)
+        if failure:
+            status = f"{path.stem}: FAILED after {seconds:.0f} s: {failure}"
+            link = f"executed/{executed.name}"  # no HTML: the partial notebook is what there is to read
+        else:
+            status = f"{path.stem}: every cell ran, in {seconds:.0f} s on {parameters['device']} (size {parameters['size']}) · {figures} figures"
+            link = path.name
+        items.append(f'<li><a href="{html.escape(link)}">{html.escape(title)}</a><br><small>{html.escape(status)}</small></li>')
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>kernels_lib reports</title></head><body>"
         "<h1>kernels_lib reports</h1>"
@@ -133,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks to run")
     parser.add_argument("--only", nargs="*", help="notebook names (stems) to run; default: all")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="run the remaining notebooks after a failure (still exit 1, naming every failed one); "
+                             "for long GPU refreshes, where one failure should not cost the others' measurements")
     args = parser.parse_args(argv)
     device = default_device().type if args.device == "auto" else args.device
     notebooks = sorted(args.notebooks.glob("*.ipynb"))
@@ -142,19 +161,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no notebooks to run in {args.notebooks}")
     parameters = notebook_parameters(device)
     args.out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for notebook in notebooks:
+    reports, failures = [], []
+    for notebook in run_order(notebooks):
         print(f"running {notebook.name} with {parameters} ...", flush=True)
         start = time.perf_counter()
         try:
-            html_path = run_notebook(notebook, args.out, parameters, args.timeout)
-        except NotebookFailed as failure:
-            print(f"error: {failure}", file=sys.stderr)
-            return 1
-        reports.append((html_path, time.perf_counter() - start))
-        print(f"  wrote {html_path}", flush=True)
-    index = write_index(args.out, reports, parameters)
+            html_path, failure = run_notebook(notebook, args.out, parameters, args.timeout), ""
+            print(f"  wrote {html_path}", flush=True)
+        except NotebookFailed as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            if not args.keep_going:
+                return 1
+            html_path, failure = args.out / notebook.with_suffix(".html").name, str(error)
+            failures.append(notebook.name)
+        reports.append((html_path, time.perf_counter() - start, failure))
+    index = write_index(args.out, sorted(reports, key=lambda report: report[0].name), parameters)
     print(f"reports: {index}")
+    if failures:
+        print(f"error: {len(failures)} notebook(s) failed: {', '.join(failures)} (see above and {index})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -77,6 +77,32 @@ def test_runner_stops_on_a_failing_notebook_and_names_it(tmp_path, capsys):
     assert not (out / "index.html").exists()
 
 
+@pytest.mark.notebook
+def test_runner_keep_going_runs_the_rest_and_still_fails(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _failing_notebook(folder)
+    fine = nbformat.read(_failing_notebook(folder), as_version=4)
+    fine.cells = fine.cells[:2]  # parameters and the print: runs
+    nbformat.write(fine, folder / "10_fine.ipynb")
+    out = tmp_path / "out"
+    args = ["--notebooks", str(folder), "--out", str(out), "--device", "cpu", "--timeout", "120", "--keep-going"]
+    assert report.main(args) == 1
+    message = capsys.readouterr().err
+    assert "1 notebook(s) failed: 99_broken.ipynb" in message and "broken on purpose" in message
+    assert (out / "10_fine.html").exists() and not (out / "99_broken.html").exists()
+    index = (out / "index.html").read_text(encoding="utf-8")
+    assert 'href="10_fine.html"' in index and "10_fine: every cell ran" in index
+    assert 'href="executed/99_broken.ipynb"' in index and "99_broken: FAILED" in index
+
+
+def test_runner_runs_the_overview_after_the_loss_notebooks():
+    """At full size the overview reads the rows the loss notebooks append: it must run last."""
+    names = ["02_kl_divergence.ipynb", "00_overview.ipynb", "01_cross_entropy.ipynb", "04_kto.ipynb"]
+    order = [nb.name for nb in report.run_order([Path(n) for n in names])]
+    assert order == ["01_cross_entropy.ipynb", "02_kl_divergence.ipynb", "04_kto.ipynb", "00_overview.ipynb"]
+
+
 def test_runner_parameters_follow_the_device():
     assert report.notebook_parameters("cpu") == {"device": "cpu", "size": "small", "interactive": False, "record": False}
     assert report.notebook_parameters("cuda")["size"] == "full"
