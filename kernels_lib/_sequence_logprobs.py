@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size
+from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes, unit_scale
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -78,7 +78,10 @@ def sequence_logprobs(
 
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
-        ``(dx, dW, db)`` (None where not needed) or None when nothing is needed.
+        ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
+        dtypes, or float32 for float16 inputs: there each chunk's ``dz`` is formed at a power-of-two
+        scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
+        otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
     """
     n_rows = x.shape[0]
     n_seqs = n_rows // seq_len
@@ -102,11 +105,16 @@ def sequence_logprobs(
         if grads is None:
             continue
         w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+        unscale = 1.0
+        if grads.wide:  # float16: dz at the scale that brings the chunk's largest |w| to [1, 2) (one host sync)
+            peak = torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max().item()
+            unscale = 1.0 / unit_scale(peak)
+            w, w2 = w / unscale, None if w2 is None else w2 / unscale
         launch_token_logprobs_grad(
             logits, target[rows], lse=lse[:n], weight=w.contiguous(), rows_per_weight=seq_len,
             ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
         )
-        grads.add_chunk(logits, x_c, ops.w, rows)
+        grads.add_chunk(logits, x_c, ops.w, rows, unscale)
     return sums, sums2, None if grads is None else grads.result()
 
 
@@ -147,13 +155,15 @@ class FusedSequenceLoss(torch.autograd.Function):
     (returned after the loss, non-differentiable) and ``(dx, dW, db)`` (None when no gradient is
     wanted, or None entries). Backward multiplies the saved gradients in place by ``grad_output``
     with a kernel that reads it on the device (no host sync) and moves nothing when it is 1, then
-    hands the buffers out: a second backward through the same graph is refused.
+    hands the buffers out (float16's float32 gradients rounded to float16 only then, after the loss
+    scale is applied): a second backward through the same graph is refused.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, run):
         loss, aux, grads = run(x, weight, bias)
         ctx.save_for_backward(*(grads or (None, None, None)))
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.handed_out = False
         ctx.mark_non_differentiable(*aux)
         return (loss, *aux)
@@ -170,4 +180,4 @@ class FusedSequenceLoss(torch.autograd.Function):
         for grad in grads:
             if grad is not None:
                 launch_scale_gradient(grad, grad_output.to(torch.float32).contiguous())
-        return (*grads, None)
+        return (*to_dtypes(grads, ctx.dtypes), None)

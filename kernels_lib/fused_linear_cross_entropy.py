@@ -53,6 +53,18 @@ less memory, hence the default. The error grows slowly with the number of chunks
 ``accurate=True`` for very long batches or when loss curves must match a float32-accumulating
 baseline. With float32 parameters the two modes are the same.
 
+float16: its gradients would underflow. A token's ``dz = g·(p - δ)`` with ``g = 1/n_valid`` and
+``p ≈ 1/V`` is ~2e-9 at N = 4096, V = 128256: below float16's smallest subnormal (6e-8), so it
+would round to 0 in the float16 buffer, and a GradScaler could not help, since the gradient is
+formed in forward, before ``grad_output`` (the loss scale) is known. So for float16 inputs the
+kernel writes ``dz`` at a power-of-two scale ``S`` that brings the largest ``|g|`` to [1, 2)
+(``mean``: the scale of ``sum``), the matmuls take that scaled ``dz``, and ``1/S`` is applied in
+float32 (``alpha`` of the ``dW`` accumulation, a multiply of each ``dx`` chunk); ``dx``, ``dW``
+and ``db`` are then held in float32 until backward has multiplied them by ``grad_output``, and
+rounded to float16 last. Cost, float16 only: ``dW``/``db`` accumulate in float32 whatever
+``accurate`` says, and ``dx`` is a float32 buffer (+2 bytes per element of ``x`` and ``W``).
+bfloat16 has float32's exponent range and needs none of this.
+
 On a machine without CUDA the matmuls run in float32 (the kernels then run in Triton's
 interpreter); on CUDA they run in the input dtype with float32 accumulation inside cuBLAS.
 """
@@ -118,8 +130,8 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         out.copy_(a @ b)
 
 
-def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int) -> None:
-    """``acc += a @ b`` in ``acc``'s dtype.
+def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0) -> None:
+    """``acc += alpha · (a @ b)`` in ``acc``'s dtype.
 
     In one ``addmm_`` when the dtypes agree, or on CUDA into a float32 ``acc`` from half operands
     (cuBLAS reads and writes the float32 sum directly: no temporary, no rounding of the product).
@@ -127,47 +139,71 @@ def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_nu
     at most ``max_temp_numel`` elements) and added once.
     """
     if acc.dtype == a.dtype:
-        acc.addmm_(a, b)
+        acc.addmm_(a, b, alpha=alpha)
         return
     if acc.is_cuda and acc.dtype == torch.float32:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a, b, out_dtype=torch.float32, alpha=alpha, out=acc)
         return
     step = max(1, max_temp_numel // acc.shape[1])
     for start in range(0, acc.shape[0], step):
-        acc[start : start + step].add_(a[start : start + step] @ b)
+        acc[start : start + step].add_(a[start : start + step] @ b, alpha=alpha)
+
+
+def unit_scale(peak: float) -> float:
+    """The power of two ``S`` with ``S · peak`` in [1, 2) (1 when ``peak`` is 0 or not finite, so
+    that NaN and inf pass through unscaled): float16's ``dz`` is formed at that scale."""
+    if not math.isfinite(peak) or peak <= 0.0:
+        return 1.0
+    return 2.0 ** -math.floor(math.log2(peak))
 
 
 class _GradientSums:
     """``dx`` per chunk, ``dW`` and ``db`` summed over chunks, from each chunk's ``dz``.
 
     ``dW``/``db`` accumulate in float32 when ``accurate`` (rounded to the parameter dtype once, in
-    :meth:`result`), else in the parameter dtype.
+    :meth:`result`), else in the parameter dtype. For float16 inputs (``wide``) each chunk's ``dz``
+    comes at a power-of-two scale that :meth:`add_chunk` undoes in float32 (``unscale``), and
+    ``dx``, ``dW``, ``db`` stay float32 in :meth:`result`: the caller rounds them with
+    :func:`to_dtypes` after applying ``grad_output`` (see the module's note on float16).
     """
 
     def __init__(self, x, weight, bias, needs, accurate: bool):
         need_x, need_w, need_b = needs
+        self.wide = x.dtype == torch.float16
 
         def accumulator(param):
-            return torch.zeros(param.shape, dtype=torch.float32 if accurate else param.dtype, device=param.device)
+            wide = accurate or self.wide
+            return torch.zeros(param.shape, dtype=torch.float32 if wide else param.dtype, device=param.device)
 
-        self.dx = torch.empty_like(x) if need_x else None
+        self.dx = torch.empty(x.shape, dtype=torch.float32 if self.wide else x.dtype, device=x.device) if need_x else None
         self.dw = accumulator(weight) if need_w else None
         self.db = accumulator(bias) if need_b else None
         self.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
 
-    def add_chunk(self, dz: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
-        """Add the contribution of one chunk: ``dx[rows] = dz W``, ``dW += dzᵀ x_c``, ``db += Σ dz``."""
+    def add_chunk(self, dz: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, rows: slice, unscale: float = 1.0) -> None:
+        """Add the contribution of one chunk whose buffer holds ``dz / unscale``:
+        ``dx[rows] = unscale · dz W``, ``dW += unscale · dzᵀ x_c``, ``db += unscale · Σ dz``."""
         if self.dx is not None:
             _matmul_into(self.dx[rows], dz, w)
+            if unscale != 1.0:
+                self.dx[rows].mul_(unscale)
         if self.dw is not None:
-            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel())
+            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel(), alpha=unscale)
         if self.db is not None:
-            self.db.add_(dz.sum(0, dtype=torch.float32))
+            self.db.add_(dz.sum(0, dtype=torch.float32), alpha=unscale)
 
     def result(self):
+        """``(dx, dW, db)``: in the inputs' dtypes, or float32 when ``wide``."""
+        if self.wide:
+            return self.dx, self.dw, self.db
         dw = None if self.dw is None else self.dw.to(self.dtypes[0])
         db = None if self.db is None else self.db.to(self.dtypes[1])
         return self.dx, dw, db
+
+
+def to_dtypes(grads, dtypes):
+    """Each gradient rounded to its input's dtype (``None`` stays ``None``)."""
+    return tuple(None if g is None else g.to(d) for g, d in zip(grads, dtypes))
 
 
 def _chunks(n_rows: int, chunk_size: int):
@@ -219,7 +255,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         fuse_grad = any(needs) and opts.reduction != "none"
         grads = _GradientSums(x, weight, bias, needs, opts.accurate) if fuse_grad else None
         factor = 1.0 / max(n_valid, 1) if opts.reduction == "mean" else 1.0
-        scale = torch.full((1,), factor, dtype=torch.float32, device=x.device)
+        # float16: dz at the scale that brings the factor to [1, 2), undone in float32 (see the module's note)
+        unscale = 1.0 / unit_scale(factor) if x.dtype == torch.float16 else 1.0
+        scale = torch.full((1,), factor / unscale, dtype=torch.float32, device=x.device)
         for rows, x_c, logits in ops:
             launch_cross_entropy_chunk(
                 logits,
@@ -231,8 +269,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 **opts.kernel_args(),
             )
             if fuse_grad:
-                grads.add_chunk(logits, x_c, ops.w, rows)
+                grads.add_chunk(logits, x_c, ops.w, rows, unscale)
         ctx.opts, ctx.needs = opts, needs
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if fuse_grad:
             ctx.save_for_backward(*grads.result())
         elif any(needs):
@@ -250,6 +289,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             # One host sync to skip a pass over dx and dW in the common case grad_output == 1.
             if not bool(grad_output == 1):
                 dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
+        dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
         return dx, dw, db, None, None, None, None, None
 
 
@@ -257,6 +297,10 @@ def _backward_recompute(ctx, grad_output: torch.Tensor):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse."""
     x, weight, bias, target, lse = ctx.saved_tensors
     scale = grad_output.reshape(-1).to(torch.float32).contiguous()
+    unscale = 1.0
+    if x.dtype == torch.float16:  # the largest |grad_output| to [1, 2) (one host sync, float16 only)
+        unscale = 1.0 / unit_scale(scale.abs().max().item())
+        scale = scale / unscale
     ops = _Operands(x, weight, bias, ctx.opts.chunk_size)
     grads = _GradientSums(x, weight, bias, ctx.needs, ctx.opts.accurate)
     for rows, x_c, logits in ops:
@@ -264,8 +308,8 @@ def _backward_recompute(ctx, grad_output: torch.Tensor):
             logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
             **ctx.opts.kernel_args(),
         )
-        grads.add_chunk(logits, x_c, ops.w, rows)
-    return grads.result()
+        grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+    return to_dtypes(grads.result(), ctx.dtypes)
 
 
 def _validate_tensors(x, weight, target, bias) -> None:
