@@ -8,9 +8,8 @@ For each case (a dtype and the loss's options) the same random inputs go to thre
 
 Errors are :math:`\lVert out - ref \rVert / \lVert ref \rVert` over the loss and over each
 gradient, for the kernel and for the baseline. A case passes when the kernel's error is within the
-dtype's tolerance, or no worse than the baseline's own error in that dtype (a gradient that the
-dtype cannot represent, such as ``1/numel`` scaling underflowing in float16, fails both alike and
-the table shows it). NaN never passes.
+dtype's tolerance, or within :data:`BASELINE_MARGIN` of the baseline's own error in that dtype (a
+gradient that the dtype cannot represent fails both alike and the table shows it). NaN never passes.
 """
 
 from __future__ import annotations
@@ -21,6 +20,11 @@ import pandas as pd
 import torch
 
 from .bench.spec import Inputs, get_spec
+
+#: How much more error than the baseline's own a kernel may have where both exceed the tolerance.
+#: Two equally exact float32 summation orders land apart by a random factor on ill-conditioned sums:
+#: 1.2× measured on the H200 (KTO's float32 dW, B = 8, T = 512, V = 128256, both errors ~1e-5).
+BASELINE_MARGIN = 1.5
 
 #: Relative-error tolerance per input dtype. The outputs are rounded to the input dtype, whose
 #: unit roundoff is 2**-24 (fp32), 2**-8 (bf16), 2**-11 (fp16); accumulation is float32, so the
@@ -106,7 +110,7 @@ def check_against_reference(
         tolerance = TOLERANCE[dtype]
         passed = all(
             not math.isnan(errors[f"kernels_lib {what} err"])
-            and errors[f"kernels_lib {what} err"] <= max(tolerance, 1.01 * errors[f"baseline {what} err"])
+            and errors[f"kernels_lib {what} err"] <= max(tolerance, BASELINE_MARGIN * errors[f"baseline {what} err"])
             for what in ("loss", "grad")
         )
         rows.append({**row, **errors, "tolerance": tolerance, "passed": passed})
