@@ -7,6 +7,7 @@
 #                                            # then start the report in the background (setsid)
 #   bash scripts/h200_refresh.sh wait OUT    # wait for the report (up to ~9 min), pack reports and data
 #
+# SKIP_HARDENING=1 leaves out scripts/h200_hardening.py (when its results are already in hand).
 # Both need KERNELS_LIB_COMMIT (the tree travels without .git) and the wheels in .whl/ (peers) and
 # .whlnb/ (papermill, nbconvert, ipykernel, plotly, ipywidgets, trl and their needs the machine lacks).
 # `wait` may be called again if the report is still running. What comes back under OUT:
@@ -23,7 +24,7 @@ if [ "$action" = start ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whlnb/*.whl || exit 1
   python3 -c "import trl.experimental.orpo.orpo_trainer, papermill, nbconvert, plotly, liger_kernel, cut_cross_entropy" || exit 1
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
-  python3 scripts/h200_hardening.py --out "$out" 2>&1 | tee "$out/hardening.log"
+  [ "${SKIP_HARDENING:-0}" = 1 ] || python3 scripts/h200_hardening.py --out "$out" 2>&1 | tee "$out/hardening.log"
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_numerics.py tests/test_kl_div.py \
     tests/test_fused_linear_cross_entropy.py tests/test_fused_linear_orpo.py tests/test_fused_linear_kto.py \
     > "$out/pytest_cuda.log" 2>&1
