@@ -39,6 +39,10 @@ on that sequence alone, so it is known inside its chunk, where ``dz`` is formed 
 ``dx``, ``dW``, ``db`` follow (three matmuls, all in forward; backward only scales by
 ``grad_output``, with no host sync). The reference model goes through the same chunks first with
 no gradient: one matmul and the stats pass per chunk, nothing stored but its ``B`` sums.
+
+Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
+fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
+``data/measured/h200_runs/determinism.csv``.
 """
 
 from __future__ import annotations
