@@ -134,8 +134,8 @@ def test_ref_logps_given_equals_reference_model(average_log_prob):
     labels = labels_of(LABELS)
     with_model = fused_linear_kto(x, w, target, labels, 0.1, bias=b, **ref, average_log_prob=average_log_prob)
     ref_logps = reference.fused_linear_kto(
-        ref["ref_x"], ref["ref_weight"], target, torch.ones(5, dtype=torch.bool), bias=ref["ref_bias"],
-        ref_logps=torch.zeros(5), average_log_prob=average_log_prob,
+        ref["ref_x"], ref["ref_weight"], target, labels_of([True] * 5), bias=ref["ref_bias"],
+        ref_logps=torch.zeros(5, device=DEVICE), average_log_prob=average_log_prob,
     ).chosen_logps
     given = fused_linear_kto(x, w, target, labels, 0.1, bias=b, ref_logps=ref_logps, average_log_prob=average_log_prob)
     for name in ("loss", *AUX):
@@ -178,15 +178,15 @@ def test_matches_trl(labels):
     """Kernel and reference against TRL's lines: values, and the gradients of its autograd path."""
     x, w, b, target, ref = make_inputs()
     labels = labels_of(labels)
-    kl = torch.tensor([0.25])  # TRL's shape: a one-element tensor, detached
+    kl = torch.tensor([0.25], device=DEVICE)  # TRL's shape: a one-element tensor, detached
     options = dict(beta=0.3, desirable_weight=1.2, undesirable_weight=0.8)
     trl = trl_kto(x, w, b, target, labels, ref, kl, **options)
-    want = grads_of(trl["loss"], (x, w, b), torch.tensor(1.0))
+    want = grads_of(trl["loss"], (x, w, b), torch.tensor(1.0, device=DEVICE))
     for impl in (fused_linear_kto, reference.fused_linear_kto):
         out = impl(x, w, target, labels, kl, bias=b, **ref, chunk_size=14, **options)
         errors = {name: rel_err(getattr(out, name), trl[name]) for name in trl}
         errors.update(
-            {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), grads_of(out.loss, (x, w, b), torch.tensor(1.0)), want)}
+            {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), grads_of(out.loss, (x, w, b), torch.tensor(1.0, device=DEVICE)), want)}
         )
         assert all(e < TOL[torch.float32] for e in errors.values()), (impl.__module__, errors)
 
@@ -213,7 +213,7 @@ def test_nan_propagates():
         x[2, 4, 0] = float("nan")
     out = fused_linear_kto(x, w, target, labels, bias=b, **ref)
     assert torch.isnan(out.loss) and torch.isnan(out.rejected_logps[1])  # example 2 is the second undesirable
-    nan_kl = fused_linear_kto(x.detach(), w.detach(), target, labels, torch.tensor(float("nan")), bias=b, **ref)
+    nan_kl = fused_linear_kto(x.detach(), w.detach(), target, labels, torch.tensor(float("nan"), device=DEVICE), bias=b, **ref)
     assert torch.isnan(nan_kl.loss)
 
 
@@ -236,11 +236,11 @@ def bad_inputs():
         (dict(ref_weight=ref["ref_weight"][:, 1:]), ValueError, "ref_weight must have shape"),
         (dict(ref_weight=ref["ref_weight"].half()), TypeError, "ref_weight must have the dtype of ref_x"),
         (dict(ref_bias=ref["ref_bias"][1:]), ValueError, "ref_bias must have shape"),
-        (dict(ref_logps=torch.zeros(5)), ValueError, "not both"),
+        (dict(ref_logps=torch.zeros(5, device=DEVICE)), ValueError, "not both"),
         (no_ref, ValueError, "give ref_logps"),
-        (dict(no_ref, ref_logps=torch.zeros(4)), ValueError, "ref_logps must have shape"),
-        (dict(no_ref, ref_logps=torch.zeros(5, dtype=torch.long)), TypeError, "ref_logps must be a floating"),
-        (dict(kl=torch.zeros(2)), ValueError, "kl must be"),
+        (dict(no_ref, ref_logps=torch.zeros(4, device=DEVICE)), ValueError, "ref_logps must have shape"),
+        (dict(no_ref, ref_logps=torch.zeros(5, dtype=torch.long, device=DEVICE)), TypeError, "ref_logps must be a floating"),
+        (dict(kl=torch.zeros(2, device=DEVICE)), ValueError, "kl must be"),
         (dict(kl="0.1"), TypeError, "kl must be a finite"),
         (dict(weight=w.half()), TypeError, "weight must have the dtype of x"),
         (dict(bias=b[1:]), ValueError, "bias must have shape"),

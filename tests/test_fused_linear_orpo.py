@@ -135,21 +135,21 @@ def test_matches_trl(with_nll_target):
     x, w, b, target = make_inputs(n=3)
     nll_target = None
     if with_nll_target:
-        nll_target = torch.randint(0, w.shape[0], target.shape, generator=torch.Generator().manual_seed(4))
+        nll_target = torch.randint(0, w.shape[0], target.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     trl = trl_orpo(x, w, b, target, nll_target)
-    want = grads_of(trl["loss"], (x, w, b), torch.tensor(1.0))
+    want = grads_of(trl["loss"], (x, w, b), torch.tensor(1.0, device=DEVICE))
     for impl in (fused_linear_orpo, reference.fused_linear_orpo):
         out = impl(x, w, target, b, nll_target=nll_target, chunk_size=14)
         errors = {name: rel_err(getattr(out, name), trl[name]) for name in trl}
         errors.update(
-            {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), grads_of(out.loss, (x, w, b), torch.tensor(1.0)), want)}
+            {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), grads_of(out.loss, (x, w, b), torch.tensor(1.0, device=DEVICE)), want)}
         )
         assert all(e < TOL[torch.float32] for e in errors.values()), (impl.__module__, errors)
 
 
 def test_log1mexp_matches_trl_and_is_accurate():
     # float32 values held in float64, down to -79 (below, log(1 - e^a) ~ -e^a is a float32 subnormal)
-    a = -torch.logspace(-12, 1.9, 300, dtype=torch.float64).float().double()
+    a = (-torch.logspace(-12, 1.9, 300, dtype=torch.float64).float().double()).to(DEVICE)
     exact = log1mexp(a)  # the same stable split, in float64: far below float32's rounding
     ours = log1mexp(a.float())
     assert torch.equal(ours, orpo_trainer.log1mexp(a.float()))

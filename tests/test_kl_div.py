@@ -94,7 +94,7 @@ def test_loss_and_grad_match_float64_reference(reduction, log_target, dtype):
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_odd_shapes(shape, reduction):
     x, t = make(shape, seed=len(shape) + shape[-1])
-    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1)) if reduction == "none" else None
+    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(DEVICE) if reduction == "none" else None
     loss, grad = run(x, t, reduction, False, upstream)
     ref_loss, ref_grad = reference(x, t, reduction, False, upstream)
     assert loss.shape == ref_loss.shape and grad.shape == x.shape
@@ -128,7 +128,7 @@ def test_batchmean_divides_by_size0(shape):
 @pytest.mark.parametrize("reduction", ["none", "sum", "batchmean"])
 def test_mixed_dtypes(input_dtype, target_dtype, reduction):
     x, t = make((4, 53), input_dtype, seed=11, target_dtype=target_dtype)
-    upstream = torch.randn(4, 53, generator=torch.Generator().manual_seed(2)) if reduction == "none" else None
+    upstream = torch.randn(4, 53, generator=torch.Generator().manual_seed(2)).to(DEVICE) if reduction == "none" else None
     loss, grad = run(x, t, reduction, False, upstream)
     ref_loss, ref_grad = reference(x, t, reduction, False, upstream)
     assert loss.dtype == torch.promote_types(input_dtype, target_dtype)
@@ -143,7 +143,7 @@ def test_mixed_dtypes(input_dtype, target_dtype, reduction):
 @pytest.mark.parametrize("reduction", ["sum", "mean", "batchmean"])
 def test_grad_with_non_unit_scalar_upstream(reduction, log_target, dtype):
     x, t = make((3, 41), dtype, log_target=log_target, seed=5)
-    upstream = torch.tensor(-0.37, dtype=torch.float64)
+    upstream = torch.tensor(-0.37, dtype=torch.float64, device=DEVICE)
     loss, grad = run(x, t, reduction, log_target, upstream)
     ref_loss, ref_grad = reference(x, t, reduction, log_target, upstream)
     assert_close(grad, ref_grad, TOLERANCE[dtype], "grad")
@@ -156,7 +156,7 @@ def test_grad_with_non_unit_scalar_upstream(reduction, log_target, dtype):
 @pytest.mark.parametrize("log_target", [False, True])
 def test_grad_none_reduction_random_upstream(log_target, dtype):
     x, t = make((2, 3, 29), dtype, log_target=log_target, seed=7)
-    upstream = torch.randn(2, 3, 29, generator=torch.Generator().manual_seed(3))
+    upstream = torch.randn(2, 3, 29, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     loss, grad = run(x, t, "none", log_target, upstream)
     ref_loss, ref_grad = reference(x, t, "none", log_target, upstream)
     assert loss.shape == x.shape
@@ -178,8 +178,8 @@ def test_fresh_random_inputs_each_seed():
     """Several independent draws, including unnormalized inputs, all within tolerance."""
     for seed in range(4):
         gen = torch.Generator().manual_seed(100 + seed)
-        x = torch.randn(3, 67, generator=gen) * 3
-        t = torch.rand(3, 67, generator=gen)
+        x = (torch.randn(3, 67, generator=gen) * 3).to(DEVICE)
+        t = torch.rand(3, 67, generator=gen).to(DEVICE)
         for reduction in REDUCTIONS:
             loss, grad = run(x, t, reduction, False)
             ref_loss, ref_grad = reference(x, t, reduction, False)
@@ -269,9 +269,9 @@ def test_second_backward_through_retained_graph_accumulates(reduction, log_targe
     loss = kl_div(leaf, t, reduction=reduction, log_target=log_target)
     gen = torch.Generator().manual_seed(4)
     if reduction == "none":
-        g1, g2, g3 = (torch.randn(3, 45, generator=gen) for _ in range(3))
+        g1, g2, g3 = (torch.randn(3, 45, generator=gen).to(DEVICE) for _ in range(3))
     else:
-        g1, g2, g3 = torch.tensor(0.5), torch.tensor(1.0), torch.tensor(-2.0)
+        g1, g2, g3 = (torch.tensor(v, device=DEVICE) for v in (0.5, 1.0, -2.0))
     loss.backward(g1, retain_graph=True)
     _, ref1 = reference(x, t, reduction, log_target, g1)
     assert_close(leaf.grad, ref1, TOLERANCE[torch.float32], "first backward")
@@ -298,7 +298,7 @@ def test_autograd_grad_twice():
     leaf = x.clone().requires_grad_()
     loss = kl_div(leaf, t, reduction="sum")
     (g1,) = torch.autograd.grad(loss, leaf, retain_graph=True)
-    (g2,) = torch.autograd.grad(loss, leaf, torch.tensor(3.0))
+    (g2,) = torch.autograd.grad(loss, leaf, torch.tensor(3.0, device=DEVICE))
     _, ref = reference(x, t, "sum", False)
     assert_close(g1, ref, TOLERANCE[torch.float32], "first")
     assert_close(g2, 3 * ref, TOLERANCE[torch.float32], "second")
@@ -374,7 +374,7 @@ def test_launch_backward_writes_every_element(scalar, log_target):
     numel = 2 * BLOCK + 5
     _, t = make((numel,), log_target=log_target, seed=43)
     gen = torch.Generator().manual_seed(5)
-    g = torch.tensor(1.75) if scalar else torch.randn(numel, generator=gen)
+    g = torch.tensor(1.75, device=DEVICE) if scalar else torch.randn(numel, generator=gen).to(DEVICE)
     grad = poisoned(numel)
     launch_kl_div_backward(t, g, log_target=log_target, grad=grad, grad_scale=0.5)
     assert torch.isfinite(grad).all()
@@ -385,16 +385,16 @@ def test_launch_backward_writes_every_element(scalar, log_target):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_launch_scale_gradient(dtype):
     numel = BLOCK + 13
-    base = torch.randn(numel, generator=torch.Generator().manual_seed(6)).to(dtype)
+    base = torch.randn(numel, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
     grad = base.clone()
-    launch_scale_gradient(grad, torch.tensor(-3.0))
+    launch_scale_gradient(grad, torch.tensor(-3.0, device=DEVICE))
     assert_close(grad, base.double() * -3.0, TOLERANCE[dtype], "scaled")
     # Upstream 1: nothing is read or written, so even a NaN-poisoned buffer stays as it is.
     untouched = poisoned(numel, dtype)
-    launch_scale_gradient(untouched, torch.tensor(1.0))
+    launch_scale_gradient(untouched, torch.tensor(1.0, device=DEVICE))
     assert torch.isnan(untouched).all()
     kept = base.clone()
-    launch_scale_gradient(kept, torch.tensor(1.0, dtype=torch.bfloat16))
+    launch_scale_gradient(kept, torch.tensor(1.0, dtype=torch.bfloat16, device=DEVICE))
     assert torch.equal(kept, base)
 
 
@@ -470,9 +470,9 @@ def test_input_grad_is_the_forward_buffer(recorder, reduction, upstream):
     if upstream is None:
         loss.backward()
     else:
-        loss.backward(torch.tensor(upstream))
+        loss.backward(torch.tensor(upstream, device=DEVICE))
     assert leaf.grad.data_ptr() == pointer, "input.grad is a copy of the forward buffer"
-    _, ref = reference(x, t, reduction, False, None if upstream is None else torch.tensor(upstream))
+    _, ref = reference(x, t, reduction, False, None if upstream is None else torch.tensor(upstream, device=DEVICE))
     assert_close(leaf.grad, ref, TOLERANCE[torch.float32], "grad")
 
 
@@ -530,8 +530,8 @@ def _bad_cases():
         "reduction None": (lambda: kl_div(x, t, reduction=None), ValueError, ["reduction"]),
         "non-bool log_target int": (lambda: kl_div(x, t, log_target=1), TypeError, ["log_target"]),
         "non-bool log_target str": (lambda: kl_div(x, t, log_target="yes"), TypeError, ["log_target"]),
-        "empty tensor": (lambda: kl_div(torch.empty(0, 5), torch.empty(0, 5)), ValueError, ["input"]),
-        "0-dim tensor": (lambda: kl_div(torch.tensor(-1.0), torch.tensor(0.5)), ValueError, ["input"]),
+        "empty tensor": (lambda: kl_div(torch.empty(0, 5, device=DEVICE), torch.empty(0, 5, device=DEVICE)), ValueError, ["input"]),
+        "0-dim tensor": (lambda: kl_div(torch.tensor(-1.0, device=DEVICE), torch.tensor(0.5, device=DEVICE)), ValueError, ["input"]),
         "target requires grad": (
             lambda: kl_div(x.clone().requires_grad_(), t.clone().requires_grad_()),
             ValueError,

@@ -64,7 +64,7 @@ def huge_logit_inputs(lead=(5,), hidden=8, vocab=13, magnitude=1e4, bias=True, s
     b = torch.randn(vocab, generator=gen) if bias else None
     x = x * (magnitude / (x @ w.t()).abs().max())
     target = torch.randint(0, vocab, lead, generator=gen)
-    return x, w, b, target.to(DEVICE)
+    return x.to(DEVICE), w.to(DEVICE), None if b is None else b.to(DEVICE), target.to(DEVICE)
 
 
 def flce_calls(target, **options):
@@ -119,7 +119,7 @@ def test_cross_entropy_logits_of_1e4_half(dtype):
 def test_kl_div_log_probabilities_of_minus_1e4():
     """Log-probabilities down to -1e4 (classes the model rules out) and targets that give them mass."""
     gen = torch.Generator().manual_seed(1)
-    x = (torch.randn(4, 9, generator=gen) * 1e4).log_softmax(-1)
+    x = (torch.randn(4, 9, generator=gen) * 1e4).log_softmax(-1).to(DEVICE)
     t = torch.randn(4, 9, generator=gen).softmax(-1).to(DEVICE)
     assert x.min() < -1e4
     for reduction in ("none", "sum", "mean", "batchmean"):
@@ -203,7 +203,7 @@ def confident_orpo_inputs(chosen_logp: float, rejected_logp: float, seq=3, vocab
         for t in range(seq):
             if target[row, t] >= 0:
                 x[row, t, target[row, t]] = margin
-    return x, torch.eye(vocab), target
+    return x.to(DEVICE), torch.eye(vocab, device=DEVICE), target
 
 
 @pytest.mark.parametrize("chosen_logp", [-1e-2, -1e-4, -1e-6], ids=lambda v: f"chosen{v:g}")
@@ -247,7 +247,7 @@ def small_inputs(lead=(4, 3), hidden=5, vocab=7, seed=3):
     w = torch.randn(vocab, hidden, generator=gen)
     b = torch.randn(vocab, generator=gen)
     target = torch.randint(0, vocab, lead, generator=gen)
-    return x, w, b, target.to(DEVICE)
+    return x.to(DEVICE), w.to(DEVICE), b.to(DEVICE), target.to(DEVICE)
 
 
 def poisoned(tensors: dict, name: str, value: float, index=0) -> dict:
@@ -318,7 +318,7 @@ def kto_poisoned(where, value):
     x, w, b, target = small_inputs()
     labels = torch.tensor([True, False, True, False], device=DEVICE)
     index = {"weight": target[0, 0].item() * 5, "ref_weight": target[0, 0].item() * 5, "bias": target[0, 0].item()}.get(where, 0)
-    tensors = {"x": x, "weight": w, "bias": b, "ref_x": x * 0.5, "ref_weight": w, "ref_logps": torch.full((4,), -5.0)}
+    tensors = {"x": x, "weight": w, "bias": b, "ref_x": x * 0.5, "ref_weight": w, "ref_logps": torch.full((4,), -5.0, device=DEVICE)}
     t = poisoned(tensors, where, value, index)
     ref_args = {"ref_logps": t["ref_logps"]} if where == "ref_logps" else {"ref_x": t["ref_x"], "ref_weight": t["ref_weight"]}
     out = fused_linear_kto(t["x"], t["weight"], target, labels, bias=t["bias"], **ref_args)
