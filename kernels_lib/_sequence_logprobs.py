@@ -111,7 +111,7 @@ def sequence_logprobs(
             unscale = 1.0 / unit_scale(peak)
             w, w2 = w / unscale, None if w2 is None else w2 / unscale
         launch_token_logprobs_grad(
-            logits, target[rows], lse=lse[:n], weight=w.contiguous(), rows_per_weight=seq_len,
+            logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=seq_len,
             ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
         )
         grads.add_chunk(logits, x_c, ops.w, rows, unscale)

@@ -226,14 +226,9 @@ def test_orpo_rejected_probability_near_one(rejected_logp):
     assert_matches_reference(*orpo_calls(target), [x, w])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: the gradient pass forms p_y = exp(z_y - lse) from the stored lse = m + log s, "
-    "rounded at |m|; where every token is near-certain 1 - p_y loses u·|m| absolutely, and ORPO's weight "
-    "1/(1 - e^a) ~ 1/|a| turns that into 3% of dx here (the float32 reference: 0.13%). Keeping m and log s "
-    "apart (a second float per row for the gradient pass) would fix it.",
-)
 def test_orpo_both_near_one():
+    """Every token near-certain: ORPO's weight 1/(1 - e^a) ~ 1/|a| magnifies any absolute error in
+    1 - p_y (it was 3% of dx while 1 - p_y came from the rounded lse; -expm1(log p) fixed it)."""
     x, w, target = confident_orpo_inputs(-1e-5, -1e-3)
     assert_matches_reference(*orpo_calls(target, beta=1.0), [x, w])
 
