@@ -26,7 +26,7 @@ if [ "$action" = start ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
   [ "${SKIP_HARDENING:-0}" = 1 ] || python3 scripts/h200_hardening.py --out "$out" 2>&1 | tee "$out/hardening.log"
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_numerics.py tests/test_kl_div.py \
-    tests/test_fused_linear_cross_entropy.py tests/test_fused_linear_orpo.py tests/test_fused_linear_kto.py \
+    tests/test_fused_linear_cross_entropy.py tests/test_fused_linear_orpo.py tests/test_fused_linear_kto.py tests/test_half_gradients.py \
     > "$out/pytest_cuda.log" 2>&1
   echo "pytest on CUDA: exit $? ($(tail -1 "$out/pytest_cuda.log"))"
   setsid nohup python3 -m kernels_lib.report --device cuda --keep-going --out /tmp/reports > /tmp/report.log 2>&1 < /dev/null &
