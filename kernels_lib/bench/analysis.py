@@ -207,3 +207,19 @@ def kto_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
     """:func:`preference_targets` with :data:`KTO_TARGETS`: ``full`` ≤ 0.6× Liger, ``forward``
     ≤ 0.9× huggingface, ``full`` memory ≤ Liger's."""
     return preference_targets(rows, KTO_TARGETS, provider)
+
+
+def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib") -> pd.DataFrame:
+    """:func:`target_verdicts` of each run in ``rows`` (all rows of one GPU, not only the newest: a
+    run is the rows of one ``kernels_lib_commit``, every provider measured in it), oldest run first.
+    One row per (run, target): the run's commit and date, the bound, worst and best ratio over x,
+    where the worst is, and the status. Targets near their bound can be met in one run and missed in
+    the next; this table shows by how much they move."""
+    tables = []
+    for commit, run in rows.groupby("kernels_lib_commit", sort=False):
+        verdicts = target_verdicts(preference_targets(run, targets, provider), targets)
+        tables.append(verdicts.assign(commit=commit, date=run.timestamp.min()).reset_index())
+    if not tables:
+        return pd.DataFrame(columns=["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"])
+    table = pd.concat(tables).sort_values(["date", "target"], kind="stable")
+    return table[["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"]].reset_index(drop=True)
