@@ -7,8 +7,8 @@ a GPU at ``size="full"`` (the published workloads). Each notebook runs non-inter
 (``interactive=False``: static figures for a fixed grid, no widgets). Executed notebooks go to
 ``<out>/executed/``, self-contained HTML reports (figures embedded with plotly.js, readable offline)
 to ``<out>/``, with an ``index.html`` listing them by title with a one-line status. Cells tagged
-``hide-input`` show their output only. Math is typeset by MathJax, which nbconvert loads from a CDN
-(no pip package installed here ships MathJax): offline, formulas show as their TeX source. A failing
+``hide-input`` show their output only. Formulas are converted from TeX to MathML at export
+(:mod:`kernels_lib.mathml`), which browsers render without MathJax or a network. A failing
 notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
 ``<out>/executed/`` for inspection. With ``--keep-going`` the other notebooks still run, the index
 marks the failed ones, and the exit code is still 1.
@@ -28,6 +28,7 @@ from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
 from ._runtime import default_device
+from .mathml import MathMLPreprocessor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -53,10 +54,12 @@ def notebook_parameters(device: str) -> dict:
 
 
 def export_html(executed: Path, html_path: Path) -> Path:
-    """Write a self-contained HTML report of an executed notebook (inputs of ``hide-input`` cells removed)."""
+    """Write a self-contained HTML report of an executed notebook (inputs of ``hide-input`` cells
+    removed, formulas as MathML)."""
     exporter = HTMLExporter(template_name="lab")
     remover = TagRemovePreprocessor(remove_input_tags={"hide-input"}, enabled=True)
     exporter.register_preprocessor(remover, enabled=True)
+    exporter.register_preprocessor(MathMLPreprocessor(), enabled=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
     html_path.write_text(body, encoding="utf-8")
     return html_path
@@ -133,8 +136,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         "<!doctype html><html><head><meta charset='utf-8'><title>kernels_lib reports</title></head><body>"
         "<h1>kernels_lib reports</h1>"
         f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>. Each report is one self-contained "
-        "file: figures embedded with plotly.js, readable offline (math is typeset by MathJax from its CDN when online; "
-        "offline it shows as TeX source).</p>"
+        "file: figures embedded with plotly.js and formulas as MathML, readable offline.</p>"
         "<ul>\n" + "\n".join(items) + "\n</ul></body></html>"
     )
     index = out / "index.html"

@@ -28,6 +28,7 @@ import nbformat
 import pytest
 
 from kernels_lib import report
+from kernels_lib.mathml import markdown_math_to_mathml
 
 pytestmark = pytest.mark.browser
 
@@ -82,6 +83,15 @@ def _expected_traces(executed: Path) -> list[int]:
     ]
 
 
+def _expected_formulas(executed: Path) -> int:
+    """The formulas of an executed notebook's markdown cells and markdown outputs."""
+    notebook = nbformat.read(executed, as_version=4)
+    texts = [c.source for c in notebook.cells if c.cell_type == "markdown"] + [
+        o["data"]["text/markdown"] for c in notebook.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})
+    ]
+    return sum(markdown_math_to_mathml(text)[1] for text in texts)
+
+
 def test_index_links_every_report(browser, reports):
     out, pages = reports
     page = browser.new_page()
@@ -108,12 +118,15 @@ def test_every_report_renders_its_charts_offline(browser, reports):
             page.goto(html.as_uri(), wait_until="load")
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {len(expected)}", timeout=60_000)
             traces = page.eval_on_selector_all(".js-plotly-plot", "plots => plots.map(p => p.data.length)")
+            formulas = page.eval_on_selector_all("math", "ms => ms.filter(m => m.getBoundingClientRect().width > 0).length")
             page.screenshot(path=str(html.with_suffix(".png")), full_page=True)
         finally:
             page.close()
         assert expected, f"{html.name}: no figure in the executed notebook"
         assert traces == expected, f"{html.name}: traces per chart {traces}, figures have {expected}"
         assert errors == [], f"{html.name}: page errors {errors}"
+        # every formula of the notebook's markdown laid out as MathML by the browser itself, offline
+        assert formulas == _expected_formulas(out / "executed" / html.with_suffix(".ipynb").name), f"{html.name}: {formulas} formulas drawn"
         # only the optional scripts nbconvert's template and plotly's figures ask a CDN for (math, require.js)
         assert all(re.search(r"/(mathjax|require\.js)/", url) for url in blocked), f"{html.name}: asked the network for {blocked}"
         assert html.with_suffix(".png").stat().st_size > 10_000
