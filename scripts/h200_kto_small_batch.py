@@ -43,7 +43,8 @@ def main():
             for event in prof.key_averages():
                 if event.device_time_total > 0 or event.cpu_time_total > 0:
                     profile.append({"B": b, "name": event.key[:120], "calls": event.count,
-                                    "cuda_ms_per_call": event.device_time_total / 1e3 / 5, "cpu_ms_per_call": event.cpu_time_total / 1e3 / 5})
+                                    "cuda_ms_per_call": event.device_time_total / 1e3 / 5, "cpu_ms_per_call": event.cpu_time_total / 1e3 / 5,
+                                    **provenance("cuda")})
             print(prof.key_averages().table(sort_by="device_time_total", row_limit=14), flush=True)
     pd.DataFrame(rows).to_csv(args.out / "kto_small_batch.csv", index=False)
     pd.DataFrame(profile).to_csv(args.out / "kto_small_batch_profile.csv", index=False)
