@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes, unit_scale
+from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -105,10 +105,9 @@ def sequence_logprobs(
         if grads is None:
             continue
         w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
-        unscale = 1.0
-        if grads.wide:  # float16: dz at the scale that brings the chunk's largest |w| to [1, 2) (one host sync)
-            peak = torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max().item()
-            unscale = 1.0 / unit_scale(peak)
+        # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
+        unscale = grads.dz_unscale(lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max())
+        if unscale != 1.0:
             w, w2 = w / unscale, None if w2 is None else w2 / unscale
         launch_token_logprobs_grad(
             logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=seq_len,

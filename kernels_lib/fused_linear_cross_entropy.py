@@ -184,6 +184,12 @@ class _GradientSums:
         self.db = accumulator(bias) if need_b else None
         self.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
 
+    def dz_unscale(self, peak) -> float:
+        """The ``unscale`` of :meth:`add_chunk` for gradient factors whose largest magnitude is
+        ``peak()`` (a function, called only for float16 inputs, where reading it may cost a host
+        sync): ``1 / unit_scale(peak())`` for float16, 1 otherwise."""
+        return 1.0 / unit_scale(float(peak())) if self.wide else 1.0
+
     def add_chunk(self, dz: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, rows: slice, unscale: float = 1.0) -> None:
         """Add the contribution of one chunk whose buffer holds ``dz / unscale``:
         ``dx[rows] = unscale · dz W``, ``dW += unscale · dzᵀ x_c``, ``db += unscale · Σ dz``."""
@@ -260,7 +266,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         grads = _GradientSums(x, weight, bias, needs, opts.accurate) if fuse_grad else None
         factor = 1.0 / max(n_valid, 1) if opts.reduction == "mean" else 1.0
         # float16: dz at the scale that brings the factor to [1, 2), undone in float32 (see the module's note)
-        unscale = 1.0 / unit_scale(factor) if x.dtype == torch.float16 else 1.0
+        unscale = grads.dz_unscale(lambda: factor) if fuse_grad else 1.0
         scale = torch.full((1,), factor / unscale, dtype=torch.float32, device=x.device)
         for rows, x_c, logits in ops:
             launch_cross_entropy_chunk(
@@ -301,12 +307,11 @@ def _backward_recompute(ctx, grad_output: torch.Tensor):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse."""
     x, weight, bias, target, lse = ctx.saved_tensors
     scale = grad_output.reshape(-1).to(torch.float32).contiguous()
-    unscale = 1.0
-    if x.dtype == torch.float16:  # the largest |grad_output| to [1, 2) (one host sync, float16 only)
-        unscale = 1.0 / unit_scale(scale.abs().max().item())
-        scale = scale / unscale
     ops = _Operands(x, weight, bias, ctx.opts.chunk_size)
     grads = _GradientSums(x, weight, bias, ctx.needs, ctx.opts.accurate)
+    unscale = grads.dz_unscale(lambda: scale.abs().max())  # float16: the largest |grad_output| to [1, 2)
+    if unscale != 1.0:
+        scale = scale / unscale
     for rows, x_c, logits in ops:
         launch_cross_entropy_chunk(
             logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
