@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import _validate as v
 from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
@@ -126,16 +127,12 @@ def check_targets(
     (their average log-prob would be 0/0; with ``every_sequence=False`` only a ``target`` with no
     valid token at all), naming ``name``. One host sync for both checks.
     """
-    valid = target != ignore_index
+    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
     counts = valid.sum(-1)
-    bad = valid & ((target < 0) | (target >= n_cols))
     empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
     n_bad, n_empty = torch.stack([bad.sum(), empty.sum()]).tolist()
     if n_bad:
-        raise ValueError(
-            f"{name} holds {n_bad} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
-            f" (e.g. {target[bad][0].item()})"
-        )
+        raise v.targets_out_of_range_error(name, target, bad, n_bad, n_cols, ignore_index)
     if n_empty and every_sequence:
         first = torch.nonzero(empty)[0, 0].item()
         raise ValueError(

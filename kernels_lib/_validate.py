@@ -135,3 +135,19 @@ def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> 
     require_linear_head("weight", weight, x.shape[-1])
     require_index_dtype("target", target)
     require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
+
+
+def out_of_range_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(valid, bad)`` masks of ``target``: not ``ignore_index``, and valid but outside ``[0, n_cols)``.
+    The caller reads ``bad.sum()`` in the host sync it makes anyway and, if non-zero, raises
+    :func:`targets_out_of_range_error`."""
+    valid = target != ignore_index
+    return valid, valid & ((target < 0) | (target >= n_cols))
+
+
+def targets_out_of_range_error(name: str, target: torch.Tensor, bad: torch.Tensor, n_bad: int, n_cols: int, ignore_index: int) -> ValueError:
+    """The error for ``n_bad`` targets outside ``[0, n_cols)`` (the first one quoted)."""
+    return ValueError(
+        f"{name} holds {n_bad} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
+        f" (e.g. {target[bad][0].item()})"
+    )

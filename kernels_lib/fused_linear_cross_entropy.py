@@ -360,16 +360,11 @@ def _validate_options(
 
 def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int) -> int:
     """The number of rows whose target is not ``ignore_index``; refuses targets outside ``[0, V)``."""
-    valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= n_cols))
-    counts = torch.stack([valid.sum(), bad.sum()]).tolist()  # one host sync for both
-    if counts[1]:
-        first = target[bad][0].item()
-        raise ValueError(
-            f"target holds {counts[1]} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
-            f" (e.g. {first})"
-        )
-    return counts[0]
+    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+    n_valid, n_bad = torch.stack([valid.sum(), bad.sum()]).tolist()  # one host sync for both
+    if n_bad:
+        raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+    return n_valid
 
 
 def fused_linear_cross_entropy(
