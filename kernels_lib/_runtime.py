@@ -39,8 +39,15 @@ def check_interpreter_versions(triton_version: str, numpy_version: str) -> None:
 
 
 if INTERPRETED:
-    import numpy
     import triton
+
+    try:
+        import numpy
+    except ImportError as error:
+        raise ImportError(
+            "kernels_lib runs its kernels through Triton's interpreter on this machine (no CUDA), which needs "
+            "numpy: pip install 'kernels_lib[interpreter]'"
+        ) from error
 
     check_interpreter_versions(triton.__version__, numpy.__version__)
 

@@ -40,7 +40,7 @@ then an eighth of the weight gradient (``V × H``) whatever ``V`` is, so the mem
 backward stays near the floor, the gradients themselves. Fewer rows cost less memory but more
 passes over ``dW`` (each chunk reads and writes the whole ``V × H`` accumulator once); ``chunk_size``
 is the dial. Measured on an H200 at N = 8192, H = 4096, V = 128256, bf16
-(``data/measured/h200_runs/fused_linear_cross_entropy_dial.csv``): 512 rows take 46 ms and
+(``data/measured/gpu_runs/fused_linear_cross_entropy_dial.csv``): 512 rows take 46 ms and
 1191 MiB (1.05× Liger's memory), 2048 rows 41 ms and 1567 MiB, 8192 rows 40 ms and 3070 MiB.
 
 ``accurate=False`` (the default) accumulates ``dW`` and ``db`` across chunks in the parameter dtype,
@@ -70,7 +70,7 @@ interpreter); on CUDA they run in the input dtype with float32 accumulation insi
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
 fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
-``data/measured/h200_runs/determinism.csv``.
+``data/measured/gpu_runs/determinism.csv``.
 """
 
 from __future__ import annotations

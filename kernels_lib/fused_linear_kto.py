@@ -42,7 +42,7 @@ no gradient: one matmul and the stats pass per chunk, nothing stored but its ``B
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
 fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
-``data/measured/h200_runs/determinism.csv``.
+``data/measured/gpu_runs/determinism.csv``.
 """
 
 from __future__ import annotations

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib import data, default_device
-from kernels_lib.bench import analysis, cli, environment
-from kernels_lib.bench.ceilings import measure_ceilings
-from kernels_lib.bench.spec import get_spec, registered_losses
-from kernels_lib.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS, available_providers, run_sweep
-from kernels_lib.bench.timing import MODES, mode_callable
+from kernels_lib import default_device
+from kernels_lib.workbench import data
+from kernels_lib.workbench.bench import analysis, cli, environment
+from kernels_lib.workbench.bench.ceilings import measure_ceilings
+from kernels_lib.workbench.bench.registry import get_spec, registered_losses
+from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS, available_providers, run_sweep
+from kernels_lib.workbench.bench.timing import MODES, mode_callable
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -295,13 +296,13 @@ def test_cli_rejects_bad_arguments(extra, fragment, measured_dir, capsys):
 
 @pytest.mark.parametrize(
     "extra,fragment",
-    [(["--x", "T"], "--x must be one of"), (["--x", "N"], "needs the fixed size(s) V")],
+    [(["--x", "T", "--size", "N=2"], "--x must be one of"), (["--x", "N"], "needs the fixed size(s) V")],
     ids=["unknown-axis", "swept-axis-without-other-size"],
 )
 def test_cli_rejects_axes_the_loss_lacks(extra, fragment, measured_dir, capsys):
     """A usage error (exit 2, message), not a KeyError from inside the sweep."""
     with pytest.raises(SystemExit) as info:
-        cli.main(["kl_div", "--values", "4", "--size", "N=2", "--dry-run"] + extra)
+        cli.main(["kl_div", "--values", "4", "--dry-run"] + extra)
     assert info.value.code == 2
     assert fragment in capsys.readouterr().err
 

@@ -18,18 +18,20 @@ import pytest
 import torch
 
 import kernels_lib
-from kernels_lib import charts, default_device, reference
-from kernels_lib.bench import analysis, cli
-from kernels_lib.bench import fused_linear_cross_entropy as flce
-from kernels_lib.bench.spec import get_spec, registered_losses
-from kernels_lib.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
-from kernels_lib.check import assert_checks_pass, check_against_reference
+from kernels_lib import default_device, reference
+from kernels_lib.workbench import charts
+from kernels_lib.workbench.bench import analysis, cli
+from kernels_lib.workbench.bench import flce_studies
+from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_lib.workbench.bench.registry import get_spec, registered_losses
+from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
+from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
 needs_cpu = pytest.mark.skipif(not ON_CPU, reason="CPU-machine behaviour (no CUDA: the peers cannot run)")
 TINY = {"N": 32, "H": 16, "V": 67}
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_fused_linear_cross_entropy.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "flce_dial_precision_stages.py"
 
 
 # --------------------------------------------------------------------------- spec and inputs
@@ -180,11 +182,11 @@ def test_cce_adapter_no_shift_mean_ignore_index(fake_peers):
 
 
 def test_load_run_absent_is_none(monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.data.MEASURED_DIR", tmp_path)
-    assert flce.load_run("dial") is None
-    (tmp_path / "h200_runs").mkdir()
-    pd.DataFrame({"a": [1]}).to_csv(tmp_path / flce.RUN_FILES["dial"], index=False)
-    assert flce.load_run("dial").a.tolist() == [1]
+    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    assert flce_studies.load_run("dial") is None
+    (tmp_path / "gpu_runs").mkdir()
+    pd.DataFrame({"a": [1]}).to_csv(tmp_path / flce_studies.RUN_FILES["dial"], index=False)
+    assert flce_studies.load_run("dial").a.tolist() == [1]
 
 
 def test_published_rows_use_our_names():
@@ -225,7 +227,7 @@ def test_check_table_passes_over_options():
 
 
 def test_cli_dry_run(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.data.MEASURED_DIR", tmp_path / "measured")
+    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path / "measured")
     code = cli.main(["fused_linear_cross_entropy", "--preset", "small", "--values", "4", "--providers",
                      "kernels_lib,kernels_lib[accurate=True]", "--modes", "full", "--dry-run"])
     assert code == 0
@@ -235,7 +237,7 @@ def test_cli_dry_run(capsys, monkeypatch, tmp_path):
 
 
 def test_dial_sweep_names_each_point():
-    rows = flce.dial_sweep({"BT": 8, "H": 16, "V": 67}, chunk_sizes=[2, 8], dtype=torch.bfloat16, device=DEVICE)
+    rows = flce_studies.dial_sweep({"BT": 8, "H": 16, "V": 67}, chunk_sizes=[2, 8], dtype=torch.bfloat16, device=DEVICE)
     speed = rows[rows.metric_name == "speed"]
     assert set(zip(speed.kernel_provider, speed.kernel_operation_mode)) == {
         ("kernels_lib[chunk_size=2 accurate=True]", "forward_no_grad"),
@@ -257,7 +259,7 @@ def test_gradient_errors_bf16_accumulation_grows_with_chunks():
         "accurate, 16 chunks": flce.kernels_lib_variant(chunk_size=4, accurate=True).load(),
         "torch": reference.fused_linear_cross_entropy,
     }
-    table = flce.gradient_errors({"N": 64, "H": 32, "V": 257}, torch.bfloat16, DEVICE, providers).set_index("provider")
+    table = flce_studies.gradient_errors({"N": 64, "H": 32, "V": 257}, torch.bfloat16, DEVICE, providers).set_index("provider")
     assert list(table.columns) == ["shape", "dtype", "loss err", "dx err", "dW err"]
     assert (table[["loss err", "dx err", "dW err"]] < 2e-2).all().all()
     # float32 accumulation rounds dW once: as accurate as the baseline's single product; bf16
@@ -267,7 +269,7 @@ def test_gradient_errors_bf16_accumulation_grows_with_chunks():
 
 
 def test_stage_times_cover_the_pipeline():
-    table = flce.stage_times({"BT": 10, "H": 16, "V": 67}, torch.bfloat16, DEVICE, chunk_size=4, accurate=False)
+    table = flce_studies.stage_times({"BT": 10, "H": 16, "V": 67}, torch.bfloat16, DEVICE, chunk_size=4, accurate=False)
     assert list(table.stage) == ["logits x_c Wᵀ", "kernel: lse, loss, dz", "dx_c = dz W", "dW += dzᵀ x_c"]
     assert (table.chunks == 3).all()
     assert (table["ms"] == table["ms per chunk"] * 3).all() and (table["ms"] > 0).all()
@@ -363,10 +365,10 @@ def test_h200_script_cpu_paths(tmp_path):
     assert script.SIZES["full"]["chunks"] == [256, 512, 1024, 2048, 4096, 8192]
     code = script.main(["--out", str(tmp_path), "--size", "small", "--parts", "dial,precision,stages"])
     assert code == 0
-    dial = pd.read_csv(tmp_path / flce.RUN_FILES["dial"])
+    dial = pd.read_csv(tmp_path / flce_studies.RUN_FILES["dial"])
     assert list(dial.columns) == MEASURED_COLUMNS and dial.kernel_provider.str.startswith("kernels_lib[chunk_size=").all()
-    precision = pd.read_csv(tmp_path / flce.RUN_FILES["precision"])
+    precision = pd.read_csv(tmp_path / flce_studies.RUN_FILES["precision"])
     assert {"kernels_lib", "kernels_lib[accurate=True]", "torch"} <= set(precision.provider)
     assert {"gpu_name", "torch_version", "kernels_lib_commit"} <= set(precision.columns)
-    stages = pd.read_csv(tmp_path / flce.RUN_FILES["stages"])
+    stages = pd.read_csv(tmp_path / flce_studies.RUN_FILES["stages"])
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns

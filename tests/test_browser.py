@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernels_lib import report
-from kernels_lib.mathml import markdown_math_to_mathml
+from kernels_lib.workbench import report
+from kernels_lib.workbench.mathml import markdown_math_to_mathml
 
 pytestmark = pytest.mark.browser
 

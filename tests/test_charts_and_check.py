@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib import data, default_device
-from kernels_lib.bench.spec import Provider, get_spec
-from kernels_lib.charts import PANELS, line_traces, scaling_chart
-from kernels_lib.check import TOLERANCE, assert_checks_pass, check_against_reference
+from kernels_lib import default_device
+from kernels_lib.workbench import data
+from kernels_lib.workbench.bench.spec import Provider
+from kernels_lib.workbench.bench.registry import get_spec
+from kernels_lib.workbench.charts import PANELS, line_traces, scaling_chart
+from kernels_lib.workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
 from kernels_lib.kl_div import kl_div
 
 DEVICE = default_device()
@@ -119,7 +121,7 @@ PRESET = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes"
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU panel: liger cannot run and is left out")
 def test_sweep_panel_runs_and_redraws():
-    from kernels_lib.widgets import SweepPanel
+    from kernels_lib.workbench.widgets import SweepPanel
 
     panel = SweepPanel("kl_div", DEVICE, PRESET)
     assert len(panel.figure.data) == 0
@@ -148,7 +150,7 @@ def test_sweep_panel_runs_and_redraws():
 
 
 def test_summary_table():
-    from kernels_lib.widgets import summary_table
+    from kernels_lib.workbench.widgets import summary_table
 
     assert summary_table(pd.DataFrame()).empty
     frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2]))
@@ -226,7 +228,7 @@ def test_check_nan_never_passes(monkeypatch):
 
 
 def test_sweep_panel_sweeps_any_axis_of_the_loss():
-    from kernels_lib.widgets import SweepPanel
+    from kernels_lib.workbench.widgets import SweepPanel
 
     preset = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes": {"N": 4}, "dtype": torch.float32}
     panel = SweepPanel("kl_div", "cpu", preset)

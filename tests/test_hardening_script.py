@@ -1,4 +1,4 @@
-"""scripts/h200_hardening.py at CPU size: the float64 chunked reference, the check table, determinism rows."""
+"""scripts/hardening_checks.py at CPU size: the float64 chunked reference, the check table, determinism rows."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kernels_lib import reference
-from kernels_lib.bench import registered_losses
-from kernels_lib.check import relative_error
+from kernels_lib.workbench.bench import registered_losses
+from kernels_lib.workbench.check import relative_error
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_hardening.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hardening_checks.py"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_lib import report
+from kernels_lib.workbench import report
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_cross_entropy.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
@@ -44,4 +44,4 @@ def test_flce_notebook_runs_checks_and_exports_figures(tmp_path):
     assert "bf16 accumulation gives a dW error" in html
     assert "Targets not judged yet" in html or " targets" in html and "meets" in html
     has_h200 = "H200 rows have not been measured yet" not in html
-    assert has_h200 or "scripts/h200_fused_linear_cross_entropy.py" in html
+    assert has_h200 or "scripts/flce_dial_precision_stages.py" in html

@@ -8,7 +8,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_lib import report
+from kernels_lib.workbench import report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render

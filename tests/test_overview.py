@@ -1,4 +1,4 @@
-"""The overview's logic (kernels_lib.overview, charts.add_floor) and notebook 00 as papermill runs it."""
+"""The overview's logic (kernels_lib.workbench.overview, charts.add_floor) and notebook 00 as papermill runs it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels_lib import charts, overview, report
-from kernels_lib.bench import fused_linear_cross_entropy as flce
+from kernels_lib.workbench import charts, overview, report
+from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "00_overview.ipynb"
 KL_CONFIG = {"N": 16384, "V": 4096, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}

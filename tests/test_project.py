@@ -223,7 +223,7 @@ def test_interpreter_refuses_the_triton_numpy_pair_that_breaks_it():
     check_interpreter_versions("3.9.0", "2.4.1")
 
 
-#: The parameters every notebook takes from the runner (kernels_lib.report) or a test.
+#: The parameters every notebook takes from the runner (kernels_lib.workbench.report) or a test.
 RUNNER_PARAMETERS = ("device", "size", "interactive", "record", "results_dir", "seed")
 
 

@@ -9,7 +9,7 @@ Sizes stay tiny: on a machine without a GPU the kernels run in Triton's interpre
 derandomized (the same draws on every run: CI cannot flake) with budgets that keep this file under
 a minute here (about 45 s: KL 150 examples, cross-entropy 250, ORPO 120, KTO 120).
 
-Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_lib.check.relative_error``), per output:
+Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_lib.workbench.check.relative_error``), per output:
 the larger of a floor and ``BASELINE_FACTOR`` times the error of the reference itself run in the
 kernel's arithmetic (float32 on CPU; the matmul dtype on CUDA), i.e. the problem's own conditioning.
 
@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
-from kernels_lib.check import TOLERANCE, relative_error
+from kernels_lib.workbench.check import TOLERANCE, relative_error
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy, matmul_dtype
 from kernels_lib.fused_linear_kto import fused_linear_kto
 from kernels_lib.fused_linear_orpo import fused_linear_orpo

@@ -6,9 +6,7 @@
 - A peer package that is not installed (simulated: its import fails, CUDA reported available):
   its provider is skipped with a note naming the ImportError, and the sweep runs the others.
 - The command line: sizes the loss does not have, and devices that are not one of its choices.
-
-Two gaps found here live in ``kernels_lib/bench/`` (edited by another session) and are marked
-``xfail(strict=True)`` with the reason, so that fixing them turns the marker into a failure to remove.
+  A committed GPU-run file that is corrupt is named by its path too (``flce_studies.load_run``).
 """
 
 from __future__ import annotations
@@ -19,10 +17,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels_lib import data
-from kernels_lib.bench import cli
-from kernels_lib.bench.spec import get_spec, registered_losses
-from kernels_lib.bench.sweep import available_providers, run_sweep
+from kernels_lib.workbench import data
+from kernels_lib.workbench.bench import cli
+from kernels_lib.workbench.bench.registry import get_spec, registered_losses
+from kernels_lib.workbench.bench.sweep import available_providers, run_sweep
 
 GOOD_HEADER = ",".join(data._REQUIRED)
 CORRUPT = {
@@ -76,20 +74,14 @@ def test_corrupt_measured_file_is_named_by_load_and_append(kind, tmp_path, monke
     assert path.read_bytes() == (CORRUPT[kind] if isinstance(CORRUPT[kind], bytes) else CORRUPT[kind].encode())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kernels_lib/bench/fused_linear_cross_entropy.py load_run reads its CSV with pd.read_csv directly, "
-    "so a corrupt h200_runs/ file raises pandas' message without the path; data.read_rows (or the same "
-    "try/except naming the path) would fix it",
-)
 @pytest.mark.parametrize("kind", ["ragged", "empty"])
 def test_corrupt_gpu_run_file_is_named(kind, tmp_path, monkeypatch):
-    from kernels_lib.bench import fused_linear_cross_entropy as flce
+    from kernels_lib.workbench.bench import flce_studies
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
-    path = _write(tmp_path / flce.RUN_FILES["dial"], "a,b\n1,2\n3,4,5\n" if kind == "ragged" else "")
+    path = _write(tmp_path / flce_studies.RUN_FILES["dial"], "a,b\n1,2\n3,4,5\n" if kind == "ragged" else "")
     with pytest.raises(Exception) as info:
-        flce.load_run("dial")
+        flce_studies.load_run("dial")
     assert str(path) in str(info.value)
 
 
@@ -150,11 +142,6 @@ def test_cli_rejects_an_empty_provider_name(capsys):
     assert "providers must be among" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kernels_lib/bench/cli.py accepts --size with a name the loss does not have (Q=3) or the swept "
-    "axis itself (V=3) and silently ignores it; it should exit 2 naming the size and the loss's sizes",
-)
 @pytest.mark.parametrize("size", ["Q=3", "V=3"], ids=["unknown-size", "size-of-the-swept-axis"])
 def test_cli_rejects_sizes_the_loss_lacks(size, capsys):
     with pytest.raises(SystemExit) as info:

@@ -19,8 +19,8 @@ import sys
 import torch
 
 from .. import data
-from .._runtime import default_device
-from .spec import get_spec, registered_losses
+from ..._runtime import default_device
+from .registry import get_spec, registered_losses
 from .timing import MODES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     axes = {preset["x_name"], *preset["sizes"]}
     if x_name not in axes:
         cli.error(f"--x must be one of {', '.join(sorted(axes))} for {args.loss}; got {x_name!r}")
+    for name, _ in args.size:
+        if name not in axes:
+            cli.error(f"--size {name}: {args.loss} has no size {name!r}; its sizes are {', '.join(sorted(axes))}")
+        if name == x_name:
+            cli.error(f"--size {name}: {name} is the swept axis here; give its points with --values")
     missing = sorted(axes - {x_name} - set(sizes))
     if missing:
         cli.error(f"sweeping {x_name} needs the fixed size(s) {', '.join(missing)}: give --size NAME=INT")

@@ -23,19 +23,14 @@ below what the matmuls take, so the loss is compute-bound and judged in TFLOP/s.
 from __future__ import annotations
 
 import functools
-import math
 
 import pandas as pd
 import torch
 
-from .. import data, reference
-from ..check import relative_error
-from ..fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
-from ..fused_linear_cross_entropy import fused_linear_cross_entropy as kernels_lib_flce
-from ..kernels.cross_entropy_chunk import launch_cross_entropy_chunk
-from .spec import Inputs, LossSpec, Provider, register, require_cuda
-from .sweep import run_sweep
-from .timing import time_callable
+from .. import data
+from ... import reference
+from ...fused_linear_cross_entropy import fused_linear_cross_entropy as kernels_lib_flce
+from .spec import Inputs, LossSpec, Provider, require_cuda
 
 KERNEL_NAME = "fused_linear_cross_entropy"
 
@@ -166,173 +161,31 @@ def matmul_floor_ms(sizes: dict, mode: str, tflops: float) -> float:
     return flops(sizes, mode) / (tflops * 1e12) * 1e3
 
 
-FUSED_LINEAR_CROSS_ENTROPY = register(
-    LossSpec(
-        kernel_name=KERNEL_NAME,
-        providers=PROVIDERS,
-        make_inputs=make_inputs,
-        published={
-            "x_name": "BT",
-            "x_label": "tokens",
-            "x_values": [4096, 8192, 16384],
-            "sizes": {"H": 4096, "V": 128256},
-            "dtype": torch.bfloat16,
-        },
-        small={
-            "x_name": "BT",
-            "x_label": "tokens",
-            "x_values": [8, 16, 32],
-            "sizes": {"H": 64, "V": 1031},
-            "dtype": torch.bfloat16,
-        },
-        bytes_moved=bytes_moved,
-        baseline="torch",
-        default_options={"reduction": "mean", "ignore_index": -100, "ignore_fraction": 0.05},
-    )
+SPEC = LossSpec(
+    kernel_name=KERNEL_NAME,
+    providers=PROVIDERS,
+    make_inputs=make_inputs,
+    published={
+        "x_name": "BT",
+        "x_label": "tokens",
+        "x_values": [4096, 8192, 16384],
+        "sizes": {"H": 4096, "V": 128256},
+        "dtype": torch.bfloat16,
+    },
+    small={
+        "x_name": "BT",
+        "x_label": "tokens",
+        "x_values": [8, 16, 32],
+        "sizes": {"H": 64, "V": 1031},
+        "dtype": torch.bfloat16,
+    },
+    bytes_moved=bytes_moved,
+    baseline="torch",
+    default_options={"reduction": "mean", "ignore_index": -100, "ignore_fraction": 0.05},
 )
-
-
-#: Where the one-off GPU run (``scripts/h200_fused_linear_cross_entropy.py``) puts each part, relative
-#: to ``data/measured/`` (the script writes the same layout under its ``--out``).
-RUN_FILES = {
-    "dial": "h200_runs/fused_linear_cross_entropy_dial.csv",
-    "precision": "h200_runs/fused_linear_cross_entropy_precision.csv",
-    "stages": "h200_runs/fused_linear_cross_entropy_stages.csv",
-}
-
-
-def load_run(part: str) -> pd.DataFrame | None:
-    """The committed GPU measurement of ``part`` (a :data:`RUN_FILES` key), or None when not measured yet."""
-    path = data.MEASURED_DIR / RUN_FILES[part]
-    return pd.read_csv(path) if path.is_file() else None
 
 
 def published_rows() -> pd.DataFrame:
     """Liger's published rows of this loss (A100), providers renamed as ours (:data:`PUBLISHED_ALIASES`)."""
     rows = data.load_published(KERNEL_NAME)
     return rows.assign(kernel_provider=rows.kernel_provider.replace(PUBLISHED_ALIASES))
-
-
-def dial_sweep(
-    sizes: dict,
-    *,
-    chunk_sizes,
-    dtype: torch.dtype,
-    device,
-    modes=("forward_no_grad", "full"),
-) -> pd.DataFrame:
-    """kernels_lib at one size for each ``chunk_size`` × ``accurate``: rows in the measured layout,
-    ``kernel_provider`` naming the point (:func:`variant_name`). ``sizes`` holds ``BT``, ``H``, ``V``.
-
-    ``accurate`` changes only the gradient, so ``forward_no_grad`` is measured once per chunk size.
-    """
-    point = {k: val for k, val in sizes.items() if k != "BT"}
-    frames = []
-    for chunk_size in chunk_sizes:
-        for accurate in (True, False):
-            chosen = [m for m in modes if accurate or m != "forward_no_grad"]
-            if not chosen:
-                continue
-            options = {"chunk_size": int(chunk_size), "accurate": accurate}
-            rows = run_sweep(
-                KERNEL_NAME, x_name="BT", x_values=[int(sizes["BT"])], sizes=point, dtype=dtype, device=device,
-                providers=["kernels_lib"], modes=chosen, options=options,
-            )
-            frames.append(rows.assign(kernel_provider=variant_name(options)))
-    return pd.concat(frames, ignore_index=True)
-
-
-def _float64_reference(inputs: Inputs):
-    """Loss and gradients of the baseline on float64 copies of ``inputs``."""
-    copies = [t.detach().double().requires_grad_() for t in inputs.grad_inputs]
-    x, weight, target, bias = inputs.args
-    bias64 = copies[2] if bias is not None else None
-    loss = reference.fused_linear_cross_entropy(copies[0], copies[1], target, bias64, **inputs.kwargs)
-    loss.backward()
-    return loss.detach(), [c.grad for c in copies]
-
-
-def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *, seed: int = 0,
-                    options: dict | None = None) -> pd.DataFrame:
-    r"""Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
-    (name → callable with our signature) against the baseline in float64, on the same inputs.
-
-    ``dx`` is formed once per row, so its error is one rounding of the dtype; ``dW`` is a sum over all
-    N rows, so an accumulator in the parameter dtype adds one rounding per chunk (about
-    :math:`\sqrt{n_\text{chunks}}` roundings in norm) where a float32 one rounds once at the end.
-    """
-    inputs = make_inputs(sizes, dtype, device, {"reduction": "mean", **(options or {})}, seed)
-    ref_loss, (ref_dx, ref_dw, *_) = _float64_reference(inputs)
-    rows = []
-    for name, fn in providers.items():
-        for tensor in inputs.grad_inputs:
-            tensor.grad = None
-        loss = fn(*inputs.args, **inputs.kwargs)
-        loss.backward()
-        x, weight = inputs.grad_inputs[:2]
-        rows.append(
-            {
-                "provider": name,
-                "loss err": relative_error(loss, ref_loss),
-                "dx err": relative_error(x.grad, ref_dx),
-                "dW err": relative_error(weight.grad, ref_dw),
-            }
-        )
-    table = pd.DataFrame(rows)
-    n, h, v = _nhv(sizes)
-    table.insert(1, "shape", f"N={n} H={h} V={v}")
-    table.insert(2, "dtype", str(dtype).replace("torch.", ""))
-    return table
-
-
-def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | None = None,
-                accurate: bool = True) -> pd.DataFrame:
-    """Where the time of kernels_lib's ``full`` goes: each stage of one chunk timed alone, times the
-    number of chunks. ``sizes`` holds ``BT`` (or ``N``), ``H``, ``V``.
-
-    Stages per chunk of ``c`` rows: the logits ``x_c Wᵀ`` (``2cHV`` FLOPs), the Triton kernel (lse,
-    loss, ``dz`` in place: memory-bound, ``3cV`` logits moved), ``dx_c = dz W`` (``2cHV``) and
-    ``dW += dzᵀ x_c`` (``2cHV`` plus a read and a write of the ``V × H`` accumulator: the cost that
-    grows with the number of chunks). The sum is a floor on the measured ``full`` (launches and the
-    final rounding of an fp32 accumulator come on top).
-    """
-    device = torch.device(device)
-    n, h, v = _nhv(sizes)
-    mm_dtype = matmul_dtype(dtype)
-    chunk = min(chunk_size or default_chunk_size(n, h), n)
-    generator = torch.Generator(device=device).manual_seed(0)
-    x_c = torch.randn(chunk, h, generator=generator, device=device).to(mm_dtype)
-    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
-    target = torch.randint(0, v, (chunk,), generator=generator, device=device)
-    buffer = torch.empty(chunk, v, dtype=mm_dtype, device=device)
-    dx = torch.empty(chunk, h, dtype=dtype, device=device)
-    acc = torch.zeros(v, h, dtype=torch.float32 if accurate else dtype, device=device)
-    per_row = [torch.empty(chunk, dtype=torch.float32, device=device) for _ in range(3)]
-    scale = torch.full((1,), 1.0 / n, dtype=torch.float32, device=device)
-
-    def kernel():
-        launch_cross_entropy_chunk(buffer, target, lse=per_row[0], loss=per_row[1], z_loss=per_row[2],
-                                   grad_scale=scale, ignore_index=-100, label_smoothing=0.0,
-                                   z_loss_scale=0.0, softcap=None)
-
-    def dx_matmul():
-        if dx.dtype == buffer.dtype:
-            torch.matmul(buffer, w, out=dx)
-        else:
-            dx.copy_(buffer @ w)
-
-    stages = [
-        ("logits x_c Wᵀ", lambda: torch.matmul(x_c, w.t(), out=buffer), 2.0 * chunk * h * v),
-        ("kernel: lse, loss, dz", kernel, 0.0),
-        ("dx_c = dz W", dx_matmul, 2.0 * chunk * h * v),
-        ("dW += dzᵀ x_c", lambda: _addmm_into(acc, buffer.t(), x_c, max_temp_numel=buffer.numel()), 2.0 * chunk * h * v),
-    ]
-    n_chunks = math.ceil(n / chunk)
-    rows = []
-    for name, fn, stage_flops in stages:
-        ms = time_callable(fn, device).p50
-        rows.append({"stage": name, "ms per chunk": ms, "chunks": n_chunks, "ms": ms * n_chunks,
-                     "TFLOP/s": stage_flops / (ms * 1e-3) / 1e12 if stage_flops else float("nan")})
-    table = pd.DataFrame(rows)
-    table.attrs.update(chunk_size=chunk, accurate=accurate, N=n, H=h, V=v, dtype=str(dtype))
-    return table

@@ -2,7 +2,7 @@
 
 Built only when a notebook runs interactively: a ``FigureWidget`` or ``interact`` built under
 papermill hangs the run (measured), so notebooks call :func:`sweep_panel` only when their
-``interactive`` parameter is True and draw :func:`kernels_lib.charts.scaling_chart` otherwise.
+``interactive`` parameter is True and draw :func:`kernels_lib.workbench.charts.scaling_chart` otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from IPython.display import display
 
-from .bench.spec import get_spec
+from .bench.registry import get_spec
 from .bench.sweep import run_sweep
 from .charts import scaling_chart
 

@@ -3,9 +3,9 @@
 On the GPU machine, from the repository root (Liger comes as a wheel in ``.whl/``):
 
     pip install -q --no-deps --no-index --target /tmp/site .whl/liger_kernel-*.whl
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/h200_preference.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/preference_sweeps.py --out $OUT
 
-Parts, each the CLI sweep of one published workload (``kernels_lib.bench.cli``) with providers
+Parts, each the CLI sweep of one published workload (``kernels_lib.workbench.bench.cli``) with providers
 kernels_lib, huggingface and liger, modes ``forward`` and ``full``, speed and memory:
 
 - ``orpo``: ``fused_linear_orpo_loss``, B ∈ {2, 4, 8, 16} (chosen + rejected rows), T = 1024,
@@ -38,10 +38,10 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels_lib import data
-from kernels_lib.bench import cli
-from kernels_lib.bench import fused_linear_kto as kto
-from kernels_lib.bench import fused_linear_orpo as orpo
+from kernels_lib.workbench import data
+from kernels_lib.workbench.bench import cli
+from kernels_lib.workbench.bench import fused_linear_kto as kto
+from kernels_lib.workbench.bench import fused_linear_orpo as orpo
 
 PARTS = {"orpo": orpo.KERNEL_NAME, "kto": kto.KERNEL_NAME}
 MODES = "forward,full"

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from .environment import provenance
-from .spec import get_spec
+from .registry import get_spec
 from .timing import MODES, mode_callable, peak_memory_mib, time_callable
 
 PUBLISHED_COLUMNS = [

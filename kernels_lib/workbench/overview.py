@@ -19,7 +19,7 @@ import torch
 
 from . import data
 from .bench.analysis import ceiling
-from .bench.spec import get_spec
+from .bench.registry import get_spec
 
 #: The GPU we measure on.
 H200 = "NVIDIA H200"

@@ -1,6 +1,6 @@
 """The main job: execute every notebook with papermill on this machine and export HTML reports.
 
-    python -m kernels_lib.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...] [--keep-going]
+    python -m kernels_lib.workbench.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...] [--keep-going]
 
 On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's interpreter); on
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
@@ -8,7 +8,7 @@ a GPU at ``size="full"`` (the published workloads). Each notebook runs non-inter
 ``<out>/executed/``, self-contained HTML reports (figures embedded with plotly.js, readable offline)
 to ``<out>/``, with an ``index.html`` listing them by title with a one-line status. Cells tagged
 ``hide-input`` show their output only. Formulas are converted from TeX to MathML at export
-(:mod:`kernels_lib.mathml`), which browsers render without MathJax or a network. A failing
+(:mod:`kernels_lib.workbench.mathml`), which browsers render without MathJax or a network. A failing
 notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
 ``<out>/executed/`` for inspection. With ``--keep-going`` the other notebooks still run, the index
 marks the failed ones, and the exit code is still 1.
@@ -27,10 +27,10 @@ import papermill
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
-from ._runtime import default_device
+from .._runtime import default_device
 from .mathml import MathMLPreprocessor
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 #: Notebooks that summarize what the others measure: run last (at full size they read the rows the
 #: loss notebooks have just appended to data/measured/), listed first in the index (by name).
@@ -145,7 +145,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels_lib.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kernels_lib.workbench.report", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks to run")

@@ -1,5 +1,9 @@
 """What the benchmark and the checks need to know about one loss, behind one interface.
 
+This module only defines the interface; each per-loss module (``fused_linear_cross_entropy``, ``kl_div``,
+...) builds its ``SPEC`` from it, and :mod:`.registry` collects them: imports flow one way,
+``spec`` <- per-loss modules <- ``registry`` <- sweep, CLI, checks, widgets, overview.
+
 A :class:`LossSpec` names the loss as the published CSV does, lists its providers (each a thin
 adapter with the signature of ``kernels_lib.<loss>``), makes inputs for a size, and says how many
 bytes and FLOPs a call must at least move or do (for the floors on the charts).
@@ -61,28 +65,3 @@ def require_cuda(peer: str) -> None:
     """Refuse to load a peer whose kernels cannot run here (they are not written for Triton's interpreter)."""
     if not torch.cuda.is_available():
         raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
-
-
-_REGISTRY: dict[str, LossSpec] = {}
-
-
-def register(spec: LossSpec) -> LossSpec:
-    _REGISTRY[spec.kernel_name] = spec
-    return spec
-
-
-def registered_losses() -> list[str]:
-    _load_all()
-    return list(_REGISTRY)
-
-
-def get_spec(kernel_name: str) -> LossSpec:
-    """The spec of ``kernel_name`` (as in the published CSV, e.g. ``kl_div``)."""
-    _load_all()
-    if kernel_name not in _REGISTRY:
-        raise ValueError(f"loss must be one of {', '.join(_REGISTRY)}; got {kernel_name!r}")
-    return _REGISTRY[kernel_name]
-
-
-def _load_all() -> None:
-    from . import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, kl_div  # noqa: F401  (register themselves)

@@ -1,6 +1,6 @@
 """fused_linear_cross_entropy at N*V >= 2**31 and at V = 151936 on CUDA, against the baseline in float32/float64.
 
-    python3 scripts/h200_flce_large.py --out OUT     (writes flce_large_check.csv)
+    python3 scripts/flce_large_check.py --out OUT     (writes flce_large_check.csv)
 """
 
 import argparse
@@ -11,8 +11,8 @@ import torch
 
 import kernels_lib
 from kernels_lib import reference
-from kernels_lib.bench.environment import provenance
-from kernels_lib.check import relative_error
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.check import relative_error
 
 
 def check(n: int, h: int, v: int) -> dict:

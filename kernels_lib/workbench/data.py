@@ -1,7 +1,7 @@
 """The data behind the charts: published rows (``data/published/``) and our measurements (``data/measured/``).
 
 Both share the published CSV's columns (SPEC §3); measured rows add provenance
-(:data:`kernels_lib.bench.sweep.MEASURED_COLUMNS`). A missing or unreadable file raises an error
+(:data:`kernels_lib.workbench.bench.sweep.MEASURED_COLUMNS`). A missing or unreadable file raises an error
 that names it.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 PUBLISHED_ROWS = DATA_DIR / "published" / "liger_benchmark_rows.csv"
 PUBLISHED_PAGES = DATA_DIR / "published" / "kernelindex_pages.csv"
 MEASURED_DIR = DATA_DIR / "measured"

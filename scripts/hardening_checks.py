@@ -2,7 +2,7 @@
 
 On the GPU machine, from the repository root:
 
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/h200_hardening.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/hardening_checks.py --out $OUT
 
 Parts (``--parts``, default both):
 
@@ -33,9 +33,9 @@ import torch
 
 import kernels_lib
 from kernels_lib import reference
-from kernels_lib.bench import get_spec, registered_losses
-from kernels_lib.bench.environment import provenance
-from kernels_lib.check import relative_error
+from kernels_lib.workbench.bench import get_spec, registered_losses
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.check import relative_error
 
 SIZES = {
     "full": {"N": 32768, "H": 4096, "V": 128256, "chunk": 2048, "edge": 64},

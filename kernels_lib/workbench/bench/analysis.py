@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from .fused_linear_cross_entropy import flops
-from .spec import get_spec
+from .registry import get_spec
 
 
 def medians(rows: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
@@ -70,7 +70,7 @@ def kl_div_targets(rows: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
 
 def achieved_tflops(rows: pd.DataFrame, provider: str, mode: str) -> pd.Series:
     """TFLOP/s of ``provider`` in ``mode`` for fused linear cross-entropy: the matmul FLOPs that
-    ``mode`` needs (:func:`kernels_lib.bench.fused_linear_cross_entropy.flops`, ``2·N·H·V`` per
+    ``mode`` needs (:func:`kernels_lib.workbench.bench.fused_linear_cross_entropy.flops`, ``2·N·H·V`` per
     product) over the median time, per x. Comparable across providers: it counts the floor's
     FLOPs, not what a provider happens to do (a recomputed matmul lowers the figure)."""
     selected = rows[

@@ -1,6 +1,6 @@
 """Why KTO's time per sequence is 1.35 ms at B <= 4 and 1.0 ms from B = 8 on (published workload, H200).
 
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/h200_kto_small_batch.py --out OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/kto_small_batch_profile.py --out OUT
 
 For B in {2, 4, 8, 16} and chunk_size in {default (one 512-row sequence), 1024, 2048}: the median of
 ``forward`` (with grad, where all of KTO's work happens) by do_bench; and, for B = 4 and 8 at the
@@ -15,8 +15,8 @@ import pandas as pd
 import torch
 import triton
 
-from kernels_lib.bench import get_spec
-from kernels_lib.bench.environment import provenance
+from kernels_lib.workbench.bench import get_spec
+from kernels_lib.workbench.bench.environment import provenance
 
 
 def main():

@@ -27,9 +27,10 @@ import json
 import pandas as pd
 import torch
 
-from .. import data, reference
-from ..fused_linear_orpo import fused_linear_orpo as kernels_lib_orpo
-from .spec import Inputs, LossSpec, Provider, register, require_cuda
+from .. import data
+from ... import reference
+from ...fused_linear_orpo import fused_linear_orpo as kernels_lib_orpo
+from .spec import Inputs, LossSpec, Provider, require_cuda
 
 KERNEL_NAME = "fused_linear_orpo_loss"
 
@@ -118,27 +119,25 @@ def published_rows(seq_len: int | None = None) -> pd.DataFrame:
     return rows if seq_len is None else rows[rows["T"] == seq_len].reset_index(drop=True)
 
 
-FUSED_LINEAR_ORPO = register(
-    LossSpec(
-        kernel_name=KERNEL_NAME,
-        providers=PROVIDERS,
-        make_inputs=make_inputs,
-        published={
-            "x_name": "B",
-            "x_label": "B",
-            "x_values": [2, 4, 8, 16],
-            "sizes": {"T": 1024, "H": 4096, "V": 128256},
-            "dtype": torch.bfloat16,
-        },
-        small={
-            "x_name": "B",
-            "x_label": "B",
-            "x_values": [2, 4, 8],
-            "sizes": {"T": 8, "H": 32, "V": 257},
-            "dtype": torch.bfloat16,
-        },
-        bytes_moved=bytes_moved,
-        baseline="huggingface",
-        default_options={"beta": 0.1, "ignore_index": -100, "ignore_fraction": 0.0},
-    )
+SPEC = LossSpec(
+    kernel_name=KERNEL_NAME,
+    providers=PROVIDERS,
+    make_inputs=make_inputs,
+    published={
+        "x_name": "B",
+        "x_label": "B",
+        "x_values": [2, 4, 8, 16],
+        "sizes": {"T": 1024, "H": 4096, "V": 128256},
+        "dtype": torch.bfloat16,
+    },
+    small={
+        "x_name": "B",
+        "x_label": "B",
+        "x_values": [2, 4, 8],
+        "sizes": {"T": 8, "H": 32, "V": 257},
+        "dtype": torch.bfloat16,
+    },
+    bytes_moved=bytes_moved,
+    baseline="huggingface",
+    default_options={"beta": 0.1, "ignore_index": -100, "ignore_fraction": 0.0},
 )

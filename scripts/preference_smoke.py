@@ -1,13 +1,13 @@
 """Compile and check the ORPO and KTO kernels on CUDA against the float64-free fp32 reference (smoke test).
 
-    python3 scripts/gpu_smoke_preference.py
+    python3 scripts/preference_smoke.py
 """
 
 import torch
 
 import kernels_lib
 from kernels_lib import reference
-from kernels_lib.check import relative_error
+from kernels_lib.workbench.check import relative_error
 
 torch.manual_seed(0)
 dev = "cuda"

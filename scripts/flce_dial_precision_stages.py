@@ -3,18 +3,18 @@
 On the GPU machine, from the repository root (the peers come as wheels in ``.whl/``):
 
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/h200_fused_linear_cross_entropy.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/flce_dial_precision_stages.py --out $OUT
 
 Parts, each written under ``--out`` as soon as it is done, in the layout of ``data/measured/``
 (copy ``--out``'s content there and commit it; a failing part is reported and the others still run;
 the exit code is 1 if any failed):
 
-a. ``h200_runs/fused_linear_cross_entropy_dial.csv``: kernels_lib at N = 8192, H = 4096, V = 128256, bf16, for chunk sizes
+a. ``gpu_runs/fused_linear_cross_entropy_dial.csv``: kernels_lib at N = 8192, H = 4096, V = 128256, bf16, for chunk sizes
    256 … 8192 × ``accurate`` True/False: speed (``forward_no_grad``, ``full``) and memory, in the
    measured layout (GPU, versions, commit in every row).
-b. ``h200_runs/fused_linear_cross_entropy_precision.csv``: loss, dx and dW relative errors against the baseline in float64 (on the
+b. ``gpu_runs/fused_linear_cross_entropy_precision.csv``: loss, dx and dW relative errors against the baseline in float64 (on the
    GPU) at the same size, for kernels_lib (both modes, default and 256-row chunks), torch, Liger, CCE.
-c. ``h200_runs/fused_linear_cross_entropy_stages.csv``: time per stage of one chunk (logits, kernel, dx, dW) times the chunks, at the
+c. ``gpu_runs/fused_linear_cross_entropy_stages.csv``: time per stage of one chunk (logits, kernel, dx, dW) times the chunks, at the
    default chunk size, both modes.
 d. the CLI sweep of the published workload, all providers, modes forward, forward_no_grad and full
    (appended to ``data/measured/fused_linear_cross_entropy.csv``, ceilings to
@@ -42,11 +42,12 @@ import pandas as pd
 import torch
 
 import kernels_lib
-from kernels_lib import data
-from kernels_lib.bench import cli
-from kernels_lib.bench import fused_linear_cross_entropy as flce
-from kernels_lib.bench.environment import provenance
-from kernels_lib.bench.sweep import available_providers
+from kernels_lib.workbench import data
+from kernels_lib.workbench.bench import cli
+from kernels_lib.workbench.bench import flce_studies
+from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.sweep import available_providers
 
 SIZES = {
     "full": {"BT": 8192, "H": 4096, "V": 128256, "chunks": [256, 512, 1024, 2048, 4096, 8192], "many": 256},
@@ -58,7 +59,7 @@ DTYPE = torch.bfloat16
 def dial(size: dict, device: torch.device) -> pd.DataFrame:
     """(a) The chunk-size × accurate curve of kernels_lib."""
     sizes = {k: size[k] for k in ("BT", "H", "V")}
-    return flce.dial_sweep(sizes, chunk_sizes=size["chunks"], dtype=DTYPE, device=device)
+    return flce_studies.dial_sweep(sizes, chunk_sizes=size["chunks"], dtype=DTYPE, device=device)
 
 
 def precision(size: dict, device: torch.device) -> pd.DataFrame:
@@ -73,7 +74,7 @@ def precision(size: dict, device: torch.device) -> pd.DataFrame:
         **peers,
     }
     sizes = {"N": size["BT"], "H": size["H"], "V": size["V"]}
-    table = flce.gradient_errors(sizes, DTYPE, device, providers)
+    table = flce_studies.gradient_errors(sizes, DTYPE, device, providers)
     table["note"] = "; ".join(f"{name} skipped ({why})" for name, why in skipped.items())
     return table.assign(**provenance(device))
 
@@ -83,7 +84,7 @@ def stages(size: dict, device: torch.device) -> pd.DataFrame:
     sizes = {"BT": size["BT"], "H": size["H"], "V": size["V"]}
     frames = []
     for accurate in (True, False):
-        table = flce.stage_times(sizes, DTYPE, device, accurate=accurate)
+        table = flce_studies.stage_times(sizes, DTYPE, device, accurate=accurate)
         frames.append(table.assign(accurate=accurate, chunk_size=table.attrs["chunk_size"], **sizes))
     return pd.concat(frames, ignore_index=True).assign(**provenance(device))
 
@@ -107,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--parts", default="dial,precision,stages,sweep", help="comma-separated parts to run")
     args = parser.parse_args(argv)
-    (args.out / "h200_runs").mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_runs").mkdir(parents=True, exist_ok=True)
     device = kernels_lib.default_device()
     size = SIZES[args.size]
     parts = {
-        "dial": (flce.RUN_FILES["dial"], lambda: dial(size, device)),
-        "precision": (flce.RUN_FILES["precision"], lambda: precision(size, device)),
-        "stages": (flce.RUN_FILES["stages"], lambda: stages(size, device)),
+        "dial": (flce_studies.RUN_FILES["dial"], lambda: dial(size, device)),
+        "precision": (flce_studies.RUN_FILES["precision"], lambda: precision(size, device)),
+        "stages": (flce_studies.RUN_FILES["stages"], lambda: stages(size, device)),
         "sweep": (None, lambda: sweep(args.size, args.out)),
     }
     failed = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import triton
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def package_version(name: str) -> str:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import data, reference
-from ..fused_linear_kto import fused_linear_kto as kernels_lib_kto
+from .. import data
+from ... import reference
+from ...fused_linear_kto import fused_linear_kto as kernels_lib_kto
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, register, require_cuda
+from .spec import Inputs, LossSpec, Provider, require_cuda
 
 KERNEL_NAME = "kto_loss"
 
@@ -131,27 +132,25 @@ def published_rows():
     return data.load_published(KERNEL_NAME)
 
 
-KTO = register(
-    LossSpec(
-        kernel_name=KERNEL_NAME,
-        providers=PROVIDERS,
-        make_inputs=make_inputs,
-        published={
-            "x_name": "B",
-            "x_label": "Batch Size (B)",
-            "x_values": [2, 4, 8, 16, 32],
-            "sizes": {"T": 512, "H": 1024, "V": 128256},
-            "dtype": torch.bfloat16,
-        },
-        small={
-            "x_name": "B",
-            "x_label": "Batch Size (B)",
-            "x_values": [2, 4, 8],
-            "sizes": {"T": 8, "H": 32, "V": 257},
-            "dtype": torch.bfloat16,
-        },
-        bytes_moved=bytes_moved,
-        baseline="huggingface",
-        default_options={"beta": 0.1, "ignore_index": 42, "bias": True, "ignore_fraction": 0.25, "input_grad": False},
-    )
+SPEC = LossSpec(
+    kernel_name=KERNEL_NAME,
+    providers=PROVIDERS,
+    make_inputs=make_inputs,
+    published={
+        "x_name": "B",
+        "x_label": "Batch Size (B)",
+        "x_values": [2, 4, 8, 16, 32],
+        "sizes": {"T": 512, "H": 1024, "V": 128256},
+        "dtype": torch.bfloat16,
+    },
+    small={
+        "x_name": "B",
+        "x_label": "Batch Size (B)",
+        "x_values": [2, 4, 8],
+        "sizes": {"T": 8, "H": 32, "V": 257},
+        "dtype": torch.bfloat16,
+    },
+    bytes_moved=bytes_moved,
+    baseline="huggingface",
+    default_options={"beta": 0.1, "ignore_index": 42, "bias": True, "ignore_fraction": 0.25, "input_grad": False},
 )

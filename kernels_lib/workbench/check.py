@@ -19,7 +19,8 @@ import math
 import pandas as pd
 import torch
 
-from .bench.spec import Inputs, get_spec
+from .bench.spec import Inputs
+from .bench.registry import get_spec
 
 #: How much more error than the baseline's own a kernel may have where both exceed the tolerance.
 #: Two equally exact float32 summation orders land apart by a random factor on ill-conditioned sums:

@@ -1,0 +1,27 @@
+"""Every loss the workbench measures, by the published CSV's ``kernel_name``: the one list of specs.
+
+A new loss adds its bench module (which defines ``SPEC``, a :class:`~.spec.LossSpec`) to
+:data:`LOSS_MODULES`; nothing imports this module back.
+"""
+
+from __future__ import annotations
+
+from . import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, kl_div
+from .spec import LossSpec
+
+#: The per-loss bench modules, in display order.
+LOSS_MODULES = (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto, kl_div)
+
+SPECS: dict[str, LossSpec] = {module.SPEC.kernel_name: module.SPEC for module in LOSS_MODULES}
+
+
+def registered_losses() -> list[str]:
+    """The ``kernel_name`` of every loss the workbench measures."""
+    return list(SPECS)
+
+
+def get_spec(kernel_name: str) -> LossSpec:
+    """The spec of ``kernel_name`` (as in the published CSV, e.g. ``kl_div``)."""
+    if kernel_name not in SPECS:
+        raise ValueError(f"loss must be one of {', '.join(SPECS)}; got {kernel_name!r}")
+    return SPECS[kernel_name]
