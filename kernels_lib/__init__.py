@@ -1,12 +1,15 @@
 """kernels_lib: Triton kernels for LM-head losses that never materialize what they need not.
 
+The losses need torch and triton only. ``kernels_lib.hf`` patches Hugging Face causal LMs (it needs
+transformers); ``kernels_lib.workbench`` serves the notebooks (it needs the ``workbench`` extra).
+
 Import order matters: :mod:`kernels_lib._runtime` chooses the backend (compiled Triton on CUDA,
 Triton's interpreter otherwise) before any kernel module is imported.
 """
 
 from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU machines)
 from ._runtime import INTERPRETED, KERNEL_DEVICE, default_device
-from .fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
+from .fused_linear_cross_entropy import CrossEntropyOutput, FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .fused_linear_kto import FusedLinearKTOLoss, fused_linear_kto
 from .fused_linear_orpo import FusedLinearORPOLoss, fused_linear_orpo
 from .kl_div import KLDivLoss, kl_div
@@ -16,6 +19,7 @@ __all__ = [
     "KLDivLoss",
     "fused_linear_cross_entropy",
     "FusedLinearCrossEntropyLoss",
+    "CrossEntropyOutput",
     "fused_linear_orpo",
     "FusedLinearORPOLoss",
     "fused_linear_kto",
@@ -25,3 +29,13 @@ __all__ = [
     "default_device",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``kernels_lib.hf`` (the Hugging Face drop-in) on first use: it imports transformers, which the
+    losses themselves do not need."""
+    if name == "hf":
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
+    raise AttributeError(f"module 'kernels_lib' has no attribute {name!r}")

@@ -68,6 +68,14 @@ bfloat16 has float32's exponent range and needs none of this.
 On a machine without CUDA the matmuls run in float32 (the kernels then run in Triton's
 interpreter); on CUDA they run in the input dtype with float32 accumulation inside cuBLAS.
 
+For training (the Hugging Face drop-in, :mod:`kernels_lib.hf`, stands on these): torch's per-class
+``class_weight``; ``num_items_in_batch``, the denominator of ``mean`` that gradient accumulation
+needs (a count over micro-batches or ranks; a tensor is read on the device, no host sync);
+``logit_scale`` and ``temperature`` (``c = softcap_s(a·z)/T`` = ``softcap_{s/T}((a/T)·z)``: the factor
+rides on the logits matmul's alpha, the cap is divided by ``T``, and the gradient takes ``a/T``
+once more, so the kernel is unchanged); ``return_token_stats`` for the per-token entropy and top-1
+hit, read in the same pass as the log-sum-exp; and ``torch.autocast``, whose dtype the matmuls take.
+
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
 fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
@@ -77,6 +85,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -103,14 +112,42 @@ class _Options:
     softcap: float | None
     chunk_size: int | None
     accurate: bool
+    logit_scale: float = 1.0
+    temperature: float = 1.0
+    with_stats: bool = False
 
-    def kernel_args(self) -> dict:
+    @property
+    def pre_scale(self) -> float:
+        """The factor ``logit_scale / temperature`` the raw logits are multiplied by as they are formed:
+        ``softcap_s(a·z) / T = softcap_{s/T}((a/T)·z)``, so the kernel sees the scaled logits and the
+        cap ``s / T``, and the gradient with respect to the raw logits takes this factor once more."""
+        return self.logit_scale / self.temperature
+
+    def kernel_args(self, class_weight=None, weight_sum: float = 0.0) -> dict:
         return dict(
             ignore_index=self.ignore_index,
             label_smoothing=self.label_smoothing,
             z_loss_scale=self.z_loss_scale,
-            softcap=self.softcap,
+            softcap=None if self.softcap is None else self.softcap / self.temperature,
+            class_weight=class_weight,
+            weight_sum=weight_sum,
         )
+
+
+class CrossEntropyOutput(NamedTuple):
+    r"""What :func:`fused_linear_cross_entropy` returns with ``return_token_stats=True``.
+
+    ``loss`` and ``z_loss`` as without it (reduced, or per token with ``reduction="none"``);
+    ``entropy``: float32, the target's shape, :math:`H_i = \mathrm{lse}_i - \sum_j p_{ij} c_{ij}` of
+    each token's (scaled, capped) distribution, 0 at ignored tokens, without gradient; ``is_top1``:
+    bool, the target's shape, whether the target's logit is the row's largest (ties count as hits;
+    token accuracy is ``is_top1.sum() / n_valid``), False at ignored tokens.
+    """
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor
+    entropy: torch.Tensor
+    is_top1: torch.Tensor
 
 
 def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -171,9 +208,9 @@ class _GradientSums:
     :func:`to_dtypes` after applying ``grad_output`` (see the module's note on float16).
     """
 
-    def __init__(self, x, weight, bias, needs, accurate: bool):
+    def __init__(self, x, weight, bias, needs, accurate: bool, compute_dtype: torch.dtype | None = None):
         need_x, need_w, need_b = needs
-        self.wide = x.dtype == torch.float16
+        self.wide = (compute_dtype or x.dtype) == torch.float16
 
         def accumulator(param):
             wide = accurate or self.wide
@@ -220,23 +257,32 @@ def _chunks(n_rows: int, chunk_size: int):
     return (slice(start, min(start + chunk_size, n_rows)) for start in range(0, n_rows, chunk_size))
 
 
-def _logits_chunk(buffer: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
-    """``x_c W^T + b`` written into the first ``len(x_c)`` rows of ``buffer``; returns that view."""
+def _logits_chunk(buffer: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, pre: float = 1.0):
+    """``pre · (x_c W^T + b)`` written into the first ``len(x_c)`` rows of ``buffer`` (the factor
+    rides on the matmul's alpha/beta: no extra pass); returns that view."""
     out = buffer[: x_c.shape[0]]
-    if b is None:
+    if b is None and pre == 1.0:
         torch.matmul(x_c, w.t(), out=out)
+    elif b is None:
+        out.addmm_(x_c, w.t(), beta=0.0, alpha=pre)  # beta = 0: out's old contents are ignored, NaN too
     else:
-        torch.addmm(b, x_c, w.t(), out=out)
+        torch.addmm(b, x_c, w.t(), beta=pre, alpha=pre, out=out)
     return out
 
 
 class _Operands:
-    """The inputs cast once to the matmul dtype, the chunking, and the reused logits buffer."""
+    """The inputs cast once to the matmul dtype, the chunking, and the reused logits buffer.
 
-    def __init__(self, x, weight, bias, chunk_size: int | None):
-        dtype = matmul_dtype(x.dtype)
-        self.x, self.w = x, weight.to(dtype)
-        self.b = bias.to(dtype) if bias is not None else None
+    ``compute_dtype`` (default: x's) is the dtype the head runs in, e.g. the autocast dtype for
+    float32 inputs: the operands are rounded to it (then held in float32 when interpreted, where
+    the matmuls run in float32). ``pre`` multiplies the logits as they are formed."""
+
+    def __init__(self, x, weight, bias, chunk_size: int | None, compute_dtype: torch.dtype | None = None, pre: float = 1.0):
+        self.compute_dtype = compute_dtype or x.dtype
+        dtype = matmul_dtype(self.compute_dtype)
+        self.x, self.w = x, weight.to(self.compute_dtype).to(dtype)
+        self.b = bias.to(self.compute_dtype).to(dtype) if bias is not None else None
+        self.pre = pre
         n_rows, n_cols = x.shape[0], weight.shape[0]
         self.chunk_size = min(chunk_size or default_chunk_size(n_rows, x.shape[1]), n_rows)
         self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
@@ -244,54 +290,79 @@ class _Operands:
     def __iter__(self):
         """Yield ``(rows, x_c, logits_c)`` chunk by chunk (``logits_c`` is the reused buffer)."""
         for rows in _chunks(self.x.shape[0], self.chunk_size):
-            x_c = self.x[rows].to(self.w.dtype)
-            yield rows, x_c, _logits_chunk(self.buffer, x_c, self.w, self.b)
+            x_c = self.x[rows].to(self.compute_dtype).to(self.w.dtype)
+            yield rows, x_c, _logits_chunk(self.buffer, x_c, self.w, self.b, self.pre)
 
 
-def _reduce(per_row: torch.Tensor, reduction: str, n_valid: int, shape) -> torch.Tensor:
-    """``none``: reshape to the target's shape; ``sum``; ``mean`` over valid rows (0 when none is valid)."""
+def _reduce(per_row: torch.Tensor, reduction: str, normalizer, shape) -> torch.Tensor:
+    """``none``: reshape to the target's shape; ``sum``; ``mean``: the sum divided by ``normalizer``
+    (a float, or a one-element tensor such as the Trainer's ``num_items_in_batch``)."""
     if reduction == "none":
         return per_row.view(shape)
     total = per_row.sum()
-    return total / max(n_valid, 1) if reduction == "mean" else total
+    return total / normalizer if reduction == "mean" else total
+
+
+def _factor_tensor(pre: float, normalizer, reduction: str, device) -> torch.Tensor:
+    """The gradient factor of every row, ``pre / normalizer`` (``mean``) or ``pre`` (``sum``), as a
+    one-element float32 tensor, formed on the device (a tensor normalizer is never read on the host)."""
+    if reduction != "mean":
+        return torch.full((1,), pre, dtype=torch.float32, device=device)
+    if isinstance(normalizer, torch.Tensor):
+        return pre / normalizer.reshape(1).to(device=device, dtype=torch.float32)
+    return torch.full((1,), pre / normalizer, dtype=torch.float32, device=device)
 
 
 class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, target, shape, n_valid, opts: _Options, needs):
-        ops = _Operands(x, weight, bias, opts.chunk_size)
-        n_rows = x.shape[0]
-        lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
-        fuse_grad = any(needs) and opts.reduction != "none"
-        grads = _GradientSums(x, weight, bias, needs, opts.accurate) if fuse_grad else None
-        factor = 1.0 / max(n_valid, 1) if opts.reduction == "mean" else 1.0
-        # float16: dz at the scale that brings the factor to [1, 2), undone in float32 (see the module's note)
-        unscale = grads.dz_unscale(lambda: factor) if fuse_grad else 1.0
-        scale = torch.full((1,), factor / unscale, dtype=torch.float32, device=x.device)
-        for rows, x_c, logits in ops:
-            launch_cross_entropy_chunk(
-                logits,
-                target[rows],
-                lse=lse[rows],
-                loss=loss[rows],
-                z_loss=z_loss[rows],
-                grad_scale=scale if fuse_grad else None,
-                **opts.kernel_args(),
-            )
+    def forward(ctx, x, weight, bias, target, class_weight, shape, counts, opts: _Options, needs, compute_dtype):
+        normalizer, weight_sum = counts
+        with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
+            ops = _Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
+            n_rows = x.shape[0]
+            lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
+            entropy = torch.empty(n_rows, dtype=torch.float32, device=x.device) if opts.with_stats else None
+            top1 = torch.empty(n_rows, dtype=torch.int8, device=x.device) if opts.with_stats else None
+            fuse_grad = any(needs) and opts.reduction != "none"
+            grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
+            scale = _factor_tensor(opts.pre_scale, normalizer, opts.reduction, x.device)
+            # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
+            # (see the module's note); class weights multiply a row's factor by up to max |w|.
             if fuse_grad:
-                grads.add_chunk(logits, x_c, ops.w, rows, unscale)
-        ctx.opts, ctx.needs = opts, needs
+                unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
+                scale = scale / unscale
+            else:
+                unscale = 1.0
+            kernel_args = opts.kernel_args(class_weight, weight_sum)
+            for rows, x_c, logits in ops:
+                launch_cross_entropy_chunk(
+                    logits,
+                    target[rows],
+                    lse=lse[rows],
+                    loss=loss[rows],
+                    z_loss=z_loss[rows],
+                    grad_scale=scale if fuse_grad else None,
+                    entropy=None if entropy is None else entropy[rows],
+                    top1=None if top1 is None else top1[rows],
+                    **kernel_args,
+                )
+                if fuse_grad:
+                    grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+        ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if fuse_grad:
             ctx.save_for_backward(*grads.result())
         elif any(needs):
-            ctx.save_for_backward(x, weight, bias, target, lse)
-        z_loss = _reduce(z_loss, opts.reduction, n_valid, shape)
-        ctx.mark_non_differentiable(z_loss)
-        return _reduce(loss, opts.reduction, n_valid, shape), z_loss
+            ctx.save_for_backward(x, weight, bias, target, lse, class_weight)
+        z_loss = _reduce(z_loss, opts.reduction, normalizer, shape)
+        outputs = [_reduce(loss, opts.reduction, normalizer, shape), z_loss]
+        if opts.with_stats:
+            outputs += [entropy.view(shape), top1.view(shape).bool()]
+        ctx.mark_non_differentiable(*outputs[1:])
+        return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_z_loss):
+    def backward(ctx, grad_output, *_grad_non_differentiable):
         if ctx.opts.reduction == "none":
             dx, dw, db = _backward_recompute(ctx, grad_output)
         else:
@@ -300,73 +371,131 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             if not bool(grad_output == 1):
                 dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
         dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
+
+
+def _max_weight(class_weight: torch.Tensor | None):
+    """The largest ``|w_j|`` (1 without class weights): the most a row's weight can scale its gradient."""
+    return 1.0 if class_weight is None else class_weight.abs().max()
 
 
 def _backward_recompute(ctx, grad_output: torch.Tensor):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse."""
-    x, weight, bias, target, lse = ctx.saved_tensors
-    scale = grad_output.reshape(-1).to(torch.float32).contiguous()
-    ops = _Operands(x, weight, bias, ctx.opts.chunk_size)
-    grads = _GradientSums(x, weight, bias, ctx.needs, ctx.opts.accurate)
-    unscale = grads.dz_unscale(lambda: scale.abs().max())  # float16: the largest |grad_output| to [1, 2)
-    if unscale != 1.0:
-        scale = scale / unscale
-    for rows, x_c, logits in ops:
-        launch_cross_entropy_chunk(
-            logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
-            **ctx.opts.kernel_args(),
-        )
-        grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+    x, weight, bias, target, lse, class_weight = ctx.saved_tensors
+    opts = ctx.opts
+    scale = (grad_output.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
+    with torch.autocast(x.device.type, enabled=False):
+        ops = _Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
+        grads = _GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
+        # float16: the largest |grad_output · pre · w| to [1, 2)
+        unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
+        if unscale != 1.0:
+            scale = scale / unscale
+        kernel_args = opts.kernel_args(class_weight, ctx.weight_sum)
+        for rows, x_c, logits in ops:
+            launch_cross_entropy_chunk(
+                logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows], **kernel_args
+            )
+            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
     return to_dtypes(grads.result(), ctx.dtypes)
 
 
-def _validate_tensors(x, weight, target, bias) -> None:
+def _validate_tensors(x, weight, target, bias, class_weight) -> None:
     v.require_linear_loss_inputs(x, weight, target)
     tensors = {"x": x, "weight": weight, "target": target}
     if bias is not None:
         v.require_bias("bias", bias, weight)
         tensors["bias"] = bias
+    if class_weight is not None:
+        v.require_tensor("class_weight", class_weight)
+        v.require_float("class_weight", class_weight)
+        if class_weight.shape != weight.shape[:1]:
+            raise ValueError(
+                f"class_weight must have shape (V,) = ({weight.shape[0]},), one weight per class; got {tuple(class_weight.shape)}"
+            )
+        tensors["class_weight"] = class_weight
     v.require_same_device(tensors)
 
 
 def _validate_options(
-    ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+    ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
+    logit_scale=1.0, temperature=1.0, return_token_stats=False,
 ) -> None:
-    def real(name, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise TypeError(f"{name} must be a finite real number; got {value!r}")
-
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int; got {ignore_index!r}")
+    v.require_int("ignore_index", ignore_index)
     v.require_choice("reduction", reduction, REDUCTIONS)
-    real("label_smoothing", label_smoothing)
+    v.require_real("label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
-    real("z_loss_scale", z_loss_scale)
+    v.require_real("z_loss_scale", z_loss_scale)
     if z_loss_scale < 0:
         raise ValueError(f"z_loss_scale must be >= 0; got {z_loss_scale}")
     if softcap is not None:
-        real("softcap", softcap)
+        v.require_real("softcap", softcap)
         if softcap <= 0:
             raise ValueError(f"softcap must be None or > 0; got {softcap}")
-    for name, value in (("return_z_loss", return_z_loss), ("accurate", accurate)):
+    v.require_real("logit_scale", logit_scale)
+    v.require_real("temperature", temperature)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    for name, value in (("return_z_loss", return_z_loss), ("return_token_stats", return_token_stats)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool; got {value!r}")
-    positive_int = isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
-    if chunk_size is not None and not positive_int:
-        raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
+    v.require_chunk_options(chunk_size, accurate)
 
 
-def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int) -> int:
-    """The number of rows whose target is not ``ignore_index``; refuses targets outside ``[0, V)``."""
+def _validate_num_items(num_items_in_batch, reduction: str) -> None:
+    """None, a positive int, or a one-element real tensor (read on the device, never on the host)."""
+    if num_items_in_batch is None:
+        return
+    if reduction != "mean":
+        raise ValueError(
+            f"num_items_in_batch replaces the denominator of reduction='mean'; got reduction={reduction!r}"
+        )
+    if isinstance(num_items_in_batch, torch.Tensor):
+        if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex() or num_items_in_batch.dtype == torch.bool:
+            raise ValueError(
+                "num_items_in_batch must be a positive int or a one-element real tensor; "
+                f"got a {num_items_in_batch.dtype} tensor of shape {tuple(num_items_in_batch.shape)}"
+            )
+        return
+    v.require_int("num_items_in_batch", num_items_in_batch)
+    if num_items_in_batch < 1:
+        raise ValueError(f"num_items_in_batch must be >= 1; got {num_items_in_batch}")
+
+
+def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None):
+    """``Σ_valid w_y``: the total class weight of the rows whose target is not ``ignore_index`` (their
+    number without class weights), in one host sync; refuses targets outside ``[0, V)``."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    n_valid, n_bad = torch.stack([valid.sum(), bad.sum()]).tolist()  # one host sync for both
+    counts = [valid.sum(), bad.sum()]
+    if class_weight is not None:
+        rows = class_weight.to(torch.float64)[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
+        counts.append((rows * valid).sum())
+    counts = torch.stack([c.to(torch.float64) for c in counts]).tolist()  # one host sync for all
+    n_valid, n_bad = int(counts[0]), int(counts[1])
     if n_bad:
         raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
-    return n_valid
+    return counts[2] if class_weight is not None else float(n_valid)
 
 
+def _normalizer(num_items_in_batch, valid_weight: float):
+    """The denominator of ``mean``: ``num_items_in_batch`` when given, else the valid rows' total
+    weight (their number without class weights); 1 when that is 0, so an all-ignored batch gives 0."""
+    if num_items_in_batch is not None:
+        return num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) else float(num_items_in_batch)
+    return valid_weight if valid_weight != 0 else 1.0
+
+
+def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matmuls run in: the autocast dtype when autocast is on for x's device
+    (as ``nn.Linear`` would run), else x's own."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+@torch.compiler.disable
 def fused_linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -381,6 +510,11 @@ def fused_linear_cross_entropy(
     return_z_loss: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    class_weight: torch.Tensor | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    temperature: float = 1.0,
+    return_token_stats: bool = False,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -402,47 +536,84 @@ def fused_linear_cross_entropy(
         chunk_size: rows per chunk, or None for :func:`default_chunk_size` (H / 8 rows, at least 256).
         accurate: accumulate ``dW``/``db`` over chunks in float32 rather than in the parameter dtype
             (default False: saves a ``V × H`` float32 buffer; about 20% more dW error at 16 chunks).
+        class_weight: torch's per-class ``weight`` ``(V,)``: a row's loss is multiplied by
+            ``w_y`` and ``mean`` divides by ``Σ_valid w_y``; with label smoothing the smoothing term is
+            ``(ε/V) Σ_j w_j (lse − c_j)``, as ``F.cross_entropy(weight=...)`` computes it. The z-loss
+            term of a row is weighted by ``w_y`` too.
+        num_items_in_batch: with ``mean``, divide the summed loss by this count instead of by the
+            valid rows of this call: Hugging Face's gradient-accumulation normalizer (the
+            ``Trainer`` passes the valid-token count of the whole accumulated batch), and the way to
+            normalize by a global token count over micro-batches or data-parallel ranks. An int, or a
+            one-element tensor (read on the device: no host sync).
+        logit_scale: the logits are multiplied by it before the softcap (models with a logit scale).
+        temperature: ``T > 0``; the (scaled, capped) logits are divided by it:
+            ``c = softcap_s(logit_scale · z) / T``, the order of TRL's fused head.
+        return_token_stats: return a :class:`CrossEntropyOutput` with the per-token entropy and top-1
+            hit, computed in the same pass over the logits (what training loggers read off the
+            logits this function never returns).
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
-        upcasts the logits), or ``(loss, z_loss)`` with ``return_z_loss``. With ``mean`` and every
-        target ignored the loss is 0 and all gradients are 0 (torch gives NaN), so a batch of pure
-        padding does not poison training. NaN in ``x``, ``weight`` or ``bias`` gives a NaN loss.
+        upcasts the logits); or ``(loss, z_loss)`` with ``return_z_loss``; or a
+        :class:`CrossEntropyOutput` with ``return_token_stats``. With ``reduction="none"`` the loss
+        is per token, ``−log p(target)`` at ``ε = λ = 0`` (its negative is the token log-prob, with
+        gradient). With ``mean`` and every target ignored the loss is 0 and all gradients are 0
+        (torch gives NaN), so a batch of pure padding does not poison training. NaN in ``x``,
+        ``weight`` or ``bias`` gives a NaN loss.
+
+    Mixed precision: under ``torch.autocast`` the head's matmuls run in the autocast dtype (the
+    operands are rounded to it, as ``nn.Linear`` would be), the loss is float32, and the gradients
+    come back in the parameters' dtypes, accumulated in float32 across chunks for float32 parameters.
 
     Memory: with ``mean``/``sum`` the gradients are formed in forward and held until backward
     (``dx``, ``dW``, ``db``: the size of the inputs). With ``none`` forward keeps one float per row
     (the log-sum-exp) and backward recomputes the logits chunk by chunk (one more matmul).
+
+    Under ``torch.compile`` this function is not traced (``torch.compiler.disable``): one graph break
+    per call, the kernels run as they do eagerly.
 
     Raises:
         TypeError: a non-tensor, a dtype other than float32/bfloat16/float16 for ``x``/``weight``/
             ``bias`` or differing between them, a non-integer ``target``, an option of the wrong type.
         ValueError: shapes that do not fit (naming the argument), empty ``x``, tensors on different
             devices or one the kernels cannot run on, targets outside ``[0, V)`` other than
-            ``ignore_index``, an option out of range.
+            ``ignore_index``, an option out of range, ``num_items_in_batch`` with a reduction other
+            than ``mean``.
     """
-    _validate_tensors(x, weight, target, bias)
+    _validate_tensors(x, weight, target, bias, class_weight)
     _validate_options(
-        ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+        ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
+        logit_scale, temperature, return_token_stats,
     )
-    n_valid = _count_valid(target, weight.shape[0], ignore_index)
+    _validate_num_items(num_items_in_batch, reduction)
+    valid_weight = _count_valid(target, weight.shape[0], ignore_index, class_weight)
+    normalizer = _normalizer(num_items_in_batch, valid_weight)
+    weight_sum = float(class_weight.sum()) if class_weight is not None else 0.0
     grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
         None if softcap is None else float(softcap), chunk_size, accurate,
+        float(logit_scale), float(temperature), return_token_stats,
     )
-    loss, z_loss = _FusedLinearCrossEntropyFunction.apply(
+    outputs = _FusedLinearCrossEntropyFunction.apply(
         x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
-        target.shape, n_valid, opts, needs,
+        None if class_weight is None else class_weight.detach().float().contiguous(),
+        target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x),
     )
+    if return_token_stats:
+        return CrossEntropyOutput(*outputs)
+    loss, z_loss = outputs
     return (loss, z_loss) if return_z_loss else loss
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_cross_entropy`; ``forward(x, weight, target, bias=None)``.
+    """``nn.Module`` form of :func:`fused_linear_cross_entropy`;
+    ``forward(x, weight, target, bias=None, num_items_in_batch=None)``.
 
-    The module holds the options only: the LM head's ``weight`` (and ``bias``) stay with the model
-    and are passed at each call.
+    The module holds the options (and ``class_weight`` as a buffer, as ``nn.CrossEntropyLoss`` holds
+    its ``weight``): the LM head's ``weight`` (and ``bias``) stay with the model and are passed at
+    each call.
     """
 
     def __init__(
@@ -455,10 +626,15 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
         return_z_loss: bool = False,
         chunk_size: int | None = None,
         accurate: bool = False,
+        class_weight: torch.Tensor | None = None,
+        logit_scale: float = 1.0,
+        temperature: float = 1.0,
+        return_token_stats: bool = False,
     ):
         super().__init__()
         _validate_options(
-            ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate
+            ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
+            logit_scale, temperature, return_token_stats,
         )
         self.options = dict(
             ignore_index=ignore_index,
@@ -469,12 +645,24 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
             return_z_loss=return_z_loss,
             chunk_size=chunk_size,
             accurate=accurate,
+            logit_scale=logit_scale,
+            temperature=temperature,
+            return_token_stats=return_token_stats,
         )
+        self.register_buffer("class_weight", class_weight)
 
     def forward(
-        self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
     ):
-        return fused_linear_cross_entropy(x, weight, target, bias, **self.options)
+        return fused_linear_cross_entropy(
+            x, weight, target, bias, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
+            **self.options,
+        )
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={val!r}" for k, val in self.options.items())

@@ -39,34 +39,77 @@ def fused_linear_cross_entropy(
     return_z_loss: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    class_weight: torch.Tensor | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    temperature: float = 1.0,
+    return_token_stats: bool = False,
 ):
     """Materialized logits, as a Transformers model computes them: ``x @ weight.T + bias`` in the
-    input dtype (a bf16 matmul for bf16 inputs), upcast to float32 (float64 stays float64), then
-    ``torch.nn.functional.cross_entropy`` (what ``ForCausalLMLoss`` does), plus the z-loss ``λ·lse²``
-    over the valid rows.
+    input dtype (a bf16 matmul for bf16 inputs; under autocast, as ``F.linear`` runs there), upcast
+    to float32 (float64 stays float64), then ``torch.nn.functional.cross_entropy`` (what
+    ``ForCausalLMLoss`` does), plus the z-loss ``λ·w_y·lse²`` over the valid rows.
 
-    ``chunk_size`` and ``accurate`` are accepted and ignored. Softcap ``s·tanh(z/s)`` is applied to
-    the logits first. With ``mean`` and every target ignored the result is NaN, as torch gives.
-    The returned z-loss (``return_z_loss``) is the same term reduced alone.
+    ``chunk_size`` and ``accurate`` are accepted and ignored. The logits are multiplied by
+    ``logit_scale``, capped ``s·tanh(z/s)`` and divided by ``temperature``, in that order.
+    ``class_weight`` is ``F.cross_entropy``'s ``weight``. ``num_items_in_batch`` (``mean`` only)
+    makes the loss the sum divided by it, as ``ForCausalLMLoss`` does. With ``mean`` and every
+    target ignored the result is NaN, as torch gives. The returned z-loss (``return_z_loss``) is the
+    same term reduced alone; ``return_token_stats`` gives the kernels' ``CrossEntropyOutput`` from
+    the materialized logits (entropy from ``log_softmax``, top-1 as the target's logit >= the max).
     """
     del chunk_size, accurate
     logits = _reference_logits(x, weight, bias).reshape(-1, weight.shape[0])
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
+    if temperature != 1.0:
+        logits = logits / temperature
     flat = target.reshape(-1).long()
-    loss = F.cross_entropy(
-        logits, flat, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
-    )
-    if not z_loss_scale:  # no z-loss: nothing more over the logits (a baseline must not pay for it)
-        loss = loss.view(target.shape) if reduction == "none" else loss
-        return (loss, torch.zeros_like(loss)) if return_z_loss else loss
     valid = flat != ignore_index
-    z_rows = torch.where(valid, z_loss_scale * torch.logsumexp(logits, dim=-1).square(), 0.0)
-    z_loss = {"none": z_rows, "sum": z_rows.sum(), "mean": z_rows.sum() / valid.sum()}[reduction]
+    ce_reduction = "sum" if num_items_in_batch is not None else reduction
+    weight_rows = None if class_weight is None else class_weight.to(logits.dtype)
+    loss = F.cross_entropy(
+        logits, flat, weight=weight_rows, ignore_index=ignore_index, reduction=ce_reduction,
+        label_smoothing=label_smoothing,
+    )
+    z_rows = None
+    if z_loss_scale:  # no z-loss: nothing more over the logits (a baseline must not pay for it)
+        row_w = 1.0 if weight_rows is None else weight_rows[torch.where(valid, flat, 0)]
+        z_rows = torch.where(valid, z_loss_scale * row_w * torch.logsumexp(logits, dim=-1).square(), 0.0)
+        denominator = valid.sum() if weight_rows is None else (row_w * valid).sum()
+        z_loss = {"none": z_rows, "sum": z_rows.sum(), "mean": z_rows.sum() / denominator}[ce_reduction]
+        loss = loss + (z_loss.view(target.shape) if reduction == "none" else z_loss).reshape(loss.shape)
+    if num_items_in_batch is not None:
+        loss = loss / num_items_in_batch
     if reduction == "none":
-        loss, z_loss = loss.view(target.shape), z_loss.view(target.shape)
-    loss = loss + z_loss
+        loss = loss.view(target.shape)
+    z_loss = _reduced_z_loss(z_rows, reduction, loss, num_items_in_batch, valid, weight_rows, flat, target.shape)
+    if return_token_stats:
+        from .fused_linear_cross_entropy import CrossEntropyOutput
+
+        with torch.no_grad():
+            logp = torch.log_softmax(logits.detach(), dim=-1)
+            entropy = torch.where(valid, -(logp.exp() * logp).sum(-1), 0.0).float().view(target.shape)
+            target_logit = logits.detach().gather(-1, torch.where(valid, flat, 0).unsqueeze(-1)).squeeze(-1)
+            top1 = (valid & (target_logit >= logits.detach().max(-1).values)).view(target.shape)
+        return CrossEntropyOutput(loss, z_loss, entropy, top1)
     return (loss, z_loss) if return_z_loss else loss
+
+
+def _reduced_z_loss(z_rows, reduction, loss, num_items_in_batch, valid, weight_rows, flat, shape):
+    """The z-loss term alone, reduced as the loss is (zeros without a z-loss)."""
+    if z_rows is None:
+        return torch.zeros_like(loss)
+    if reduction == "none":
+        return z_rows.view(shape)
+    if reduction == "sum":
+        return z_rows.sum()
+    if num_items_in_batch is not None:
+        return z_rows.sum() / num_items_in_batch
+    row_w = valid if weight_rows is None else weight_rows[torch.where(valid, flat, 0)] * valid
+    return z_rows.sum() / row_w.sum()
 
 
 def _reference_logits(x, weight, bias):

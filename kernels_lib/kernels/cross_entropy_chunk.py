@@ -3,22 +3,28 @@ r"""Fused linear + cross-entropy, per-chunk stage: log-sum-exp, per-row loss and
 What it computes
 ----------------
 The caller has formed a chunk of logits :math:`z = x_c W^\top + b` (``rows × V``). For each row,
-with the optional softcap :math:`c_j = s \tanh(z_j / s)` (else :math:`c_j = z_j`),
+with the optional softcap :math:`c_j = s \tanh(z_j / s)` (else :math:`c_j = z_j`), optional class
+weights :math:`w_j` (torch's ``weight``; all 1 without, so :math:`W = \sum_j w_j = V`) and the
+row's weight :math:`r = w_y`,
 
 .. math::
 
     \mathrm{lse} = \log \sum_j e^{c_j}, \qquad
-    \ell = (1-\varepsilon)(\mathrm{lse} - c_y) + \varepsilon\,(\mathrm{lse} - \tfrac1V \textstyle\sum_j c_j)
-           + \lambda\, \mathrm{lse}^2
+    \ell = (1-\varepsilon)\,r\,(\mathrm{lse} - c_y)
+           + \tfrac{\varepsilon}{V} \textstyle\sum_j w_j (\mathrm{lse} - c_j)
+           + r\,\lambda\, \mathrm{lse}^2
 
 (label smoothing :math:`\varepsilon`, z-loss :math:`\lambda`), and :math:`\ell = 0` at rows whose
-target is ``ignore_index``. The gradient with respect to the raw logits, scaled by the row's
-factor :math:`g` (the reduction's ``1/n_valid`` or ``1``, or the upstream gradient of that row), is
+target is ``ignore_index``. On request it also writes what a training logger reads off the logits
+it no longer gets: the entropy :math:`H = \mathrm{lse} - \sum_j p_j c_j` and whether the target is
+the row's largest logit (top-1 hit, token accuracy). The gradient with respect to the raw logits,
+scaled by the row's factor :math:`g` (the reduction's ``1/n_valid`` or ``1``, or the upstream
+gradient of that row), is
 
 .. math::
 
-    \frac{\partial \ell}{\partial z_j} = g\,\Big(p_j (1 + 2\lambda\,\mathrm{lse})
-        - (1-\varepsilon)\,\delta_{jy} - \tfrac{\varepsilon}{V}\Big)\,\big(1 - \tanh^2(z_j/s)\big),
+    \frac{\partial \ell}{\partial z_j} = g\,\Big((1-\varepsilon)\,r\,(p_j - \delta_{jy})
+        + \tfrac{\varepsilon}{V}(W p_j - w_j) + 2 r \lambda\,\mathrm{lse}\,p_j\Big)\,\big(1 - \tanh^2(z_j/s)\big),
     \qquad p_j = e^{c_j - \mathrm{lse}},
 
 the last factor being :math:`\mathrm d c / \mathrm d z` of the softcap (1 without it), evaluated as
@@ -66,16 +72,22 @@ def cross_entropy_chunk_kernel(
     target_ptr,  # [rows] int32/int64 class indices, ignore_index allowed
     lse_ptr,  # float32 [rows]: written when COMPUTE_LSE, else read (the forward's lse)
     loss_ptr,  # float32 [rows]: per-row loss incl. the z-loss term, 0 at ignored rows (COMPUTE_LSE)
-    z_loss_ptr,  # float32 [rows]: per-row z-loss term lambda*lse^2, 0 at ignored rows (COMPUTE_LSE)
+    z_loss_ptr,  # float32 [rows]: per-row z-loss term r*lambda*lse^2, 0 at ignored rows (COMPUTE_LSE)
+    entropy_ptr,  # float32 [rows]: entropy of softmax(c), 0 at ignored rows (COMPUTE_LSE and WITH_STATS)
+    top1_ptr,  # int8 [rows]: 1 where c_y is the row's largest logit, 0 elsewhere and at ignored rows (idem)
     scale_ptr,  # float32: the gradient factor of row i at scale_ptr[i * scale_stride]
     scale_stride,  # 0 for one factor shared by all rows, 1 for a per-row factor
+    class_weight_ptr,  # float32 [V]: class weights w_j (read only when HAS_WEIGHT)
+    weight_sum,  # W = sum_j w_j (used only when HAS_WEIGHT)
     n_cols,  # V, the vocabulary size
     ignore_index,  # target value of rows that contribute nothing
     label_smoothing,  # epsilon in [0, 1]
     z_loss_scale,  # lambda >= 0
     softcap,  # s > 0 (read only when HAS_SOFTCAP)
     HAS_SOFTCAP: tl.constexpr,  # apply c = s * tanh(z / s)
+    HAS_WEIGHT: tl.constexpr,  # torch's per-class weights
     COMPUTE_LSE: tl.constexpr,  # pass 1: compute lse and the loss; else read lse from lse_ptr
+    WITH_STATS: tl.constexpr,  # pass 1 also writes the entropy and the top-1 hit
     WRITE_GRAD: tl.constexpr,  # pass 2: overwrite the logits with dz
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
 ):
@@ -84,39 +96,64 @@ def cross_entropy_chunk_kernel(
     cols = tl.arange(0, BLOCK_V)
     y = tl.load(target_ptr + row).to(tl.int64)
     valid = y != ignore_index
+    y_safe = tl.where(valid, y, 0)
+    # r: the row's weight w_y (1 without class weights); the smoothing term's total weight W (V without).
+    if HAS_WEIGHT:
+        r = tl.load(class_weight_ptr + y_safe).to(tl.float32)
+        total = weight_sum
+    else:
+        r = 1.0
+        total = n_cols * 1.0
 
     if COMPUTE_LSE:
-        m, log_s, sum_c = row_logsumexp(row_ptr, n_cols, softcap, HAS_SOFTCAP, BLOCK_V)
+        m, log_s, sum_c, d = row_logsumexp(
+            row_ptr, n_cols, softcap, class_weight_ptr, HAS_SOFTCAP, HAS_WEIGHT, WITH_STATS, BLOCK_V
+        )
         lse = m + log_s
-        c_y = apply_softcap(tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32), softcap, HAS_SOFTCAP)
-        z_term = z_loss_scale * lse * lse
+        c_y = apply_softcap(tl.load(row_ptr + y_safe).to(tl.float32), softcap, HAS_SOFTCAP)
+        z_term = r * z_loss_scale * lse * lse
         # lse - c_y as (m - c_y) + log s: a confident row's loss is small next to m, and rounding
         # m + log s first would cost an absolute u·|m| (the float32 reference's: u·|loss|).
-        ce = (1.0 - label_smoothing) * ((m - c_y) + log_s) + label_smoothing * ((m - sum_c / n_cols) + log_s)
+        # Smoothing: (eps / V) sum_j w_j (lse - c_j) = (eps / V) (W (m + log s) - sum_j w_j c_j).
+        ce = (1.0 - label_smoothing) * r * ((m - c_y) + log_s) + (label_smoothing / n_cols) * (
+            (total * m - sum_c) + total * log_s
+        )
         tl.store(lse_ptr + row, lse)
         tl.store(loss_ptr + row, tl.where(valid, ce + z_term, 0.0))
         tl.store(z_loss_ptr + row, tl.where(valid, z_term, 0.0))
+        if WITH_STATS:
+            tl.store(entropy_ptr + row, tl.where(valid, d / tl.exp(log_s) + log_s, 0.0))
+            tl.store(top1_ptr + row, (valid & (c_y >= m)).to(tl.int8))
     else:
         lse = tl.load(lse_ptr + row)
 
     if WRITE_GRAD:
         g = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
-        # The z-loss term p·2λ·lse is added after p - δ (not as p·(1 + 2λ·lse) - δ): where p_y → 1
-        # the rounding of 1 + 2λ·lse would leave an absolute error of u in dz_y, all of it when V = 1.
-        z_grad = 2.0 * z_loss_scale * lse
-        smooth = label_smoothing / n_cols
+        # dl/dc_j = (1-eps) r (p_j - delta_jy) + (eps/V)(W p_j - w_j) + r 2 lambda lse p_j, written as
+        # (p_j a - hit_j - smooth_j) + p_j z_grad with a = (1-eps) r + eps W / V (exactly 1 without
+        # class weights). The z-loss term is added after (not folded into a): where p_y -> 1 the
+        # rounding of a + 2 lambda lse would leave an absolute error of u in dz_y, all of it when V = 1.
+        z_grad = 2.0 * z_loss_scale * lse * r
+        if HAS_WEIGHT:
+            a = (1.0 - label_smoothing) * r + label_smoothing * total / n_cols
+        else:
+            a = 1.0
         for start in range(0, n_cols, BLOCK_V):
             offs = start + cols
             mask = offs < n_cols
             z = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            hit = tl.where(offs == y, 1.0 - label_smoothing, 0.0)
+            hit = tl.where(offs == y, (1.0 - label_smoothing) * r, 0.0)
+            if HAS_WEIGHT:
+                smooth = (label_smoothing / n_cols) * tl.load(class_weight_ptr + offs, mask=mask, other=0.0)
+            else:
+                smooth = label_smoothing / n_cols
             if HAS_SOFTCAP:
                 c, slope = softcap_and_slope(z, softcap)
                 p = tl.exp(c - lse)
-                dc = ((p - hit - smooth) + p * z_grad) * slope
+                dc = ((p * a - hit - smooth) + p * z_grad) * slope
             else:
                 p = tl.exp(z - lse)
-                dc = (p - hit - smooth) + p * z_grad
+                dc = (p * a - hit - smooth) + p * z_grad
             dz = tl.where(valid, dc * g, 0.0)
             tl.store(row_ptr + offs, dz.to(logits_ptr.dtype.element_ty), mask=mask)
 
@@ -138,24 +175,34 @@ def launch_cross_entropy_chunk(
     label_smoothing: float,
     z_loss_scale: float,
     softcap: float | None,
+    class_weight: torch.Tensor | None = None,
+    weight_sum: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    top1: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on a ``rows × V`` logits chunk (unit stride along V) and ``rows`` targets.
 
     Two modes:
 
     * ``loss`` and ``z_loss`` given (float32, ``rows``): compute ``lse`` (float32, ``rows``,
-      written) and the per-row loss terms;
+      written) and the per-row loss terms; with ``entropy`` (float32) and ``top1`` (int8, ``rows``)
+      also the entropy of the row's softmax and whether the target is its largest logit;
     * both ``None``: ``lse`` is read (it holds the forward's values) and ``grad_scale`` is required.
 
     ``grad_scale`` (float32, 1 element shared by all rows, or ``rows`` elements one per row), when
-    given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``. Output buffers
-    are written, never read, so callers may pass ``torch.empty`` (tests pass NaN-poisoned ones).
+    given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``.
+    ``class_weight`` (float32, ``V``) weighs each row by ``w_y`` and the smoothing term by ``w_j``
+    (torch's ``weight``); ``weight_sum`` is ``Σ_j w_j``. Output buffers are written, never read, so
+    callers may pass ``torch.empty`` (tests pass NaN-poisoned ones).
     """
     compute_lse = loss is not None
     if compute_lse != (z_loss is not None):
         raise ValueError("give both loss and z_loss (compute lse) or neither (read lse)")
     if not compute_lse and grad_scale is None:
         raise ValueError("with lse given (loss=None) there is nothing to do unless grad_scale is given")
+    with_stats = entropy is not None
+    if with_stats != (top1 is not None) or (with_stats and not compute_lse):
+        raise ValueError("give entropy and top1 together, and only with loss and z_loss")
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_chunk_kernel[(rows,)](
@@ -165,15 +212,21 @@ def launch_cross_entropy_chunk(
         lse,
         loss if compute_lse else lse,
         z_loss if compute_lse else lse,
+        entropy if with_stats else lse,
+        top1 if with_stats else lse,
         grad_scale if grad_scale is not None else lse,
         0 if grad_scale is None or grad_scale.numel() == 1 else 1,
+        class_weight if class_weight is not None else lse,
+        float(weight_sum),
         n_cols,
         int(ignore_index),
         float(label_smoothing),
         float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
         HAS_SOFTCAP=softcap is not None,
+        HAS_WEIGHT=class_weight is not None,
         COMPUTE_LSE=compute_lse,
+        WITH_STATS=with_stats,
         WRITE_GRAD=grad_scale is not None,
         BLOCK_V=block_v(n_cols),
         num_warps=NUM_WARPS,
