@@ -1,4 +1,4 @@
-"""One H200 run for fused linear cross-entropy: the dial, precision, stage times, the published sweep.
+"""One GPU run (any CUDA GPU) for fused linear cross-entropy: the dial, precision, stage times, the published sweep.
 
 On the GPU machine, from the repository root (the peers come as wheels in ``.whl/``):
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU refresh on a machine without a package registry and with calls of at most 10 minutes
-# (our H200): every notebook at full size (`python3 -m kernels_lib.workbench.report --device cuda`, which
+# (our H200; any CUDA GPU works): every notebook at full size (`python3 -m kernels_lib.workbench.report --device cuda`, which
 # appends the sweeps to data/measured/), preceded by the hardening checks and the kernel tests on CUDA.
 #
 #   bash scripts/gpu_refresh.sh start OUT   # install the carried wheels, hardening + pytest on CUDA,

@@ -1,4 +1,4 @@
-"""One H200 run for KL divergence: tune the block size, check N*V >= 2**31, sweep the published workload.
+"""One GPU run (any CUDA GPU) for KL divergence: tune the block size, check N*V >= 2**31, sweep the published workload.
 
 Run on the GPU machine (see README, "On a GPU"):
 

@@ -1,4 +1,4 @@
-"""Why KTO's time per sequence is 1.35 ms at B <= 4 and 1.0 ms from B = 8 on (published workload, H200).
+"""Why KTO's time per sequence is 1.35 ms at B <= 4 and 1.0 ms from B = 8 on (published workload; measured on an H200, runs on any CUDA GPU).
 
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/kto_small_batch_profile.py --out OUT
 

@@ -1,4 +1,4 @@
-"""One H200 run for the preference losses: the published ORPO and KTO sweeps, all providers.
+"""One GPU run (any CUDA GPU) for the preference losses: the published ORPO and KTO sweeps, all providers.
 
 On the GPU machine, from the repository root (Liger comes as a wheel in ``.whl/``):
 

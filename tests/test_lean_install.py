@@ -1,0 +1,84 @@
+"""The library a training user installs: torch and triton only.
+
+``pip install kernels_lib`` declares torch and triton (numpy only for Triton's interpreter on a
+machine without a GPU, the ``interpreter`` extra); the workbench's needs are the ``workbench``
+extra. In a fresh interpreter where the workbench's modules are refused at import, ``import
+kernels_lib`` and every loss, forward and backward, still run, and ``kernels_lib.workbench`` says
+which extra it needs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: What the workbench needs and a training user's environment may lack.
+WORKBENCH_ONLY = (
+    "pandas", "plotly", "ipywidgets", "anywidget", "IPython", "ipykernel", "jupyter", "jupyterlab",
+    "jupyter_client", "jupyter_core", "papermill", "nbconvert", "nbformat", "latex2mathml",
+)
+
+SCRIPT = textwrap.dedent(
+    f"""
+    import sys
+    REFUSED = {WORKBENCH_ONLY!r}
+    # As if not installed: None in sys.modules makes `import name` raise ImportError and
+    # importlib.util.find_spec(name) answer None, as for a missing package.
+    for name in REFUSED:
+        sys.modules[name] = None
+    import torch
+    import kernels_lib
+
+    dev = kernels_lib.default_device()
+    g = torch.Generator().manual_seed(0)
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g).to(dev).requires_grad_()
+
+    # KL divergence
+    inp = torch.randn(6, 33, generator=g).log_softmax(-1).to(dev).requires_grad_()
+    kernels_lib.kl_div(inp, torch.randn(6, 33, generator=g).softmax(-1).to(dev)).backward()
+    # fused linear cross-entropy, with the training options
+    x, w = leaf(2, 5, 16), leaf(67, 16)
+    y = torch.randint(0, 67, (2, 5), generator=g).to(dev)
+    out = kernels_lib.fused_linear_cross_entropy(x, w, y, num_items_in_batch=7, return_token_stats=True)
+    out.loss.backward()
+    # ORPO (2 pairs) and KTO
+    x, w = leaf(4, 5, 16), leaf(67, 16)
+    y = torch.randint(0, 67, (4, 5), generator=g).to(dev)
+    kernels_lib.fused_linear_orpo(x, w, y).loss.backward()
+    ref_x, ref_w = torch.randn(4, 5, 16, generator=g).to(dev), torch.randn(67, 16, generator=g).to(dev)
+    labels = torch.tensor([True, False, True, False], device=dev)
+    kernels_lib.fused_linear_kto(x, w, y, labels, 0.0, ref_x=ref_x, ref_weight=ref_w).loss.backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (x, w, inp))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED and sys.modules[m] is not None)
+    assert not loaded, loaded
+    try:
+        import kernels_lib.workbench
+    except ImportError as error:
+        assert "kernels_lib[workbench]" in str(error), error
+    else:
+        raise AssertionError("kernels_lib.workbench imported without pandas")
+    print("lean ok")
+    """
+)
+
+
+def test_pyproject_declares_torch_and_triton_only():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = sorted(dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"])
+    assert names == ["torch", "triton"], names
+    extras = project["optional-dependencies"]
+    assert {"pandas", "plotly", "ipywidgets", "papermill", "nbconvert"} <= {
+        dep.split(">")[0].split("=")[0].strip() for dep in extras["workbench"]
+    }
+
+
+def test_losses_run_without_the_workbench_modules():
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lean ok" in result.stdout
