@@ -137,17 +137,26 @@ class _Options:
 class CrossEntropyOutput(NamedTuple):
     r"""What :func:`fused_linear_cross_entropy` returns with ``return_token_stats=True``.
 
-    ``loss`` and ``z_loss`` as without it (reduced, or per token with ``reduction="none"``);
-    ``entropy``: float32, the target's shape, :math:`H_i = \mathrm{lse}_i - \sum_j p_{ij} c_{ij}` of
-    each token's (scaled, capped) distribution, 0 at ignored tokens, without gradient; ``is_top1``:
-    bool, the target's shape, whether the target's logit is the row's largest (ties count as hits;
-    token accuracy is ``is_top1.sum() / n_valid``), False at ignored tokens.
+    ``loss`` and ``z_loss`` as without it (reduced, or per token with ``reduction="none"``). Per
+    token, the target's shape, 0 (False) at ignored tokens, of each token's (scaled, capped)
+    distribution :math:`p = \mathrm{softmax}(c)`:
+
+    * ``entropy``: :math:`H_i = \mathrm{lse}_i - \sum_j p_{ij} c_{ij}`, float32; it carries a gradient
+      with ``reduction="none"`` (:math:`\partial H/\partial c_j = -p_j(\log p_j + H)`, added in the
+      backward pass that recomputes the logits), none with ``mean``/``sum`` (their gradients are
+      formed in forward, before any use of the entropy is known);
+    * ``is_top1``: bool, whether the target's logit is the row's largest (ties count as hits; token
+      accuracy is ``is_top1.sum() / n_valid``);
+    * ``mean_logit``: :math:`\frac1V \sum_j c_{ij}`, float32, no gradient;
+    * ``log_sum_sq_prob``: :math:`\log \sum_j p_{ij}^2`, float32, no gradient.
     """
 
     loss: torch.Tensor
     z_loss: torch.Tensor
     entropy: torch.Tensor
     is_top1: torch.Tensor
+    mean_logit: torch.Tensor
+    log_sum_sq_prob: torch.Tensor
 
 
 def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -321,7 +330,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             ops = _Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
             n_rows = x.shape[0]
             lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
-            entropy = torch.empty(n_rows, dtype=torch.float32, device=x.device) if opts.with_stats else None
+            stats = torch.empty((n_rows, 3), dtype=torch.float32, device=x.device) if opts.with_stats else None
             top1 = torch.empty(n_rows, dtype=torch.int8, device=x.device) if opts.with_stats else None
             fuse_grad = any(needs) and opts.reduction != "none"
             grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
@@ -342,7 +351,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                     loss=loss[rows],
                     z_loss=z_loss[rows],
                     grad_scale=scale if fuse_grad else None,
-                    entropy=None if entropy is None else entropy[rows],
+                    stats=None if stats is None else stats[rows],
                     top1=None if top1 is None else top1[rows],
                     **kernel_args,
                 )
@@ -353,18 +362,25 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if fuse_grad:
             ctx.save_for_backward(*grads.result())
         elif any(needs):
-            ctx.save_for_backward(x, weight, bias, target, lse, class_weight)
+            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats)
+        ctx.set_materialize_grads(False)  # a gradient that does not arrive is None, not zeros
         z_loss = _reduce(z_loss, opts.reduction, normalizer, shape)
         outputs = [_reduce(loss, opts.reduction, normalizer, shape), z_loss]
-        if opts.with_stats:
-            outputs += [entropy.view(shape), top1.view(shape).bool()]
-        ctx.mark_non_differentiable(*outputs[1:])
+        if not opts.with_stats:
+            ctx.mark_non_differentiable(z_loss)
+            return tuple(outputs)
+        entropy, mean_logit, log_sum_sq = (stats[:, k].reshape(shape).clone() for k in range(3))
+        outputs += [entropy, top1.view(shape).bool(), mean_logit, log_sum_sq]
+        # The entropy is differentiable only where backward recomputes the logits (reduction "none").
+        ctx.mark_non_differentiable(*[t for t in outputs[1:] if t is not entropy or fuse_grad or not any(needs)])
         return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad_output, *_grad_non_differentiable):
+    def backward(ctx, grad_output, _grad_z_loss, grad_entropy=None, *_grad_non_differentiable):
         if ctx.opts.reduction == "none":
-            dx, dw, db = _backward_recompute(ctx, grad_output)
+            dx, dw, db = _backward_recompute(ctx, grad_output, grad_entropy)
+        elif grad_output is None:
+            return (None,) * 10
         else:
             dx, dw, db = ctx.saved_tensors
             # One host sync to skip a pass over dx and dW in the common case grad_output == 1.
@@ -379,22 +395,37 @@ def _max_weight(class_weight: torch.Tensor | None):
     return 1.0 if class_weight is None else class_weight.abs().max()
 
 
-def _backward_recompute(ctx, grad_output: torch.Tensor):
-    """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse."""
-    x, weight, bias, target, lse, class_weight = ctx.saved_tensors
+def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
+    """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse
+    (and the saved entropy, when the entropy has an upstream gradient)."""
+    x, weight, bias, target, lse, class_weight, stats = ctx.saved_tensors
     opts = ctx.opts
-    scale = (grad_output.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
+
+    def row_factors(grad):  # per row, times the gradient's factor with respect to the raw logits
+        if grad is None:
+            return torch.zeros_like(lse)
+        return (grad.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
+
+    scale, entropy_scale = row_factors(grad_output), None if grad_entropy is None else row_factors(grad_entropy)
     with torch.autocast(x.device.type, enabled=False):
         ops = _Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
         grads = _GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
-        # float16: the largest |grad_output · pre · w| to [1, 2)
-        unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
+
+        def peak():  # float16: the largest |grad_output · pre · w| (and |grad_entropy · pre|) to [1, 2)
+            peak = scale.abs().max() * _max_weight(class_weight)
+            return peak if entropy_scale is None else torch.maximum(peak, entropy_scale.abs().max())
+
+        unscale = grads.dz_unscale(peak)
         if unscale != 1.0:
             scale = scale / unscale
+            entropy_scale = None if entropy_scale is None else entropy_scale / unscale
         kernel_args = opts.kernel_args(class_weight, ctx.weight_sum)
         for rows, x_c, logits in ops:
             launch_cross_entropy_chunk(
-                logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows], **kernel_args
+                logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
+                stats=None if entropy_scale is None else stats[rows],
+                entropy_grad=None if entropy_scale is None else entropy_scale[rows],
+                **kernel_args,
             )
             grads.add_chunk(logits, x_c, ops.w, rows, unscale)
     return to_dtypes(grads.result(), ctx.dtypes)
@@ -548,8 +579,9 @@ def fused_linear_cross_entropy(
         logit_scale: the logits are multiplied by it before the softcap (models with a logit scale).
         temperature: ``T > 0``; the (scaled, capped) logits are divided by it:
             ``c = softcap_s(logit_scale · z) / T``, the order of TRL's fused head.
-        return_token_stats: return a :class:`CrossEntropyOutput` with the per-token entropy and top-1
-            hit, computed in the same pass over the logits (what training loggers read off the
+        return_token_stats: return a :class:`CrossEntropyOutput` with the per-token entropy (with its
+            gradient under ``reduction="none"``), top-1 hit, mean logit and ``log Σ p²``, computed in
+            the same pass over the logits (what training loggers and TRL's trainers read off the
             logits this function never returns).
 
     Returns:

@@ -56,7 +56,8 @@ def fused_linear_cross_entropy(
     makes the loss the sum divided by it, as ``ForCausalLMLoss`` does. With ``mean`` and every
     target ignored the result is NaN, as torch gives. The returned z-loss (``return_z_loss``) is the
     same term reduced alone; ``return_token_stats`` gives the kernels' ``CrossEntropyOutput`` from
-    the materialized logits (entropy from ``log_softmax``, top-1 as the target's logit >= the max).
+    the materialized logits (entropy, mean logit and ``log Σ p²`` from ``log_softmax``, top-1 as the
+    target's logit >= the max).
     """
     del chunk_size, accurate
     logits = _reference_logits(x, weight, bias).reshape(-1, weight.shape[0])
@@ -89,12 +90,16 @@ def fused_linear_cross_entropy(
     if return_token_stats:
         from .fused_linear_cross_entropy import CrossEntropyOutput
 
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = torch.where(valid, -(logp.exp() * logp).sum(-1), 0.0).view(target.shape)
+        if reduction != "none":  # as the kernels: the entropy's gradient only where backward recomputes
+            entropy = entropy.detach()
         with torch.no_grad():
-            logp = torch.log_softmax(logits.detach(), dim=-1)
-            entropy = torch.where(valid, -(logp.exp() * logp).sum(-1), 0.0).float().view(target.shape)
-            target_logit = logits.detach().gather(-1, torch.where(valid, flat, 0).unsqueeze(-1)).squeeze(-1)
-            top1 = (valid & (target_logit >= logits.detach().max(-1).values)).view(target.shape)
-        return CrossEntropyOutput(loss, z_loss, entropy, top1)
+            target_logit = logits.gather(-1, torch.where(valid, flat, 0).unsqueeze(-1)).squeeze(-1)
+            top1 = (valid & (target_logit >= logits.max(-1).values)).view(target.shape)
+            mean_logit = torch.where(valid, logits.mean(-1), 0.0).view(target.shape)
+            log_sum_sq = torch.where(valid, torch.logsumexp(2 * logp, dim=-1), 0.0).view(target.shape)
+        return CrossEntropyOutput(loss, z_loss, entropy, top1, mean_logit, log_sum_sq)
     return (loss, z_loss) if return_z_loss else loss
 
 

@@ -152,10 +152,14 @@ def test_token_stats_match_the_materialized_logits(softcap, temperature, reducti
                                                return_token_stats=True)
     valid = target != -100
     assert out.entropy.shape == target.shape and out.entropy.dtype == torch.float32
-    assert rel_err(out.entropy, ref.entropy) < 1e-6
+    for name in ("entropy", "mean_logit", "log_sum_sq_prob"):
+        got, want = getattr(out, name), getattr(ref, name)
+        assert got.shape == target.shape and got.dtype == torch.float32 and (got[~valid] == 0).all(), name
+        assert rel_err(got, want) < 1e-6, name
     assert out.is_top1.dtype == torch.bool and torch.equal(out.is_top1, ref.is_top1)
     assert out.is_top1[valid].any() and not out.is_top1[valid].all() and not out.is_top1[~valid].any()
-    assert not out.entropy.requires_grad and out.loss.requires_grad
+    assert out.loss.requires_grad and out.entropy.requires_grad == (reduction == "none")
+    assert not (out.mean_logit.requires_grad or out.log_sum_sq_prob.requires_grad or out.is_top1.requires_grad)
     plain = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, softcap=softcap,
                                        temperature=temperature, chunk_size=8)
     assert torch.equal(plain, out.loss)
@@ -175,22 +179,49 @@ def test_token_log_probs_with_gradient_are_minus_the_per_token_loss():
         assert rel_err(got, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("softcap, temperature", [(None, 1.0), (4.0, 0.8)])
+def test_entropy_gradient_with_reduction_none(dtype, softcap, temperature):
+    """An entropy bonus (GRPO's): the gradient of Σ a·logp + Σ b·H matches float64 autograd."""
+    x, w, b, target = make_inputs(lead=(2, 11), dtype=dtype)
+    out = fused_linear_cross_entropy(x, w, target, b, reduction="none", softcap=softcap, temperature=temperature,
+                                     return_token_stats=True, chunk_size=8)
+    inputs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = reference.fused_linear_cross_entropy(*inputs[:2], target, inputs[2], reduction="none", softcap=softcap,
+                                               temperature=temperature, return_token_stats=True)
+    gen = torch.Generator().manual_seed(5)
+    a, c = (torch.randn(target.shape, generator=gen).to(DEVICE) for _ in range(2))
+    got = torch.autograd.grad((out.loss * a).sum() + (out.entropy * c).sum(), (x, w, b))
+    want = torch.autograd.grad((ref.loss * a.double()).sum() + (ref.entropy * c.double()).sum(), inputs)
+    for g, r in zip(got, want):
+        assert g.dtype == dtype and rel_err(g, r) < TOL[dtype]
+    only_entropy = torch.autograd.grad(
+        fused_linear_cross_entropy(x, w, target, b, reduction="none", return_token_stats=True).entropy.sum(), (x,)
+    )[0]
+    want_entropy = torch.autograd.grad(
+        reference.fused_linear_cross_entropy(*inputs[:2], target, inputs[2], reduction="none",
+                                             return_token_stats=True).entropy.sum(), inputs[:1]
+    )[0]
+    assert rel_err(only_entropy, want_entropy) < TOL[dtype]
+
+
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_launcher_writes_every_stat(softcap):
-    """Poisoned entropy (NaN) and top-1 (-1) buffers: every row is written, ignored rows with 0."""
+    """Poisoned stats (NaN) and top-1 (-1) buffers: every row is written, ignored rows with 0."""
     gen = torch.Generator().manual_seed(4)
     logits = (torch.randn(7, 301, generator=gen) * 3).to(DEVICE)
     target = torch.randint(0, 301, (7,), generator=gen).to(DEVICE)
     target[2] = -100
-    lse, loss, z_loss, entropy = (torch.full((7,), float("nan"), device=DEVICE) for _ in range(4))
+    lse, loss, z_loss = (torch.full((7,), float("nan"), device=DEVICE) for _ in range(3))
+    stats = torch.full((7, 3), float("nan"), device=DEVICE)
     top1 = torch.full((7,), -1, dtype=torch.int8, device=DEVICE)
-    launch_cross_entropy_chunk(logits, target, lse=lse, loss=loss, z_loss=z_loss, grad_scale=None, entropy=entropy,
+    launch_cross_entropy_chunk(logits, target, lse=lse, loss=loss, z_loss=z_loss, grad_scale=None, stats=stats,
                                top1=top1, ignore_index=-100, label_smoothing=0.0, z_loss_scale=0.0, softcap=softcap)
     capped = logits.double() if softcap is None else softcap * torch.tanh(logits.double() / softcap)
     logp = capped.log_softmax(-1)
-    want = -(logp.exp() * logp).sum(-1)
+    want = torch.stack([-(logp.exp() * logp).sum(-1), capped.mean(-1), torch.logsumexp(2 * logp, -1)], dim=1)
     want[2] = 0
-    assert not entropy.isnan().any() and rel_err(entropy, want) < 1e-6
+    assert not stats.isnan().any() and rel_err(stats, want) < 1e-6
     assert set(top1.tolist()) <= {0, 1} and top1[2] == 0
 
 

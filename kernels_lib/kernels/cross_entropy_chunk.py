@@ -73,8 +73,10 @@ def cross_entropy_chunk_kernel(
     lse_ptr,  # float32 [rows]: written when COMPUTE_LSE, else read (the forward's lse)
     loss_ptr,  # float32 [rows]: per-row loss incl. the z-loss term, 0 at ignored rows (COMPUTE_LSE)
     z_loss_ptr,  # float32 [rows]: per-row z-loss term r*lambda*lse^2, 0 at ignored rows (COMPUTE_LSE)
-    entropy_ptr,  # float32 [rows]: entropy of softmax(c), 0 at ignored rows (COMPUTE_LSE and WITH_STATS)
+    stats_ptr,  # float32 [rows, 3]: entropy H, mean logit, log sum p^2; 0 at ignored rows (written when
+    #             COMPUTE_LSE and WITH_STATS; H read when HAS_ENTROPY_GRAD)
     top1_ptr,  # int8 [rows]: 1 where c_y is the row's largest logit, 0 elsewhere and at ignored rows (idem)
+    entropy_grad_ptr,  # float32 [rows]: the upstream gradient of H times the factor (HAS_ENTROPY_GRAD)
     scale_ptr,  # float32: the gradient factor of row i at scale_ptr[i * scale_stride]
     scale_stride,  # 0 for one factor shared by all rows, 1 for a per-row factor
     class_weight_ptr,  # float32 [V]: class weights w_j (read only when HAS_WEIGHT)
@@ -87,7 +89,8 @@ def cross_entropy_chunk_kernel(
     HAS_SOFTCAP: tl.constexpr,  # apply c = s * tanh(z / s)
     HAS_WEIGHT: tl.constexpr,  # torch's per-class weights
     COMPUTE_LSE: tl.constexpr,  # pass 1: compute lse and the loss; else read lse from lse_ptr
-    WITH_STATS: tl.constexpr,  # pass 1 also writes the entropy and the top-1 hit
+    WITH_STATS: tl.constexpr,  # pass 1 also writes the entropy, the mean logit, log sum p^2 and the top-1 hit
+    HAS_ENTROPY_GRAD: tl.constexpr,  # pass 2 adds the entropy's gradient
     WRITE_GRAD: tl.constexpr,  # pass 2: overwrite the logits with dz
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
 ):
@@ -106,7 +109,7 @@ def cross_entropy_chunk_kernel(
         total = n_cols * 1.0
 
     if COMPUTE_LSE:
-        m, log_s, sum_c, d = row_logsumexp(
+        m, log_s, sum_c, sum_wc, d, q = row_logsumexp(
             row_ptr, n_cols, softcap, class_weight_ptr, HAS_SOFTCAP, HAS_WEIGHT, WITH_STATS, BLOCK_V
         )
         lse = m + log_s
@@ -116,13 +119,15 @@ def cross_entropy_chunk_kernel(
         # m + log s first would cost an absolute u·|m| (the float32 reference's: u·|loss|).
         # Smoothing: (eps / V) sum_j w_j (lse - c_j) = (eps / V) (W (m + log s) - sum_j w_j c_j).
         ce = (1.0 - label_smoothing) * r * ((m - c_y) + log_s) + (label_smoothing / n_cols) * (
-            (total * m - sum_c) + total * log_s
+            (total * m - sum_wc) + total * log_s
         )
         tl.store(lse_ptr + row, lse)
         tl.store(loss_ptr + row, tl.where(valid, ce + z_term, 0.0))
         tl.store(z_loss_ptr + row, tl.where(valid, z_term, 0.0))
         if WITH_STATS:
-            tl.store(entropy_ptr + row, tl.where(valid, d / tl.exp(log_s) + log_s, 0.0))
+            tl.store(stats_ptr + row * 3, tl.where(valid, d / tl.exp(log_s) + log_s, 0.0))
+            tl.store(stats_ptr + row * 3 + 1, tl.where(valid, sum_c / n_cols, 0.0))
+            tl.store(stats_ptr + row * 3 + 2, tl.where(valid, tl.log(q) - 2.0 * log_s, 0.0))
             tl.store(top1_ptr + row, (valid & (c_y >= m)).to(tl.int8))
     else:
         lse = tl.load(lse_ptr + row)
@@ -134,6 +139,10 @@ def cross_entropy_chunk_kernel(
         # class weights). The z-loss term is added after (not folded into a): where p_y -> 1 the
         # rounding of a + 2 lambda lse would leave an absolute error of u in dz_y, all of it when V = 1.
         z_grad = 2.0 * z_loss_scale * lse * r
+        if HAS_ENTROPY_GRAD:
+            # dH/dc_j = -p_j (log p_j + H), log p_j = c_j - lse
+            g_h = tl.load(entropy_grad_ptr + row).to(tl.float32)
+            h = tl.load(stats_ptr + row * 3)
         if HAS_WEIGHT:
             a = (1.0 - label_smoothing) * r + label_smoothing * total / n_cols
         else:
@@ -149,12 +158,15 @@ def cross_entropy_chunk_kernel(
                 smooth = label_smoothing / n_cols
             if HAS_SOFTCAP:
                 c, slope = softcap_and_slope(z, softcap)
-                p = tl.exp(c - lse)
-                dc = ((p * a - hit - smooth) + p * z_grad) * slope
             else:
-                p = tl.exp(z - lse)
-                dc = (p * a - hit - smooth) + p * z_grad
-            dz = tl.where(valid, dc * g, 0.0)
+                c = z
+            p = tl.exp(c - lse)
+            dc = ((p * a - hit - smooth) + p * z_grad) * g
+            if HAS_ENTROPY_GRAD:
+                dc -= g_h * (p * ((c - lse) + h))
+            if HAS_SOFTCAP:
+                dc = dc * slope
+            dz = tl.where(valid, dc, 0.0)
             tl.store(row_ptr + offs, dz.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
@@ -177,17 +189,22 @@ def launch_cross_entropy_chunk(
     softcap: float | None,
     class_weight: torch.Tensor | None = None,
     weight_sum: float = 0.0,
-    entropy: torch.Tensor | None = None,
+    stats: torch.Tensor | None = None,
     top1: torch.Tensor | None = None,
+    entropy_grad: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on a ``rows × V`` logits chunk (unit stride along V) and ``rows`` targets.
 
     Two modes:
 
     * ``loss`` and ``z_loss`` given (float32, ``rows``): compute ``lse`` (float32, ``rows``,
-      written) and the per-row loss terms; with ``entropy`` (float32) and ``top1`` (int8, ``rows``)
-      also the entropy of the row's softmax and whether the target is its largest logit;
-    * both ``None``: ``lse`` is read (it holds the forward's values) and ``grad_scale`` is required.
+      written) and the per-row loss terms; with ``stats`` (float32, ``rows × 3``) and ``top1`` (int8,
+      ``rows``) also the entropy of the row's softmax, its mean logit and ``log Σ p²``, and whether
+      the target is its largest logit;
+    * both ``None``: ``lse`` is read (it holds the forward's values) and ``grad_scale`` is required;
+      with ``entropy_grad`` (float32, ``rows``: the upstream gradient of each row's entropy, times
+      the same factor as ``grad_scale``) the entropy's gradient is added, ``stats`` then holding the
+      forward's values.
 
     ``grad_scale`` (float32, 1 element shared by all rows, or ``rows`` elements one per row), when
     given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``.
@@ -200,9 +217,11 @@ def launch_cross_entropy_chunk(
         raise ValueError("give both loss and z_loss (compute lse) or neither (read lse)")
     if not compute_lse and grad_scale is None:
         raise ValueError("with lse given (loss=None) there is nothing to do unless grad_scale is given")
-    with_stats = entropy is not None
-    if with_stats != (top1 is not None) or (with_stats and not compute_lse):
-        raise ValueError("give entropy and top1 together, and only with loss and z_loss")
+    with_stats = compute_lse and stats is not None
+    if compute_lse and (stats is None) != (top1 is None):
+        raise ValueError("give stats and top1 together (with loss and z_loss)")
+    if entropy_grad is not None and (compute_lse or stats is None or grad_scale is None):
+        raise ValueError("entropy_grad goes with the forward's stats, grad_scale and no loss (the backward mode)")
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_chunk_kernel[(rows,)](
@@ -212,8 +231,9 @@ def launch_cross_entropy_chunk(
         lse,
         loss if compute_lse else lse,
         z_loss if compute_lse else lse,
-        entropy if with_stats else lse,
+        stats if stats is not None else lse,
         top1 if with_stats else lse,
+        entropy_grad if entropy_grad is not None else lse,
         grad_scale if grad_scale is not None else lse,
         0 if grad_scale is None or grad_scale.numel() == 1 else 1,
         class_weight if class_weight is not None else lse,
@@ -227,6 +247,7 @@ def launch_cross_entropy_chunk(
         HAS_WEIGHT=class_weight is not None,
         COMPUTE_LSE=compute_lse,
         WITH_STATS=with_stats,
+        HAS_ENTROPY_GRAD=entropy_grad is not None,
         WRITE_GRAD=grad_scale is not None,
         BLOCK_V=block_v(n_cols),
         num_warps=NUM_WARPS,

@@ -56,25 +56,29 @@ def row_logsumexp(
     cap,  # softcap s > 0 (read only when HAS_SOFTCAP)
     class_weight_ptr,  # float32 [V] class weights w_j (read only when HAS_WEIGHT)
     HAS_SOFTCAP: tl.constexpr,  # the row is c = s tanh(z / s) of the stored z
-    HAS_WEIGHT: tl.constexpr,  # the third result is the weighted sum Σ_j w_j c_j
-    WITH_ENTROPY: tl.constexpr,  # also accumulate the entropy's numerator (else 0 is returned)
+    HAS_WEIGHT: tl.constexpr,  # the fourth result is the weighted sum Σ_j w_j c_j
+    WITH_STATS: tl.constexpr,  # also accumulate the entropy's and Σ p² 's sums (else 0 is returned)
     BLOCK_V: tl.constexpr,  # elements per loop step (a power of two)
 ):
-    r"""One pass over the row: ``(m, log s, Σ_j w_j c_j, d)`` with ``lse = m + log s`` (float32 scalars).
+    r"""One pass over the row: ``(m, log s, Σ_j c_j, Σ_j w_j c_j, d, q)`` (float32 scalars), ``lse = m + log s``.
 
-    The sum of the (capped) logits, weighted by the class weights when given, is what label
-    smoothing needs; one add per element, nothing next to the read in this memory-bound loop.
-    With ``WITH_ENTROPY``, ``d = Σ_j e^{c_j - m} (m - c_j)``, merged online like ``s``
-    (``d' = e^{m - m'} (d + (m' - m) s) + Σ_block e^{c_j - m'} (m' - c_j)``; every term ≥ 0, no
-    cancellation), so that the entropy of ``p = softmax(c)`` is
+    The sums of the (capped) logits, plain and weighted by the class weights (the same number
+    without them), are what label smoothing and the mean logit need; one add per element, nothing
+    next to the read in this memory-bound loop. With ``WITH_STATS``, ``d = Σ_j e^{c_j - m} (m - c_j)``
+    and ``q = Σ_j e^{2 (c_j - m)}``, merged online like ``s``
+    (``d' = e^{m - m'} (d + (m' - m) s) + Σ_block e^{c_j - m'} (m' - c_j)``, ``q' = e^{2(m - m')} q + …``;
+    every term ≥ 0, no cancellation), so that for ``p = softmax(c)``
 
-    .. math:: H = \mathrm{lse} - \textstyle\sum_j p_j c_j = d / s + \log s .
+    .. math:: H = \mathrm{lse} - \textstyle\sum_j p_j c_j = d / s + \log s, \qquad
+              \log \textstyle\sum_j p_j^2 = \log q - 2 \log s .
     """
     cols = tl.arange(0, BLOCK_V)
     m = -float("inf")
     s = 0.0
     sum_c = 0.0
+    sum_wc = 0.0
     d = 0.0
+    q = 0.0
     for start in range(0, n_cols, BLOCK_V):
         mask = start + cols < n_cols
         z = tl.load(row_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -82,14 +86,16 @@ def row_logsumexp(
         m_new = tl.maximum(m, tl.max(tl.where(mask, c, -float("inf")), axis=0))
         e = tl.where(mask, tl.exp(c - m_new), 0.0)
         decay = tl.exp(m - m_new)
-        if WITH_ENTROPY:
+        if WITH_STATS:
             shift = tl.where(s > 0.0, m_new - m, 0.0) * s  # s = 0 (m = -inf) before the first block: no shift
             d = decay * (d + shift) + tl.sum(e * (m_new - tl.where(mask, c, m_new)), axis=0)
+            q = q * decay * decay + tl.sum(e * e, axis=0)
         s = s * decay + tl.sum(e, axis=0)
+        sum_c += tl.sum(tl.where(mask, c, 0.0), axis=0)
         if HAS_WEIGHT:
             w = tl.load(class_weight_ptr + start + cols, mask=mask, other=0.0)
-            sum_c += tl.sum(tl.where(mask, w * c, 0.0), axis=0)
-        else:
-            sum_c += tl.sum(tl.where(mask, c, 0.0), axis=0)
+            sum_wc += tl.sum(tl.where(mask, w * c, 0.0), axis=0)
         m = m_new
-    return m, tl.log(s), sum_c, d
+    if not HAS_WEIGHT:
+        sum_wc = sum_c
+    return m, tl.log(s), sum_c, sum_wc, d, q

@@ -87,7 +87,7 @@ def token_logprobs_kernel(
         valid2 = y2 != ignore_index
 
     if not WRITE_GRAD:
-        m, log_s, _, _ = row_logsumexp(row_ptr, n_cols, 1.0, row_ptr, False, False, False, BLOCK_V)
+        m, log_s, _, _, _, _ = row_logsumexp(row_ptr, n_cols, 1.0, row_ptr, False, False, False, BLOCK_V)
         tl.store(lse_ptr + row, m + log_s)
         # (z_y - m) - log s, not z_y - (m + log s): for a likely token log p is small next to m,
         # and rounding m + log s first would cost an absolute u·|m| (the float32 reference's: u·|log p|).

@@ -1,0 +1,439 @@
+r"""Hugging Face causal LMs on :func:`~kernels_lib.fused_linear_cross_entropy`: the loss without the logits.
+
+Two patches of a loaded ``*ForCausalLM`` instance (the class is left alone), both on its ``forward``:
+
+* :func:`patch`: ``model(..., labels=...)`` returns the loss of Transformers' ``ForCausalLMLoss``
+  computed straight from the last hidden states and the LM head, never forming the ``B × T × V``
+  logits. With hidden states :math:`h_t` (after ``logits_to_keep``), the head :math:`W, b` (tied
+  embeddings included: the head's weight *is* the tied parameter) and the shifted labels
+  :math:`y_t = \text{labels}_{t+1}` (the last position gets ``-100``; or ``shift_labels`` as given),
+
+  .. math::
+
+      z_t = c(W h_t + b), \qquad
+      L = \frac{1}{D} \sum_{t:\ y_t \ne -100} \big(\log \textstyle\sum_v e^{z_{tv}} - z_{t y_t}\big),
+
+  where :math:`c(z) = s\tanh(z/s)` is Gemma's final-logit softcap (``config.final_logit_softcapping``;
+  the identity elsewhere) and :math:`D` is ``num_items_in_batch`` when given (what ``Trainer`` passes
+  under gradient accumulation), else the number of valid labels. One difference from Transformers:
+  a batch whose labels are all ``-100`` gives loss 0 (and zero gradients) where Transformers gives NaN.
+* :func:`add_fused_lm_head`: TRL 1.16's fused-head protocol: ``model(..., labels=..., fused_lm_head=True)``
+  returns a ``FusedCausalLMOutput`` of per-token log-probabilities, entropy, ``log Σ p²``, mean
+  logit and top-1 flags computed by kernels_lib, so that TRL's trainers run on it unchanged (see :func:`use_in_trl`).
+
+Without labels the model's original forward runs, unchanged (generation and inference give the same
+logits as before). :func:`unpatch` restores the forward the model had before the first patch.
+
+Supported: the ``*ForCausalLM`` classes in :data:`SUPPORTED` (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+Gemma 3 text, Phi-3), whose forward is ``backbone -> lm_head (-> softcap) -> ForCausalLMLoss``;
+anything else is refused with an error naming the model type. Checked with Transformers 5.17 and
+5.24 (the backbone is reached through ``model.base_model``, the head through
+``get_output_embeddings()``, and the output carries whatever cache field the installed version's
+``CausalLMOutputWithPast`` has: ``past_key_values`` or ``cache``). The head's ``weight`` and ``bias``
+are read directly, not through its ``forward``: whatever wraps that forward (a LoRA adapter on the
+head itself, a device-placement hook) is bypassed, and an FSDP2-sharded head is not gathered.
+Under ``torch.compile`` the kernel call is one graph break (the kernels_lib function is wrapped in
+``torch.compiler.disable``); under ``torch.autocast`` it runs its matmuls in the autocast dtype, as
+``nn.Linear`` would, and returns a float32 loss, as ``ForCausalLMLoss`` (which upcasts the logits) does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import types
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
+from transformers.utils.generic import can_return_tuple
+
+from .fused_linear_cross_entropy import fused_linear_cross_entropy
+
+try:  # recent Transformers 5.x; 5.17 inlines the same slicing (an int keeps the last k positions, else an index)
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # pragma: no cover - the installed Transformers decides
+
+    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep) -> torch.Tensor:
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return hidden_states[:, keep, :]
+
+
+__all__ = ["SUPPORTED", "patch", "unpatch", "is_patched", "add_fused_lm_head", "use_in_trl", "FUSED_HEAD_OUTPUTS"]
+
+#: The ``*ForCausalLM`` classes :func:`patch` accepts, and whether their forward softcaps the logits.
+SUPPORTED = {
+    "LlamaForCausalLM": False,
+    "MistralForCausalLM": False,
+    "Qwen2ForCausalLM": False,
+    "Qwen3ForCausalLM": False,
+    "Phi3ForCausalLM": False,
+    "Gemma2ForCausalLM": True,
+    "Gemma3ForCausalLM": True,
+}
+#: The per-token fields of TRL's ``FusedCausalLMOutput`` (all of them, computed by kernels_lib).
+FUSED_HEAD_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+IGNORE_INDEX = -100
+_STATE = "_kernels_lib_hf"
+#: What the output carries from the backbone: ``cache`` or ``past_key_values`` (by version), hidden states, attentions.
+_BACKBONE_FIELDS = tuple(f.name for f in dataclasses.fields(CausalLMOutputWithPast) if f.name not in ("loss", "logits"))
+
+
+@dataclasses.dataclass
+class _LossOptions:
+    chunk_size: int | None
+    accurate: bool
+    keep_logits: bool
+    softcaps: bool  # the family's forward applies config.final_logit_softcapping (read at each call, as it does)
+
+    def softcap(self, model) -> float | None:
+        return model.config.final_logit_softcapping if self.softcaps else None
+
+
+@dataclasses.dataclass
+class _HeadOptions:
+    temperature: float
+    cast_lm_head_to_fp32: bool
+    outputs: tuple[str, ...]
+    logit_scale: float
+    softcap: float | None
+
+
+@dataclasses.dataclass
+class _State:
+    """What is installed on a patched model: the forward it had before (None: its class's), the signature of
+    its class's forward (to bind the call's arguments by name), and the options."""
+
+    previous_forward: object
+    signature: inspect.Signature
+    loss: _LossOptions | None = None
+    head: _HeadOptions | None = None
+
+
+# --------------------------------------------------------------------------------------------- checks
+
+
+def _supported_class(model) -> str:
+    """The supported class ``model`` is (or derives from), or a ValueError naming the model type and what is missing."""
+    name = next((cls.__name__ for cls in type(model).__mro__ if cls.__name__ in SUPPORTED), None)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    what = f"{type(model).__name__} (model_type={model_type!r})"
+    if name is None:
+        raise ValueError(f"kernels_lib.hf does not support {what}; supported: {', '.join(SUPPORTED)}")
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"kernels_lib.hf: {what} has no nn.Linear LM head (get_output_embeddings() is {head!r})")
+    if model.base_model is model:
+        raise ValueError(f"kernels_lib.hf: {what} has no backbone {model.base_model_prefix!r} (model.base_model)")
+    if SUPPORTED[name] and not hasattr(model.config, "final_logit_softcapping"):
+        raise ValueError(f"kernels_lib.hf: the config of {what} has no final_logit_softcapping (None or a float)")
+    return name
+
+
+# ------------------------------------------------------------------------------------ the installed forward
+
+
+def _arguments(state: _State, model, args, kwargs) -> dict:
+    """The call's arguments by name, bound to the class's ``forward`` (positional ones included)."""
+    bound = state.signature.bind(model, *args, **kwargs)
+    names = list(bound.signature.parameters.values())
+    arguments = dict(bound.arguments)
+    del arguments[names[0].name]  # self
+    for parameter in names:
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(parameter.name, {}))
+    return arguments
+
+
+def _previous_forward(model, state: _State):
+    return state.previous_forward if state.previous_forward is not None else type(model).forward.__get__(model)
+
+
+def _install(model) -> _State:
+    """Install the kernels_lib forward once (patching again reuses it) and return its state."""
+    state = model.__dict__.get(_STATE)
+    if state is None:
+        state = _State(model.__dict__.get("forward"), inspect.signature(type(model).forward))
+
+        @functools.wraps(type(model).forward)  # keeps the signature: generate and Trainer read it
+        def forward(self, *args, fused_lm_head: bool = False, **kwargs):
+            return _dispatch(self, fused_lm_head, args, kwargs)
+
+        model.forward = types.MethodType(forward, model)
+        setattr(model, _STATE, state)
+    return state
+
+
+def _dispatch(model, fused_lm_head: bool, args, kwargs):
+    """``fused_lm_head=True`` -> TRL's protocol; labels under :func:`patch` -> the fused loss; else the previous forward."""
+    state = getattr(model, _STATE)
+    if fused_lm_head:
+        if state.head is not None:
+            return _fused_head_forward(model, state.head, _arguments(state, model, args, kwargs))
+        kwargs["fused_lm_head"] = True  # another library's fused head, installed before ours
+    elif state.loss is not None:
+        arguments = _arguments(state, model, args, kwargs)
+        if arguments.get("labels") is not None or arguments.get("shift_labels") is not None:
+            return _loss_forward(model, **arguments)
+    return _previous_forward(model, state)(*args, **kwargs)
+
+
+def _passthrough(backbone_outputs) -> dict:
+    """The fields of ``CausalLMOutputWithPast`` that come from the backbone (cache, hidden states, attentions)."""
+    return {name: getattr(backbone_outputs, name, None) for name in _BACKBONE_FIELDS}
+
+
+def _logits(model, hidden_states: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The logits exactly as the model's forward forms them (head, then Gemma's softcap)."""
+    logits = model.get_output_embeddings()(hidden_states)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+@can_return_tuple
+def _loss_forward(
+    model, labels=None, shift_labels=None, num_items_in_batch=None, logits_to_keep=0, **backbone_kwargs
+) -> CausalLMOutputWithPast:
+    """The model's forward with ``ForCausalLMLoss`` from :func:`fused_linear_cross_entropy` (no logits unless kept)."""
+    options = getattr(model, _STATE).loss
+    outputs = model.base_model(**backbone_kwargs)
+    hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    head = model.get_output_embeddings()
+    loss = fused_linear_cross_entropy(
+        hidden_states.reshape(-1, hidden_states.shape[-1]).to(head.weight.device),
+        head.weight,
+        shift_labels.reshape(-1).to(head.weight.device),
+        head.bias,
+        ignore_index=IGNORE_INDEX,
+        softcap=options.softcap(model),
+        num_items_in_batch=num_items_in_batch,
+        chunk_size=options.chunk_size,
+        accurate=options.accurate,
+    )
+    logits = _logits(model, hidden_states, options.softcap(model)) if options.keep_logits else None
+    return CausalLMOutputWithPast(loss=loss, logits=logits, **_passthrough(outputs))
+
+
+# ------------------------------------------------------------------------------------------ public: patch
+
+
+def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool = False):
+    """Make ``model``'s loss come from :func:`~kernels_lib.fused_linear_cross_entropy`; returns ``model``.
+
+    With ``labels`` (or pre-shifted ``shift_labels``) the forward runs the backbone, slices its last
+    hidden states by ``logits_to_keep`` as Transformers does, and computes ``ForCausalLMLoss`` on them
+    and the LM head without forming the logits: labels padded with ``-100`` and shifted by one
+    (``shift_labels`` used as given), ``ignore_index=-100``, the mean over valid labels or the sum
+    divided by ``num_items_in_batch`` (``Trainer``'s gradient accumulation), Gemma's final-logit
+    softcap. It returns a ``CausalLMOutputWithPast`` (loss, logits, cache, hidden_states, attentions)
+    like the original, or its tuple under ``return_dict=False``. Labels (and the other arguments)
+    may be positional, as the class's forward allows.
+
+    ``logits`` is None when labels are given, unless ``keep_logits=True``: then they are formed too,
+    exactly as the original forward does (and with a gradient), which costs the ``B × T × V`` memory
+    the patch exists to save. Without labels the original forward runs, unchanged.
+
+    Patching again only updates the options (no double wrapping); :func:`unpatch` undoes it.
+
+    Args:
+        model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified).
+        chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`.
+        keep_logits: also return the logits when labels are given.
+
+    Raises:
+        ValueError: an unsupported model, naming its class and ``model_type`` and the supported classes,
+            or a supported class missing what the patch needs (an ``nn.Linear`` head, a backbone,
+            ``final_logit_softcapping`` on Gemma configs).
+    """
+    softcaps = SUPPORTED[_supported_class(model)]
+    _install(model).loss = _LossOptions(chunk_size, accurate, keep_logits, softcaps)
+    return model
+
+
+def unpatch(model):
+    """Restore the forward ``model`` had before :func:`patch` / :func:`add_fused_lm_head`; returns ``model``.
+
+    A model that is not patched is returned as is.
+    """
+    state = model.__dict__.pop(_STATE, None)
+    if state is not None:
+        if state.previous_forward is None:
+            del model.forward
+        else:
+            model.forward = state.previous_forward
+    return model
+
+
+def is_patched(model) -> bool:
+    """Whether :func:`patch` or :func:`add_fused_lm_head` of this module is installed on ``model``."""
+    return _STATE in model.__dict__
+
+
+# ------------------------------------------------------------------------- public: TRL's fused-head protocol
+
+
+@functools.cache
+def _fused_output_class():
+    """TRL's ``FusedCausalLMOutput`` when TRL is installed, else a ``ModelOutput`` with the same fields."""
+    try:
+        from trl.trainer.utils import FusedCausalLMOutput
+    except ImportError:
+
+        @dataclasses.dataclass
+        class FusedCausalLMOutput(ModelOutput):
+            loss: torch.Tensor | None = None
+            log_probs: torch.Tensor | None = None
+            entropy: torch.Tensor | None = None
+            log_sum_sq_probs: torch.Tensor | None = None
+            mean_logits: torch.Tensor | None = None
+            is_top1: torch.Tensor | None = None
+            label_mask: torch.Tensor | None = None
+            aux_loss: torch.Tensor | None = None
+
+    return FusedCausalLMOutput
+
+
+def _trl_logit_scale(text_config) -> float:
+    """The pre-softcap logit multiplier, read from the config exactly as TRL 1.16's ``add_fused_lm_head`` does."""
+    scale = getattr(text_config, "logit_scale", None)
+    if scale is None:
+        scale = getattr(text_config, "output_multiplier", None)
+    if scale is None:
+        scale = getattr(text_config, "lm_head_multiplier", None)
+    if scale is None and getattr(text_config, "logits_scaling", None) is not None:
+        scaling = text_config.logits_scaling
+        scale = scaling if text_config.model_type == "hyperclovax" else 1 / scaling
+    return 1.0 if scale is None else scale
+
+
+def _fused_head_forward(model, options: _HeadOptions, arguments: dict):
+    """TRL's ``fused_lm_head=True`` forward, the per-token values from :func:`fused_linear_cross_entropy`."""
+    labels, shift_labels = arguments.pop("labels", None), arguments.pop("shift_labels", None)
+    num_items_in_batch = arguments.pop("num_items_in_batch", None)
+    arguments["use_cache"] = False
+    hidden_states = model.base_model(**arguments).last_hidden_state
+    if shift_labels is None:
+        hidden_states, labels = hidden_states[:, :-1], labels[:, 1:]
+    else:
+        labels = shift_labels
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, head.bias
+    hidden_states, labels = hidden_states.to(weight.device), labels.to(weight.device)
+    autocast = nullcontext()
+    if options.cast_lm_head_to_fp32:
+        hidden_states, weight = hidden_states.float(), weight.float()
+        bias = None if bias is None else bias.float()
+        autocast = torch.autocast(hidden_states.device.type, enabled=False)
+    with autocast:
+        stats = fused_linear_cross_entropy(
+            hidden_states, weight, labels, bias, ignore_index=IGNORE_INDEX, reduction="none",
+            softcap=options.softcap, logit_scale=options.logit_scale, temperature=options.temperature,
+            return_token_stats=True,
+        )
+    mask = labels != IGNORE_INDEX
+    denominator = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+    computed = {
+        "entropy": stats.entropy,
+        "log_sum_sq_probs": stats.log_sum_sq_prob,
+        "mean_logits": stats.mean_logit,
+        "is_top1": stats.is_top1,
+    }
+    return _fused_output_class()(
+        loss=stats.loss.sum() / denominator,
+        log_probs=-stats.loss,
+        label_mask=mask,
+        **{name: value for name, value in computed.items() if name in options.outputs},
+    )
+
+
+def add_fused_lm_head(
+    model,
+    temperature: float = 1.0,
+    cast_lm_head_to_fp32: bool = False,
+    outputs: tuple[str, ...] = ("log_probs",),
+) -> None:
+    r"""TRL 1.16's ``add_fused_lm_head`` (same signature, same protocol), computed by kernels_lib.
+
+    ``model(..., labels=labels, fused_lm_head=True)`` runs the backbone (``use_cache=False``), takes
+    the hidden states of positions ``0..T-2`` against ``labels[:, 1:]`` (or all positions against
+    pre-shifted ``shift_labels``) and returns a ``FusedCausalLMOutput`` (TRL's class when TRL is
+    installed) with, per token, zero where the label is ``-100``:
+
+    * ``log_probs`` :math:`= \log \mathrm{softmax}(c(a z)/T)_y`, with a gradient (minus the per-token
+      loss of ``reduction="none"``), where :math:`a` is the config's logit scale (read as TRL reads it:
+      ``logit_scale``, ``output_multiplier``, ``lm_head_multiplier``, ``1/logits_scaling``), :math:`c`
+      the softcap ``final_logit_softcapping`` and :math:`T` the temperature;
+    * ``entropy`` (if in ``outputs``) of that distribution, with its gradient (as TRL's: an entropy
+      bonus such as GRPO's trains through it);
+    * ``log_sum_sq_probs`` and ``mean_logits`` (if in ``outputs``): :math:`\log \sum_v p_v^2` and the
+      mean of the scaled logits, without gradient;
+    * ``is_top1`` (if in ``outputs``): whether the label is the most likely token;
+    * ``label_mask``: ``labels != -100``; ``loss`` :math:`= -\sum \text{log\_probs} / D`, :math:`D` =
+      ``num_items_in_batch`` or the number of valid labels (at least 1); ``aux_loss`` None (no MoE
+      family is supported).
+
+    All five come from the one pass over each logits chunk that forms the log-sum-exp. Without ``fused_lm_head=True`` the forward is the previous one (under :func:`patch` too).
+
+    To have TRL's trainers use this head, build the trainer inside :func:`use_in_trl`; or, after
+    building it, call this function on ``trainer.model`` with the arguments the trainer used
+    (``SFTTrainer``: ``outputs=("log_probs", "entropy", "is_top1")``), which takes over from TRL's head.
+
+    Raises:
+        ValueError: ``outputs`` naming a field kernels_lib does not compute, or an unsupported model
+            (as :func:`patch`).
+    """
+    unknown = [name for name in outputs if name not in FUSED_HEAD_OUTPUTS]
+    if unknown:
+        raise ValueError(f"outputs must be among {', '.join(FUSED_HEAD_OUTPUTS)}; got {', '.join(unknown)}")
+    _supported_class(model)
+    text_config = model.config.get_text_config()
+    _install(model).head = _HeadOptions(
+        temperature=temperature,
+        cast_lm_head_to_fp32=cast_lm_head_to_fp32,
+        outputs=tuple(outputs),
+        logit_scale=_trl_logit_scale(text_config),
+        softcap=getattr(text_config, "final_logit_softcapping", None),
+    )
+
+
+@contextmanager
+def use_in_trl():
+    """Within the block, TRL's ``add_fused_lm_head`` is kernels_lib's :func:`add_fused_lm_head`.
+
+    TRL's trainers add their fused LM head in ``__init__`` (``SFTTrainer`` always does, with
+    ``outputs=("log_probs", "entropy", "is_top1")``), so constructing one here gives it kernels_lib's
+    head, with the trainer's own arguments; training then runs unchanged::
+
+        with kernels_lib.hf.use_in_trl():
+            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer.train()
+
+    Every loaded ``trl`` module's ``add_fused_lm_head`` name (``trl.trainer.utils`` and the trainer
+    modules that imported it) is replaced on entry and put back on exit.
+
+    TRL 1.16's trainers, with this head: ``SFTTrainer`` runs as with TRL's (loss, ``mean_token_accuracy``
+    and ``entropy`` checked in the tests); every field the others ask for (``DPOTrainer`` and
+    ``KTOTrainer``: ``mean_logits``; ``GRPOTrainer``: the entropy with its gradient) is computed, and
+    checked field by field against TRL's head, but those trainers are not run in the tests.
+    """
+    from trl.trainer import utils as trl_utils
+
+    theirs = trl_utils.add_fused_lm_head
+    _rebind_trl(theirs, add_fused_lm_head)
+    try:
+        yield
+    finally:
+        _rebind_trl(add_fused_lm_head, theirs)
+
+
+def _rebind_trl(old, new) -> None:
+    """Point every loaded ``trl`` module's ``add_fused_lm_head`` that is ``old`` at ``new``."""
+    for name, module in list(sys.modules.items()):
+        if (name == "trl" or name.startswith("trl.")) and getattr(module, "__dict__", {}).get("add_fused_lm_head") is old:
+            module.add_fused_lm_head = new
