@@ -77,6 +77,13 @@ SUPPORTED = {
 #: The per-token fields of TRL's ``FusedCausalLMOutput`` (all of them, computed by kernels_lib).
 FUSED_HEAD_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 IGNORE_INDEX = -100
+#: Rows per chunk when :func:`patch` is not given ``chunk_size``. Each chunk reads and writes the whole
+#: ``V × H`` weight gradient once (SPEC §6); that pass costs about ``105 / rows`` of the chunk's three
+#: matmuls on an H200 (4.3 TB/s against ~680 TFLOP/s, bf16), so 2048 rows keep it near 5% (the
+#: library's standalone default, ``H / 8`` rows, is 256 rows at ``H = 2048``: ~40%). The logits buffer is
+#: then ``2048 · V`` elements (0.5 GB at ``V = 128256`` in bf16), small beside a training step's
+#: activations. Measured in notebook 05 (``data/measured/training_step.csv``, the chunk-size rows).
+TRAINING_CHUNK_ROWS = 2048
 _STATE = "_kernels_lib_hf"
 #: What the output carries from the backbone: ``cache`` or ``past_key_values`` (by version), hidden states, attentions.
 _BACKBONE_FIELDS = tuple(f.name for f in dataclasses.fields(CausalLMOutputWithPast) if f.name not in ("loss", "logits"))
@@ -213,7 +220,7 @@ def _loss_forward(
         ignore_index=IGNORE_INDEX,
         softcap=options.softcap(model),
         num_items_in_batch=num_items_in_batch,
-        chunk_size=options.chunk_size,
+        chunk_size=options.chunk_size if options.chunk_size is not None else TRAINING_CHUNK_ROWS,
         accurate=options.accurate,
     )
     logits = _logits(model, hidden_states, options.softcap(model)) if options.keep_logits else None
@@ -243,7 +250,8 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
 
     Args:
         model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified).
-        chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`.
+        chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`; ``chunk_size``
+            None means :data:`TRAINING_CHUNK_ROWS` (2048 rows), not the standalone default.
         keep_logits: also return the logits when labels are given.
 
     Raises:

@@ -98,9 +98,9 @@ def test_runner_keep_going_runs_the_rest_and_still_fails(tmp_path, capsys):
 
 def test_runner_runs_the_overview_after_the_loss_notebooks():
     """At full size the overview reads the rows the loss notebooks append: it must run last."""
-    names = ["02_kl_divergence.ipynb", "00_overview.ipynb", "01_cross_entropy.ipynb", "04_kto.ipynb"]
+    names = ["02_kl_divergence.ipynb", "00_overview.ipynb", "05_training_step.ipynb", "01_cross_entropy.ipynb", "04_kto.ipynb"]
     order = [nb.name for nb in report.run_order([Path(n) for n in names])]
-    assert order == ["01_cross_entropy.ipynb", "02_kl_divergence.ipynb", "04_kto.ipynb", "00_overview.ipynb"]
+    assert order == ["01_cross_entropy.ipynb", "02_kl_divergence.ipynb", "04_kto.ipynb", "05_training_step.ipynb", "00_overview.ipynb"]
 
 
 def test_runner_parameters_follow_the_device():

@@ -260,9 +260,14 @@ def environment_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+#: The columns every measured file carries, whatever its layout (``training_step.csv`` has its own:
+#: :data:`kernels_lib.workbench.training_step.COLUMNS`).
+PROVENANCE_COLUMNS = ["gpu_name", "kernels_lib_commit", "timestamp"]
+
+
 def measured_files() -> dict[str, pd.DataFrame]:
-    """Every ``data/measured/*.csv`` (ceilings included), all rows."""
-    return {path.stem: data.load_measured(path.stem, latest=False) for path in sorted(data.MEASURED_DIR.glob("*.csv"))}
+    """Every ``data/measured/*.csv`` (ceilings and the training-step rows included), all rows."""
+    return {path.stem: data.read_rows(path, PROVENANCE_COLUMNS) for path in sorted(data.MEASURED_DIR.glob("*.csv"))}
 
 
 def published_environment() -> pd.DataFrame:

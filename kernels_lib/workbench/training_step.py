@@ -1,0 +1,828 @@
+"""What the LM head costs in a whole training step: model shapes, providers, one measured step, the sweep,
+the targets, and the analytic costs to put beside them (issue 10, part D).
+
+A *point* is one (model shape, provider, gradient checkpointing, batch × sequence tokens): a fresh model
+of the shape (random init, same seed for every provider, parameters in bf16), ``torch.optim.AdamW``
+(``fused=True`` on CUDA), a few warm-up steps, then timed steps of forward + backward + ``optimizer.step()``
++ ``zero_grad()``, each bracketed by ``torch.cuda.synchronize()``. The providers differ only in how the
+loss is formed from the last hidden states:
+
+- ``huggingface``: the unpatched model, ``model(input_ids, labels=labels).loss`` (bf16 logits, their
+  float32 upcast, ``cross_entropy``: SPEC §7);
+- ``trl``: ``trl.trainer.utils.add_fused_lm_head(model)``, then ``model(..., fused_lm_head=True).loss``;
+- ``kernels_lib``: ``kernels_lib.hf.patch(model)`` (the loss from :func:`kernels_lib.fused_linear_cross_entropy`
+  on the last hidden states, no logits);
+- ``liger``: ``apply_liger_kernel_to_llama`` / ``apply_liger_kernel_to_qwen2`` on the instance with only
+  ``fused_linear_cross_entropy=True`` (rope, RMSNorm, SwiGLU and plain cross-entropy off).
+
+A provider whose package is missing, or that fails here, gives a row with a note instead of figures; a
+point that runs out of memory gives a row with the note ``OOM``. On CUDA each row has the step time
+(median, p20, p80), tokens/s, the peak memory of the timed steps and the memory held before them
+(weights and AdamW state; ``zero_grad()`` sets gradients to None, so they belong to the step's own
+memory, peak minus held). On a CPU (tiny shapes, kernels through Triton's interpreter) the times are CPU
+wall-clock times and the memory columns are NaN: there is no allocator statistic to read.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .bench.environment import package_version, provenance
+
+GIB = 2**30
+
+#: Model shapes: the family (which transformers class, which Liger patch) and the config's fields.
+#: ``llama-3.2-1b`` and ``qwen2.5-0.5b`` are the published models' shapes (tied embeddings, random
+#: init here); the ``-tiny`` ones keep their proportions small enough for a CPU and the interpreter.
+MODEL_SHAPES: dict[str, dict] = {
+    "llama-3.2-1b": {
+        "family": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+    },
+    "qwen2.5-0.5b": {
+        "family": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+    },
+    "llama-tiny": {
+        "family": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1024, "tie_word_embeddings": True,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
+    },
+    "qwen-tiny": {
+        "family": "qwen2", "hidden_size": 56, "num_hidden_layers": 3, "num_attention_heads": 7,
+        "num_key_value_heads": 1, "intermediate_size": 304, "vocab_size": 1187, "tie_word_embeddings": True,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
+    },
+}
+#: ``--model llama|qwen`` of the script: (full shape, tiny shape).
+MODEL_ALIASES = {"llama": ("llama-3.2-1b", "llama-tiny"), "qwen": ("qwen2.5-0.5b", "qwen-tiny")}
+
+PROVIDERS = ("huggingface", "trl", "kernels_lib", "liger")
+#: Batches of the sweep (× ``SEQ`` tokens each); a provider stops at its first OOM.
+BATCHES = (4, 8, 16, 32, 64, 128, 256, 512)
+SEQ = 2048
+
+#: Columns of ``data/measured/training_step.csv`` (and of :func:`run_sweep`'s frame), in order.
+COLUMNS = [
+    "run_id", "model", "family", "provider", "checkpointing", "batch", "seq", "tokens", "device",
+    "warmup_steps", "timed_steps", "step_ms_50", "step_ms_20", "step_ms_80", "tokens_per_s",
+    "peak_gib", "held_gib", "step_gib", "peak_reserved_gib", "parameters", "loss_first", "loss_last", "losses",
+    "note", "gpu_name", "gpu_memory_gib", "timestamp", "torch_version", "triton_version", "transformers_version", "trl_version",
+    "liger_version", "kernels_lib_commit",
+]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def model_config(name: str):
+    """The transformers config of shape ``name`` (:data:`MODEL_SHAPES`), ``use_cache`` off (training)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    shape = dict(MODEL_SHAPES[name])
+    family = shape.pop("family")
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
+    config = cls(**shape, use_cache=False)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def build_model(name: str, device: torch.device | str, seed: int = 0, checkpointing: bool = False,
+                dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """A fresh causal LM of shape ``name``: random init from ``seed`` (the same weights for every
+    provider), parameters in ``dtype``, in training mode, gradient checkpointing on or off."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[MODEL_SHAPES[name]["family"]]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = cls(model_config(name))
+    model.to(dtype)
+    if checkpointing:  # transformers 5.24 renames it activation_checkpointing_enable (the old name warns)
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    model.train()
+    return model
+
+
+def parameter_count(name: str) -> int:
+    """Parameters of shape ``name`` from its config (tied embeddings counted once; Qwen2's q/k/v biases)."""
+    s = MODEL_SHAPES[name]
+    h, i, v, layers = s["hidden_size"], s["intermediate_size"], s["vocab_size"], s["num_hidden_layers"]
+    kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    if s["family"] == "qwen2":
+        per_layer += h + 2 * kv  # q, k, v biases
+    head = 0 if s["tie_word_embeddings"] else v * h
+    return v * h + layers * per_layer + h + head
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def provider_base(provider: str) -> tuple[str, dict]:
+    """``"kernels_lib[chunk_size=256]"`` -> ``("kernels_lib", {"chunk_size": 256})``: a provider of
+    :data:`PROVIDERS`, optionally with integer options for :func:`kernels_lib.hf.patch` (the dial)."""
+    name, _, rest = provider.partition("[")
+    if name not in PROVIDERS or (rest and (name != "kernels_lib" or not rest.endswith("]"))):
+        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)} or kernels_lib[chunk_size=N]; got {provider!r}")
+    options = {}
+    for item in filter(None, rest[:-1].split()):
+        key, _, value = item.partition("=")
+        if key != "chunk_size" or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"kernels_lib's options here are chunk_size=N (N >= 1); got {item!r} in {provider!r}")
+        options[key] = int(value)
+    return name, options
+
+
+def provider_unavailable(provider: str, family: str = "llama") -> str | None:
+    """Why ``provider`` cannot run here (its package missing or failing to import), or None."""
+    provider, _ = provider_base(provider)
+    module = {"huggingface": "transformers", "trl": "trl.trainer.utils", "kernels_lib": "kernels_lib.hf",
+              "liger": "liger_kernel.transformers"}[provider]
+    try:
+        __import__(module)
+    except Exception as error:  # noqa: BLE001 - any import failure means: skip, and say why
+        return f"skipped: import {module} failed ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})"
+    if provider == "trl":
+        from trl.trainer import utils
+
+        if not hasattr(utils, "add_fused_lm_head"):
+            return f"skipped: trl {package_version('trl')} has no add_fused_lm_head"
+    return None
+
+
+def prepare(provider: str, model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Patch ``model`` (in place) for ``provider`` and return ``loss_of(input_ids, labels)``. Only the
+    loss is returned, so no output object keeps the logits alive through backward."""
+    family = model.config.model_type
+    provider, options = provider_base(provider)
+    if provider == "huggingface":
+        return lambda ids, labels: model(input_ids=ids, labels=labels).loss
+    if provider == "trl":
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model)
+        return lambda ids, labels: model(input_ids=ids, labels=labels, fused_lm_head=True).loss
+    if provider == "kernels_lib":
+        import kernels_lib.hf
+
+        kernels_lib.hf.patch(model, **options)
+        return lambda ids, labels: model(input_ids=ids, labels=labels).loss
+    if provider == "liger":
+        from liger_kernel import transformers as liger
+
+        apply = {"llama": liger.apply_liger_kernel_to_llama, "qwen2": liger.apply_liger_kernel_to_qwen2}[family]
+        apply(model=model, fused_linear_cross_entropy=True, rope=False, rms_norm=False, swiglu=False, cross_entropy=False)
+        return lambda ids, labels: model(input_ids=ids, labels=labels).loss
+    raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+
+
+# --------------------------------------------------------------------------- one point
+
+
+def training_provenance(device: torch.device | str) -> dict[str, str]:
+    """:func:`~kernels_lib.workbench.bench.environment.provenance` plus the GPU's memory (GiB; NaN on a
+    CPU) and the transformers and TRL versions."""
+    base = provenance(device)
+    device = torch.device(device)
+    capacity = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else float("nan")
+    return {"gpu_name": base["gpu_name"], "gpu_memory_gib": capacity, "timestamp": base["timestamp"], "torch_version": base["torch_version"],
+            "triton_version": base["triton_version"], "transformers_version": package_version("transformers"),
+            "trl_version": package_version("trl"), "liger_version": base["liger_version"],
+            "kernels_lib_commit": base["kernels_lib_commit"]}
+
+
+def is_oom(error: BaseException) -> bool:
+    """An allocator failure: torch's OutOfMemoryError, or an error saying so (cuBLAS failing to allocate
+    its workspace raises a plain RuntimeError)."""
+    text = str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "alloc_failed" in text
+
+
+def free_memory(device: torch.device | str) -> None:
+    """Collect garbage and give cached blocks back (after a point, above all after an OOM)."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _batch(vocab: int, batch: int, seq: int, step: int, seed: int, device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed * 100_003 + step)
+    return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state):
+    """The measurement; ``state`` receives the model and optimizer so the caller can free them."""
+    model = state["model"] = build_model(model_name, device, seed, checkpointing)
+    loss_of = prepare(provider, model)
+    fused = device.type == "cuda"
+    optimizer = state["optimizer"] = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused)
+    vocab = model.config.vocab_size
+    losses, times = [], []
+
+    def step(index: int) -> float:
+        ids = _batch(vocab, batch, seq, index, seed, device)
+        _sync(device)
+        start = time.perf_counter()
+        loss = loss_of(ids, ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        losses.append(float(loss.detach()))
+        return elapsed
+
+    warm = []
+    for i in range(warmup):
+        warm.append(step(i))
+        if max_point_s is not None and warm[-1] > max_point_s / 3:
+            break  # long steps: one warm-up step is enough (the first step's extra cost is small beside them)
+    timed = steps
+    if max_point_s is not None and warm:  # long steps: fewer timed steps (at least 3)
+        timed = max(3, min(steps, int(max_point_s / max(warm[-1], 1e-9))))
+    held = reserved = float("nan")
+    if device.type == "cuda":
+        held = torch.cuda.memory_allocated(device) / GIB
+        torch.cuda.reset_peak_memory_stats(device)
+    times = [step(warmup + i) for i in range(timed)]
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else float("nan")
+    if device.type == "cuda":
+        reserved = torch.cuda.max_memory_reserved(device) / GIB
+    ms = np.asarray(times) * 1e3
+    return {
+        "warmup_steps": len(warm), "timed_steps": timed,
+        "step_ms_50": float(np.median(ms)), "step_ms_20": float(np.quantile(ms, 0.2)), "step_ms_80": float(np.quantile(ms, 0.8)),
+        "tokens_per_s": batch * seq / (float(np.median(ms)) / 1e3),
+        "peak_gib": peak, "held_gib": held, "step_gib": peak - held, "peak_reserved_gib": reserved,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "loss_first": losses[0], "loss_last": losses[-1], "losses": json.dumps([round(v, 6) for v in losses]),
+    }
+
+
+def _blank_row(run_id: str, model: str, provider: str, checkpointing: bool, batch: int, seq: int,
+               device: torch.device, note: str = "") -> dict:
+    """A row of :data:`COLUMNS` with the point's identity and provenance, figures NaN."""
+    row = {column: float("nan") for column in COLUMNS}
+    row.update({"run_id": run_id, "model": model, "family": MODEL_SHAPES[model]["family"], "provider": provider,
+                "checkpointing": bool(checkpointing), "batch": batch, "seq": seq, "tokens": batch * seq,
+                "device": torch.device(device).type, "losses": "", "note": note, **training_provenance(device)})
+    return row
+
+
+def measure_point(model_name: str, provider: str, checkpointing: bool, batch: int, seq: int = SEQ,
+                  device: torch.device | str = "cuda", *, warmup: int = 2, steps: int = 5, lr: float = 1e-4,
+                  seed: int = 0, max_point_s: float | None = None, run_id: str = "") -> dict:
+    """Measure one point (module docstring); return its row (:data:`COLUMNS`). An OOM gives the note
+    ``OOM``, a missing or failing provider a note saying why, and NaN figures. ``max_point_s`` lowers
+    the number of timed steps (to at least 3) when the last warm-up step says they would take longer."""
+    device = torch.device(device)
+    family = MODEL_SHAPES[model_name]["family"]
+    row = _blank_row(run_id, model_name, provider, checkpointing, batch, seq, device)
+    unavailable = provider_unavailable(provider, family)
+    if unavailable:
+        row["note"] = unavailable
+        return row
+    state: dict = {}
+    if device.type == "cuda":
+        free_memory(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        row.update(_run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state))
+    except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
+        if not is_oom(error):
+            first = str(error).splitlines()[0][:200] if str(error) else ""
+            row["note"] = f"error: {type(error).__name__}: {first}"
+            traceback.print_exc(limit=-3)
+        else:
+            row["note"] = "OOM"
+        error = None  # drop the traceback (it holds the step's tensors)
+    finally:
+        state.clear()
+        free_memory(device)
+    return row
+
+
+# --------------------------------------------------------------------------- what forward keeps for backward
+
+
+def saved_for_backward(model_name: str, provider: str, batch: int, seq: int, device: torch.device | str = "cpu", *,
+                       checkpointing: bool = False, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The bytes a provider's forward keeps for backward, measured on any device (a CPU too) with
+    ``torch.autograd.graph.saved_tensors_hooks``: every tensor saved for backward, counted once per
+    storage, parameters left out (they are held anyway). Also the largest single saved storage, to
+    tell a ``B·T × V`` one apart. Returns ``{"provider", "checkpointing", "tokens", "saved bytes",
+    "saved bytes per token", "largest saved (bytes)", "largest saved shape"}``."""
+    device = torch.device(device)
+    model = build_model(model_name, device, seed, checkpointing, dtype)
+    loss_of = prepare(provider, model)
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, tuple[int, tuple]] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in parameters and pointer not in storages and storage.nbytes():
+            storages[pointer] = (storage.nbytes(), tuple(tensor.shape))
+        return tensor
+
+    ids = _batch(model.config.vocab_size, batch, seq, 0, seed, device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = loss_of(ids, ids)
+    loss.backward()
+    del model, loss_of, loss
+    free_memory(device)  # the patches make reference cycles: collect now, not when Python gets to it
+    total = sum(n for n, _ in storages.values())
+    largest = max(storages.values(), default=(0, ()))
+    return {"provider": provider, "checkpointing": bool(checkpointing), "tokens": batch * seq, "saved bytes": total,
+            "saved bytes per token": total / (batch * seq), "largest saved (bytes)": largest[0],
+            "largest saved shape": "×".join(map(str, largest[1]))}
+
+
+def saved_bytes_per_token(model_name: str, provider: str, device: torch.device | str = "cpu", *, batch: int = 2,
+                          seqs: tuple[int, int] = (32, 64), checkpointing: bool = False, seed: int = 0) -> dict:
+    """:func:`saved_for_backward` at two sequence lengths: the bytes kept per additional token (the
+    slope: what decides how many tokens fit) and the part that does not grow with tokens (the
+    intercept: e.g. a weight gradient formed in forward). Returns ``{"provider", "checkpointing",
+    "bytes per token", "fixed bytes"}``."""
+    small, large = (saved_for_backward(model_name, provider, batch, seq, device, checkpointing=checkpointing, seed=seed)
+                    for seq in seqs)
+    slope = (large["saved bytes"] - small["saved bytes"]) / (large["tokens"] - small["tokens"])
+    return {"provider": provider, "checkpointing": bool(checkpointing), "bytes per token": slope,
+            "fixed bytes": small["saved bytes"] - slope * small["tokens"]}
+
+
+# --------------------------------------------------------------------------- loss curves (the check)
+
+
+def train_losses(model_name: str, provider: str, steps: int, device: torch.device | str = "cpu", *,
+                 dtype: torch.dtype = torch.bfloat16, batch: int = 2, seq: int = 64, lr: float = 1e-2, seed: int = 0,
+                 checkpointing: bool = False) -> list[float]:
+    """The loss of each of ``steps`` AdamW steps of a fresh model of shape ``model_name`` (seed
+    ``seed``, parameters in ``dtype``) patched for ``provider``, on one fixed random batch (the model
+    learns it, so the curve falls and the providers' curves can be compared step by step)."""
+    device = torch.device(device)
+    model = build_model(model_name, device, seed, checkpointing, dtype)
+    loss_of = prepare(provider, model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=device.type == "cuda")
+    ids = _batch(model.config.vocab_size, batch, seq, 0, seed, device)
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(ids, ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    del model, loss_of, optimizer, loss
+    free_memory(device)
+    return losses
+
+
+def loss_curves(model_name: str, providers: Sequence[str], steps: int, device: torch.device | str = "cpu",
+                **options) -> pd.DataFrame:
+    """:func:`train_losses` of each provider (same init, same batch): rows (provider, dtype, step,
+    loss), plus ``|Δ huggingface|``, the absolute difference to the unpatched model's loss at that step."""
+    dtype = options.get("dtype", torch.bfloat16)
+    curves = {p: train_losses(model_name, p, steps, device, **options) for p in providers}
+    base = curves.get("huggingface")
+    rows = [{"provider": p, "dtype": str(dtype).replace("torch.", ""), "step": i + 1, "loss": v,
+             "|Δ huggingface|": abs(v - base[i]) if base is not None else float("nan")}
+            for p, losses in curves.items() for i, v in enumerate(losses)]
+    return pd.DataFrame(rows)
+
+
+#: Largest |loss − Hugging Face's loss| allowed at any step of :func:`loss_curves` (20 AdamW steps):
+#: float32 agrees to rounding; in bf16 every provider's rounding differs and training amplifies it
+#: (TRL's and Liger's heads drift from the unpatched model by about 1e-3 at the tiny shape).
+CURVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
+#: ... or within this factor of a peer fused head's own drift from Hugging Face in the same run
+#: (where that drift is larger than the tolerance, e.g. at the full shape).
+CURVE_MARGIN = 2.0
+
+
+def curve_checks(curves: pd.DataFrame, peer: str = "trl") -> pd.DataFrame:
+    """Per (dtype, provider other than huggingface) of :func:`loss_curves` rows: the largest
+    ``|Δ huggingface|``, at which step, the first and last loss, the tolerance
+    (:data:`CURVE_TOLERANCE`), ``peer``'s largest drift in that dtype (NaN if not run), and
+    ``passed``: within the tolerance, or within :data:`CURVE_MARGIN` × the peer's drift."""
+    others = curves[curves.provider != "huggingface"]
+    drift = others.groupby(["dtype", "provider"])["|Δ huggingface|"].max()
+    out = []
+    for (dtype, provider), group in others.groupby(["dtype", "provider"], sort=False):
+        worst = group.loc[group["|Δ huggingface|"].idxmax()]
+        tolerance = CURVE_TOLERANCE[dtype]
+        peer_drift = float(drift.get((dtype, peer), float("nan")))
+        bound = max(tolerance, CURVE_MARGIN * peer_drift) if provider != peer and not math.isnan(peer_drift) else tolerance
+        out.append({"dtype": dtype, "provider": provider, "steps": len(group), "first loss": group.loss.iloc[0],
+                    "last loss": group.loss.iloc[-1], "max |Δ huggingface|": worst["|Δ huggingface|"],
+                    "at step": int(worst.step), "tolerance": tolerance, f"{peer} drift": peer_drift,
+                    "passed": bool(worst["|Δ huggingface|"] <= bound)})
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def _estimate_s(done: list[dict], model: str, provider: str, checkpointing: bool, tokens: int, default: float,
+                warmup: int = 2, steps: int = 5, max_point_s: float | None = None) -> float:
+    """Seconds a point will take: the step time of the nearest smaller measured point of the same
+    (model, provider, checkpointing), else of any provider at this checkpointing, else of the same
+    provider without checkpointing (× 1.35 with it), scaled by tokens,
+    times the steps it will run (as :func:`measure_point` chooses them), plus the overhead (building
+    the model, first-step costs) seen so far for this model. ``default`` without any measured point."""
+    def step_s(rows):
+        rows = [r for r in rows if r["tokens"] <= tokens]
+        if not rows:
+            return None
+        last = max(rows, key=lambda r: r["tokens"])
+        return last["step_ms_50"] / 1e3 * tokens / last["tokens"]
+
+    same = [r for r in done if (r["model"], r["provider"], r["checkpointing"]) == (model, provider, checkpointing)]
+    t = step_s(same)
+    if t is None:
+        t = step_s([r for r in done if (r["model"], r["checkpointing"]) == (model, checkpointing)])
+    if t is None:  # the other checkpointing setting: recomputing the layers' forward costs about a third more
+        other = step_s([r for r in done if r["model"] == model and r["provider"] == provider])
+        t = None if other is None else other * (1.35 if checkpointing else 1.0)
+    if t is None:
+        return default
+    n_warm, n_timed = warmup, steps
+    if max_point_s is not None:
+        n_warm = 1 if t > max_point_s / 3 else warmup
+        n_timed = max(3, min(steps, int(max_point_s / t)))
+    overheads = [r["_seconds"] - (r["warmup_steps"] + r["timed_steps"]) * r["step_ms_50"] / 1e3
+                 for r in done if r["model"] == model]
+    overhead = float(np.median(overheads)) if overheads else 0.0
+    return max(overhead, 0.0) + (n_warm + n_timed) * t
+
+
+def run_sweep(models: Sequence[str], providers: Sequence[str] = PROVIDERS, checkpointing: Sequence[bool] = (False, True),
+              batches: Sequence[int] = BATCHES, seq: int = SEQ, device: torch.device | str = "cuda", *,
+              warmup: int = 2, steps: int = 5, lr: float = 1e-4, seed: int = 0, budget_s: float | None = None,
+              max_point_s: float | None = None, default_point_s: float = 10.0, run_id: str | None = None,
+              on_row: Callable[[dict], None] | None = None, log: Callable[[str], None] | None = print) -> pd.DataFrame:
+    """Every (model, batch, checkpointing, provider): batches ascending, and at each batch every
+    checkpointing setting and provider before the next batch, so that what a budget cuts off is the
+    largest sizes (where, with checkpointing, only the fused heads still fit). A provider stops at its
+    first OOM (or error) for that model and checkpointing. With ``budget_s`` (seconds from the call), a
+    point whose estimated duration (:func:`_estimate_s`) would end past the budget is not run but
+    recorded with the note ``skipped: budget (...)``. A provider that cannot run here gives one row per
+    checkpointing setting saying why. ``on_row`` sees each row as it comes (the script appends it to a
+    CSV); ``log`` gets a line per row. Returns the rows as a DataFrame of :data:`COLUMNS`."""
+    device = torch.device(device)
+    run_id = run_id or time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    start = time.perf_counter()
+    done: list[dict] = []
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        if log is not None:
+            log(describe_row(row))
+
+    for model in models:
+        family = MODEL_SHAPES[model]["family"]
+        unavailable = {p: provider_unavailable(p, family) for p in providers}
+        stopped: set[tuple[bool, str]] = set()
+        for batch in batches:
+            for ckpt in checkpointing:
+                for provider in providers:
+                    tokens = batch * seq
+                    if unavailable[provider]:
+                        if batch == batches[0]:  # one row says why
+                            emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, unavailable[provider]))
+                        continue
+                    if (ckpt, provider) in stopped:
+                        continue
+                    estimate = _estimate_s(done, model, provider, ckpt, tokens, default_point_s, warmup, steps, max_point_s)
+                    elapsed = time.perf_counter() - start
+                    if budget_s is not None and elapsed + estimate > budget_s:
+                        note = f"skipped: budget ({elapsed:.0f} s spent, ~{estimate:.0f} s needed, budget {budget_s:.0f} s)"
+                        emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, note))
+                        continue
+                    t0 = time.perf_counter()
+                    row = measure_point(model, provider, ckpt, batch, seq, device, warmup=warmup, steps=steps,
+                                        lr=lr, seed=seed, max_point_s=max_point_s, run_id=run_id)
+                    if row["note"]:
+                        stopped.add((ckpt, provider))
+                    else:
+                        done.append({**row, "_seconds": time.perf_counter() - t0})
+                    emit(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def describe_row(row: dict) -> str:
+    """One line per row, for the script's log."""
+    head = f"{row['model']:>13} ckpt={'on ' if row['checkpointing'] else 'off'} {row['provider']:>11} B={row['batch']:<4} tokens={row['tokens']:<7}"
+    if row["note"]:
+        return f"{head} {row['note']}"
+    memory = "" if math.isnan(row["peak_gib"]) else f" peak {row['peak_gib']:.1f} GiB (held {row['held_gib']:.1f})"
+    return (f"{head} {row['step_ms_50']:.1f} ms [{row['step_ms_20']:.1f}, {row['step_ms_80']:.1f}] "
+            f"{row['tokens_per_s']:.0f} tok/s{memory} loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}")
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def notes(rows: pd.DataFrame) -> pd.Series:
+    """The ``note`` column as strings ("" where empty; a CSV read back gives NaN there)."""
+    return rows.note.astype(object).fillna("").astype(str)
+
+
+def measured(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with figures (no note: neither OOM nor skipped nor failed)."""
+    return rows[notes(rows).eq("") & rows.step_ms_50.notna()]
+
+
+def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the newest run (``run_id``) of each model: what the targets are judged on."""
+    if not len(rows):
+        return rows
+    newest = rows.groupby("model").run_id.max()
+    return rows[rows.run_id == rows.model.map(newest)].reset_index(drop=True)
+
+
+def largest_fit(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, checkpointing, provider): the largest tokens per step measured, and what stopped the
+    sweep above it (``OOM at N``, ``skipped`` by the budget, ``error``, or ``end of grid``: then the
+    largest fit is a lower bound)."""
+    out = []
+    for (model, ckpt, provider), group in rows.groupby(["model", "checkpointing", "provider"], sort=False):
+        ok = measured(group)
+        largest = int(ok.tokens.max()) if len(ok) else 0
+        above = group[group.tokens > largest].sort_values("tokens")
+        text = notes(above)
+        if (text == "OOM").any():
+            limit = f"OOM at {int(above[text == 'OOM'].tokens.min())}"
+        elif text.str.startswith("skipped: budget").any():
+            limit = "skipped (budget)"
+        elif text.str.startswith(("skipped", "error")).any():
+            limit = text[text.str.startswith(("skipped", "error"))].iloc[0]
+        else:
+            limit = "end of grid"
+        out.append({"model": model, "checkpointing": bool(ckpt), "provider": provider, "largest tokens": largest,
+                    "largest batch": int(ok.loc[ok.tokens.idxmax(), "batch"]) if len(ok) else 0,
+                    "stopped by": limit, "bounded by OOM": limit.startswith("OOM")})
+    return pd.DataFrame(out, columns=["model", "checkpointing", "provider", "largest tokens", "largest batch",
+                                      "stopped by", "bounded by OOM"])
+
+
+#: Issue 10's targets for the training step (same GPU, same run, per model and checkpointing):
+#: label → (quantity, bound, direction). Times are medians; "≤" bounds hold at every tokens per step
+#: both providers measured.
+TRAINING_TARGETS = {
+    "peak memory ≤ 0.7× huggingface (largest size both fit)": ("memory / huggingface", 0.7, "≤"),
+    "step time ≤ 0.95× huggingface": ("time / huggingface", 0.95, "≤"),
+    "step time ≤ Liger": ("time / liger", 1.0, "≤"),
+    "step time ≤ TRL fused head": ("time / trl", 1.0, "≤"),
+    "largest tokens per step ≥ 1.5× huggingface": ("largest / huggingface", 1.5, "≥"),
+}
+
+
+def step_ratios(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Per (model, checkpointing, tokens) of one run: ``provider``'s median step time and peak memory,
+    and their ratios to each peer's (NaN where a peer did not measure that size)."""
+    ok = measured(rows)
+    out = []
+    for (model, ckpt), group in ok.groupby(["model", "checkpointing"], sort=False):
+        time_ = group.groupby(["tokens", "provider"]).step_ms_50.median().unstack()
+        memory = group.groupby(["tokens", "provider"]).peak_gib.median().unstack()  # all NaN on a CPU
+        if provider not in time_.columns:
+            continue
+        for tokens in time_.index[time_[provider].notna()]:
+            entry = {"model": model, "checkpointing": bool(ckpt), "tokens": int(tokens),
+                     f"{provider} ms": time_.at[tokens, provider], f"{provider} GiB": memory.at[tokens, provider]}
+            for peer in (p for p in PROVIDERS if p != provider):
+                entry[f"time / {peer}"] = (time_.at[tokens, provider] / time_.at[tokens, peer]
+                                           if peer in time_.columns else float("nan"))
+                entry[f"memory / {peer}"] = (memory.at[tokens, provider] / memory.at[tokens, peer]
+                                             if peer in memory.columns else float("nan"))
+            out.append(entry)
+    return pd.DataFrame(out)
+
+
+def training_verdicts(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Issue 10's targets (:data:`TRAINING_TARGETS`) per (model, checkpointing) for the newest run of
+    each model: the ratio that decides (worst over the sizes for the time bounds; at the largest size
+    both fit for memory; largest fits for the size bound), where, the bound, and ``met``, ``missed``
+    or ``not judged`` (a peer not measured; or, for the size bound, neither an OOM of ``provider`` nor
+    a ratio already past the bound)."""
+    rows = latest_run(rows)
+    ratios = step_ratios(rows, provider)
+    fits = largest_fit(rows)
+    out = []
+    for (model, ckpt), group in rows.groupby(["model", "checkpointing"], sort=False):
+        these = ratios[(ratios.model == model) & (ratios.checkpointing == ckpt)] if len(ratios) else ratios
+        for label, (quantity, bound, direction) in TRAINING_TARGETS.items():
+            ratio, where, status, detail = float("nan"), None, "not judged", ""
+            if quantity.startswith("largest"):
+                f = fits[(fits.model == model) & (fits.checkpointing == ckpt)].set_index("provider")
+                if provider in f.index and "huggingface" in f.index and f.at["huggingface", "largest tokens"] > 0:
+                    ours, theirs = f.at[provider, "largest tokens"], f.at["huggingface", "largest tokens"]
+                    ratio, where = ours / theirs, int(ours)
+                    lower_bound = not f.at[provider, "bounded by OOM"]
+                    detail = (f"{provider} {int(ours)} tokens ({f.at[provider, 'stopped by']}), huggingface {int(theirs)} "
+                              f"({f.at['huggingface', 'stopped by']})")
+                    if ratio >= bound:
+                        status = "met"
+                    elif not lower_bound:
+                        status = "missed"
+                    else:
+                        detail += f"; {provider} was not run to OOM"
+            elif len(these) and quantity in these.columns:
+                values = these.set_index("tokens")[quantity].dropna()
+                if quantity.startswith("memory"):
+                    values = values.loc[values.index.max():] if len(values) else values  # the largest size both fit
+                if len(values):
+                    ratio, where = float(values.max()), int(values.idxmax())
+                    status = "met" if ratio <= bound else "missed"
+                    detail = f"over {len(values)} size(s), best {values.min():.3f}"
+            out.append({"model": model, "checkpointing": bool(ckpt), "target": label, "bound": f"{direction} {bound}",
+                        "ratio": ratio, "at tokens": where, "status": status, "detail": detail})
+    return pd.DataFrame(out, columns=["model", "checkpointing", "target", "bound", "ratio", "at tokens", "status", "detail"])
+
+
+def verdict_summary(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """:func:`training_verdicts` as one cell per (target; model, checkpointing): ``status (ratio)``."""
+    if not len(verdicts):
+        return pd.DataFrame()
+    cells = verdicts.assign(cell=[f"{s} ({r:.2f})" if r == r else s for s, r in zip(verdicts.status, verdicts.ratio)],
+                            checkpointing=verdicts.checkpointing.map({False: "ckpt off", True: "ckpt on"}))
+    table = cells.pivot_table(index="target", columns=["model", "checkpointing"], values="cell", aggfunc="first", sort=False)
+    return table.reindex([t for t in TRAINING_TARGETS if t in table.index])
+
+
+# --------------------------------------------------------------------------- analytic costs
+
+
+def lm_head_bytes_per_token(vocab: int) -> dict[str, int]:
+    """What the unfused LM head holds per token in a bf16 training step (SPEC §7): the bf16 logits,
+    their float32 upcast and its float32 gradient (10 bytes × V: about 1.3 MB at V = 128256)."""
+    return {"logits (bf16)": 2 * vocab, "float32 upcast": 4 * vocab, "logits gradient (float32)": 4 * vocab}
+
+
+def activation_bytes_per_token(name: str, checkpointing: bool) -> float:
+    """An estimate of the bf16 activations a Hugging Face decoder keeps per token for backward (sdpa).
+
+    Per layer: two RMSNorms (float32 input 4H, normalized bf16 2H, output 2H: 8H each), q 2H, k and v
+    2·kv each, the attention output and the o_proj input (2H each), the MLP's gate, SiLU, up and
+    product (2I each): 22H + 4kv + 8I bytes; plus the final norm (8H) and the embedding output (2H).
+    With checkpointing each layer keeps its input (2H) and one layer's activations are live again
+    while it is recomputed. An estimate to set beside the measurement, not a measurement."""
+    s = MODEL_SHAPES[name]
+    h, i, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
+    per_layer = 22 * h + 4 * kv + 8 * i
+    if checkpointing:
+        return layers * 2 * h + per_layer + 10 * h
+    return layers * per_layer + 10 * h
+
+
+def step_memory_estimate(name: str, tokens: int, checkpointing: bool = False) -> pd.DataFrame:
+    """The memory of one bf16 AdamW training step of shape ``name`` at ``tokens`` per step, by
+    component (GB, 1e9 bytes), for the unfused head (``LM head`` = ``unfused``: Hugging Face) and a
+    fused one (``fused``: no logits; its chunk buffers, a few hundred MB, are left out):
+    weights (2 bytes/parameter), gradients (2), AdamW's two moments (4: torch keeps them in the
+    parameter dtype), the activations (:func:`activation_bytes_per_token`) and the LM head's logits,
+    upcast and gradient (:func:`lm_head_bytes_per_token`)."""
+    params = parameter_count(name)
+    vocab = MODEL_SHAPES[name]["vocab_size"]
+    common = {"weights (bf16)": 2 * params, "gradients (bf16)": 2 * params, "AdamW state (2 moments, bf16)": 4 * params,
+              "activations (estimate)": activation_bytes_per_token(name, checkpointing) * tokens}
+    head = {k: v * tokens for k, v in lm_head_bytes_per_token(vocab).items()}
+    out = []
+    for provider, parts in (("unfused", {**common, **head}), ("fused", {**common, **{k: 0 for k in head}})):
+        for component, value in parts.items():
+            out.append({"model": name, "tokens": tokens, "checkpointing": bool(checkpointing), "LM head": provider,
+                        "component": component, "GB": value / 1e9})
+    return pd.DataFrame(out)
+
+
+def analytic_costs(names: Iterable[str] = ("llama-3.2-1b", "qwen2.5-0.5b")) -> pd.DataFrame:
+    """Per model shape: parameters, the bytes of weights + gradients + AdamW state, the LM head's
+    bytes per token (logits, upcast, gradient) and the activations' per token (estimate, with and
+    without checkpointing), and the tokens per step at which the logits' share outweighs the
+    weights + gradients + optimizer state."""
+    out = []
+    for name in names:
+        params = parameter_count(name)
+        vocab = MODEL_SHAPES[name]["vocab_size"]
+        head = sum(lm_head_bytes_per_token(vocab).values())
+        state = 8 * params
+        out.append({"model": name, "vocab": vocab, "hidden": MODEL_SHAPES[name]["hidden_size"],
+                    "parameters (M)": params / 1e6,
+                    "LM head weight (M)": vocab * MODEL_SHAPES[name]["hidden_size"] / 1e6,
+                    "weights + grads + AdamW (GB)": state / 1e9,
+                    "LM head per token (MB)": head / 1e6,
+                    "activations per token (MB)": activation_bytes_per_token(name, False) / 1e6,
+                    "activations per token, checkpointing (MB)": activation_bytes_per_token(name, True) / 1e6,
+                    "tokens where logits > weights + grads + AdamW": math.ceil(state / head),
+                    "LM head at 16 × 2048 tokens (GB)": head * 16 * 2048 / 1e9})
+    return pd.DataFrame(out).set_index("model")
+
+
+# --------------------------------------------------------------------------- charts (plotly, imported when drawn)
+
+PROVIDER_COLORS = {"kernels_lib": "#d62728", "huggingface": "#1f77b4", "liger": "#2ca02c", "trl": "#ff7f0e"}
+COMPONENT_COLORS = {
+    "weights (bf16)": "#4c78a8", "gradients (bf16)": "#72b7b2", "AdamW state (2 moments, bf16)": "#54a24b",
+    "activations (estimate)": "#b279a2", "logits (bf16)": "#f58518", "float32 upcast": "#e45756",
+    "logits gradient (float32)": "#9d755d",
+}
+
+
+def memory_components_chart(names: Sequence[str] = ("llama-3.2-1b", "qwen2.5-0.5b"), tokens: int = 16 * SEQ):
+    """Stacked bars of :func:`step_memory_estimate` (GB) per model, head (unfused / fused) and
+    checkpointing, at ``tokens`` per step."""
+    import plotly.graph_objects as go
+
+    frame = pd.concat([step_memory_estimate(n, tokens, c) for n in names for c in (False, True)], ignore_index=True)
+    frame["bar"] = frame.model + "<br>" + frame["LM head"] + ", ckpt " + frame.checkpointing.map({False: "off", True: "on"})
+    figure = go.Figure()
+    for component, rows in frame.groupby("component", sort=False):
+        figure.add_trace(go.Bar(x=rows.bar, y=rows.GB, name=component, marker_color=COMPONENT_COLORS.get(component),
+                                hovertemplate="%{x}<br>" + component + ": %{y:.1f} GB<extra></extra>"))
+    figure.update_layout(barmode="stack", height=480, yaxis_title="GB (estimate)",
+                         title=f"What a bf16 AdamW step holds at {tokens:,} tokens per step (estimate)",
+                         legend={"orientation": "h", "y": -0.25})
+    return figure
+
+
+def loss_curve_chart(curves: pd.DataFrame, title: str = "Loss per AdamW step, same init and batch"):
+    """:func:`loss_curves` rows: one panel per dtype, a line per provider."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    dtypes = list(dict.fromkeys(curves.dtype))
+    figure = make_subplots(rows=1, cols=len(dtypes), subplot_titles=dtypes, shared_yaxes=True)
+    for col, dtype in enumerate(dtypes, start=1):
+        for provider, rows in curves[curves.dtype == dtype].groupby("provider", sort=False):
+            figure.add_trace(go.Scatter(x=rows.step, y=rows.loss, name=provider, legendgroup=provider, showlegend=col == 1,
+                                        mode="lines+markers", line={"color": PROVIDER_COLORS.get(provider),
+                                        "dash": "solid" if provider == "huggingface" else "dot"}), row=1, col=col)
+        figure.update_xaxes(title_text="step", row=1, col=col)
+    figure.update_yaxes(title_text="loss", row=1, col=1)
+    figure.update_layout(title=title, height=380)
+    return figure
+
+
+def step_chart(rows: pd.DataFrame, model: str):
+    """Measured rows of one model (one run): median step time (p20–p80 as error bars) and peak memory
+    against tokens per step, a line per provider, checkpointing off and on side by side; the points
+    that ran out of memory as crosses at the GPU's capacity (dotted)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = rows[rows.model == model]
+    settings = sorted(rows.checkpointing.unique())
+    titles = [f"{what}, checkpointing {'on' if c else 'off'}" for what in ("step time", "peak memory") for c in settings]
+    figure = make_subplots(rows=2, cols=len(settings), subplot_titles=titles, shared_xaxes=True, vertical_spacing=0.12)
+    capacity = rows.gpu_memory_gib.dropna().max() if "gpu_memory_gib" in rows else float("nan")
+    for col, ckpt in enumerate(settings, start=1):
+        these = rows[rows.checkpointing == ckpt]
+        ok = measured(these)
+        present = set(these.provider)
+        for provider in [p for p in PROVIDERS if p in present] + sorted(p for p in present if p not in PROVIDERS):
+            mine = ok[ok.provider == provider].sort_values("tokens")
+            color = PROVIDER_COLORS.get(provider)  # None (plotly's next colour) for a dial point
+            first = col == 1
+            figure.add_trace(go.Scatter(
+                x=mine.tokens, y=mine.step_ms_50, name=provider, legendgroup=provider, showlegend=first,
+                mode="lines+markers", line={"color": color},
+                error_y={"type": "data", "symmetric": False, "array": mine.step_ms_80 - mine.step_ms_50,
+                         "arrayminus": mine.step_ms_50 - mine.step_ms_20}), row=1, col=col)
+            figure.add_trace(go.Scatter(x=mine.tokens, y=mine.peak_gib, name=provider, legendgroup=provider,
+                                        showlegend=False, mode="lines+markers", line={"color": color}), row=2, col=col)
+            oom = these[(these.provider == provider) & notes(these).eq("OOM")]
+            if len(oom) and not math.isnan(capacity):
+                figure.add_trace(go.Scatter(x=oom.tokens, y=[capacity] * len(oom), name=f"{provider} OOM", legendgroup=provider,
+                                            showlegend=False, mode="markers", marker={"symbol": "x", "size": 12, "color": color},
+                                            hovertemplate=provider + " OOM at %{x} tokens<extra></extra>"), row=2, col=col)
+        if not math.isnan(capacity):
+            figure.add_hline(y=capacity, line_dash="dot", line_color="#7f7f7f", row=2, col=col,
+                             annotation_text=f"GPU {capacity:.0f} GiB", annotation_position="bottom right")
+        figure.update_xaxes(type="log", title_text="tokens per step", row=2, col=col)
+        figure.update_xaxes(type="log", row=1, col=col)
+    figure.update_yaxes(title_text="median step (ms)", row=1, col=1)
+    figure.update_yaxes(title_text="peak allocated (GiB)", row=2, col=1)
+    gpu = rows.gpu_name.iloc[0] if len(rows) else ""
+    figure.update_layout(title=f"{model}: a training step on {gpu} (forward, backward, AdamW)", height=700)
+    return figure
