@@ -115,6 +115,7 @@ class _Options:
     logit_scale: float = 1.0
     temperature: float = 1.0
     with_stats: bool = False
+    host_checks: bool = True
 
     @property
     def pre_scale(self) -> float:
@@ -383,8 +384,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             return (None,) * 10
         else:
             dx, dw, db = ctx.saved_tensors
-            # One host sync to skip a pass over dx and dW in the common case grad_output == 1.
-            if not bool(grad_output == 1):
+            # With host checks: one host sync to skip a pass over dx and dW in the common case
+            # grad_output == 1. Without (a training step that must not stall): always the pass.
+            if not ctx.opts.host_checks or not bool(grad_output == 1):
                 dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
         dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
         return dx, dw, db, None, None, None, None, None, None, None
@@ -509,12 +511,29 @@ def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int, class_wei
     return counts[2] if class_weight is not None else float(n_valid)
 
 
-def _normalizer(num_items_in_batch, valid_weight: float):
+def _normalizer(num_items_in_batch, valid_weight):
     """The denominator of ``mean``: ``num_items_in_batch`` when given, else the valid rows' total
-    weight (their number without class weights); 1 when that is 0, so an all-ignored batch gives 0."""
+    weight (their number without class weights); 1 when that is 0, so an all-ignored batch gives 0.
+    ``valid_weight`` is a float, or a one-element tensor that is never read on the host."""
     if num_items_in_batch is not None:
         return num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) else float(num_items_in_batch)
+    if isinstance(valid_weight, torch.Tensor):
+        return torch.where(valid_weight != 0, valid_weight, torch.ones_like(valid_weight))
     return valid_weight if valid_weight != 0 else 1.0
+
+
+def _count_valid_on_device(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None):
+    """:func:`_count_valid` without a host sync: the total weight stays a device tensor, and targets
+    outside ``[0, V)`` are caught by ``torch._assert_async`` (on CUDA a device-side assert, as torch's
+    own ``cross_entropy`` gives; on a CPU an immediate RuntimeError)."""
+    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+    torch._assert_async(
+        ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
+    )
+    if class_weight is None:
+        return valid.sum().to(torch.float32)
+    rows = class_weight.to(torch.float32)[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
+    return (rows * valid).sum()
 
 
 def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
@@ -546,6 +565,7 @@ def fused_linear_cross_entropy(
     logit_scale: float = 1.0,
     temperature: float = 1.0,
     return_token_stats: bool = False,
+    host_checks: bool = True,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -583,6 +603,13 @@ def fused_linear_cross_entropy(
             gradient under ``reduction="none"``), top-1 hit, mean logit and ``log Σ p²``, computed in
             the same pass over the logits (what training loggers and TRL's trainers read off the
             logits this function never returns).
+        host_checks: True (default): the targets' range is checked on the host, so a bad target
+            raises a ValueError naming it (one host sync per call, plus one in backward to skip the
+            ``grad_output`` pass when it is 1). False: no host sync at all, for a training step whose
+            CPU must run ahead of the GPU (small steps are launch-bound): the valid-token count stays
+            on the device, the range is asserted there (``torch._assert_async``: a device-side assert
+            on CUDA, as torch's ``cross_entropy`` gives), and backward always scales by
+            ``grad_output``. :func:`kernels_lib.hf.patch` uses False.
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
@@ -618,15 +645,18 @@ def fused_linear_cross_entropy(
         logit_scale, temperature, return_token_stats,
     )
     _validate_num_items(num_items_in_batch, reduction)
-    valid_weight = _count_valid(target, weight.shape[0], ignore_index, class_weight)
+    if not isinstance(host_checks, bool):
+        raise TypeError(f"host_checks must be a bool; got {host_checks!r}")
+    count = _count_valid if host_checks else _count_valid_on_device
+    valid_weight = count(target, weight.shape[0], ignore_index, class_weight)
     normalizer = _normalizer(num_items_in_batch, valid_weight)
-    weight_sum = float(class_weight.sum()) if class_weight is not None else 0.0
+    weight_sum = float(class_weight.sum()) if class_weight is not None else 0.0  # with class weights: a host sync
     grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
         None if softcap is None else float(softcap), chunk_size, accurate,
-        float(logit_scale), float(temperature), return_token_stats,
+        float(logit_scale), float(temperature), return_token_stats, host_checks,
     )
     outputs = _FusedLinearCrossEntropyFunction.apply(
         x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),

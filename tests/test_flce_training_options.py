@@ -226,18 +226,19 @@ def test_launcher_writes_every_stat(softcap):
 
 
 def test_autocast_runs_the_head_in_the_autocast_dtype():
-    """Under CPU/CUDA autocast (bf16) with float32 parameters: the loss is the loss of the bf16-rounded
-    operands (as nn.Linear would compute it), float32; the gradients are float32, and equal those of
-    the rounded operands (accumulated in float32)."""
+    """Under CPU/CUDA autocast (bf16) with float32 parameters: the loss is the loss of the same call on
+    bf16 copies (the operands rounded as nn.Linear's would be, the logits chunk in bf16 on CUDA),
+    float32; the gradients are float32 (dW accumulated in float32) and within bf16 rounding of the
+    bf16 call's."""
     x, w, b, target = make_inputs(bias=True)
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         loss = fused_linear_cross_entropy(x, w, target, b, chunk_size=16)
     grads = torch.autograd.grad(loss, (x, w, b))
     assert loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
-    rounded = [t.detach().bfloat16().float().requires_grad_() for t in (x, w, b)]
-    want = fused_linear_cross_entropy(*rounded[:2], target, rounded[2], chunk_size=16)
+    halves = [t.detach().bfloat16().requires_grad_() for t in (x, w, b)]
+    want = fused_linear_cross_entropy(*halves[:2], target, halves[2], chunk_size=16)
     assert rel_err(loss, want) < 1e-6
-    for got, ref in zip(grads, torch.autograd.grad(want, rounded)):
+    for got, ref in zip(grads, torch.autograd.grad(want, halves)):
         assert rel_err(got, ref) < 1e-2
     unrounded = fused_linear_cross_entropy(x.detach(), w.detach(), target, b.detach())
     assert rel_err(loss, unrounded) > 1e-6  # autocast did change the operands
@@ -258,3 +259,33 @@ def test_torch_compile_calls_the_kernels_behind_one_graph_break():
     want = step(x, w, b, target)
     assert torch.equal(got, want)
     assert all(torch.equal(g, r) for g, r in zip(torch.autograd.grad(got, (x, w, b)), torch.autograd.grad(want, (x, w, b))))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("num_items", [None, 29])
+def test_without_host_checks_the_results_are_the_same(reduction, num_items):
+    """host_checks=False (no host sync: the count on the device, backward always scales) changes nothing
+    in the loss or the gradients, with class weights too."""
+    x, w, b, target = make_inputs()
+    if reduction == "none" and num_items is not None:
+        return
+    upstream = 2.0
+    results = []
+    for host_checks in (True, False):
+        loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, num_items_in_batch=num_items,
+                                          class_weight=class_weights(w.shape[0]), chunk_size=16,
+                                          host_checks=host_checks)
+        grads = torch.autograd.grad(loss.sum() * upstream, (x, w, b))
+        results.append((loss.detach(), *grads))
+    for a, c in zip(*results):
+        assert torch.allclose(a, c, rtol=1e-6, atol=1e-7)
+
+
+def test_without_host_checks_a_bad_target_is_still_an_error():
+    """The range is asserted on the device (an immediate RuntimeError on a CPU; a device-side assert on CUDA)."""
+    x, w, b, target = make_inputs(lead=(5,), vocab=67, hidden=8)
+    target[1] = 67
+    with pytest.raises(RuntimeError, match=r"target holds values outside \[0, 67\)"):
+        fused_linear_cross_entropy(x, w, target, b, host_checks=False)
+    with pytest.raises(TypeError, match="host_checks must be a bool"):
+        fused_linear_cross_entropy(x, w, target, b, host_checks=0)
