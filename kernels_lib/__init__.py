@@ -10,6 +10,9 @@ Triton's interpreter otherwise) before any kernel module is imported.
 from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU machines)
 from ._runtime import INTERPRETED, KERNEL_DEVICE, default_device
 from .fused_linear_cross_entropy import CrossEntropyOutput, FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
+from .fused_linear_cpo import CPOOutput, FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
+from .fused_linear_dpo import DPOOutput, FusedLinearDPOLoss, fused_linear_dpo
+from .fused_linear_grpo import FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from .fused_linear_kto import FusedLinearKTOLoss, fused_linear_kto
 from .fused_linear_orpo import FusedLinearORPOLoss, fused_linear_orpo
 from .kl_div import KLDivLoss, kl_div
@@ -24,6 +27,17 @@ __all__ = [
     "FusedLinearORPOLoss",
     "fused_linear_kto",
     "FusedLinearKTOLoss",
+    "fused_linear_dpo",
+    "FusedLinearDPOLoss",
+    "DPOOutput",
+    "fused_linear_cpo",
+    "fused_linear_simpo",
+    "FusedLinearCPOLoss",
+    "FusedLinearSimPOLoss",
+    "CPOOutput",
+    "fused_linear_grpo",
+    "FusedLinearGRPOLoss",
+    "GRPOOutput",
     "INTERPRETED",
     "KERNEL_DEVICE",
     "default_device",

@@ -22,6 +22,13 @@ memory.
 
 A second target ``y'`` per token (ORPO's ``nll_target``) adds its own sums and weights; the kernel
 forms both terms in the same pass.
+
+A loss that depends on each token's log-prob, not only on the sequence sums (GRPO: a clipped ratio
+per token, a KL term per token), gives ``token_coefficients`` instead: it turns the chunk's per-token
+log-probs into a weight :math:`w_{kt} = \partial L / \partial \log p_{kt}` per row, and the
+gradient pass reads one weight per row. ``token_logps`` (and ``token_entropy``) keep the per-token
+values for the caller; ``logit_scale`` multiplies the logits as they are formed (``1/temperature``),
+and the pipeline applies the same factor to the weights (the chain rule through the scaled logits).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
 #: sequences ``seqs`` (a slice), from their float32 sums (``sums2``/``w2``: the second target's, or None).
 Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
+
+#: ``token_coefficients(rows, logp) -> w``: float32 per-token weights ``∂L/∂log p`` of the chunk's rows
+#: ``rows`` (a slice of whole sequences), from their float32 log-probs ``logp`` (0 at ignored rows).
+TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 
 def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
@@ -63,6 +74,10 @@ def sequence_logprobs(
     coefficients: Coefficients | None = None,
     needs: tuple[bool, bool, bool] = (False, False, False),
     accurate: bool = False,
+    logit_scale: float = 1.0,
+    token_coefficients: TokenCoefficients | None = None,
+    token_logps: torch.Tensor | None = None,
+    token_entropy: torch.Tensor | None = None,
 ):
     """Per-sequence summed log-probs of ``target`` (and ``target2``), and the fused gradients.
 
@@ -76,6 +91,12 @@ def sequence_logprobs(
             called only when ``any(needs)``.
         needs: whether ``dx``, ``dW``, ``db`` are wanted.
         accurate: float32 accumulation of ``dW``/``db`` across chunks (as in cross-entropy).
+        logit_scale: the logits are ``logit_scale · (x Wᵀ + b)`` (e.g. ``1/temperature``); the weights
+            stay ``∂L/∂log p`` and the pipeline multiplies them by ``logit_scale``.
+        token_coefficients: instead of ``coefficients`` (and without ``target2``): per-token weights
+            from the chunk's per-token log-probs, one weight per row in the gradient pass.
+        token_logps, token_entropy: optional float32 ``(S·T,)`` outputs: each row's log-prob of
+            ``target`` (0 at ignored rows) and its softmax's entropy (0 at ignored rows).
 
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
@@ -84,9 +105,11 @@ def sequence_logprobs(
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
         otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
     """
+    if token_coefficients is not None and (coefficients is not None or target2 is not None):
+        raise ValueError("token_coefficients replaces coefficients and takes no target2")
     n_rows = x.shape[0]
     n_seqs = n_rows // seq_len
-    ops = _Operands(x, weight, bias, rows_per_chunk)
+    ops = _Operands(x, weight, bias, rows_per_chunk, pre=logit_scale)
     lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
     logp2 = None if target2 is None else torch.empty_like(logp)
     sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
@@ -99,19 +122,27 @@ def sequence_logprobs(
         launch_token_logprobs(
             logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
             target2=y2, logp2=None if y2 is None else logp2[:n],
+            entropy=None if token_entropy is None else token_entropy[rows],
         )
         sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
         if sums2 is not None:
             sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+        if token_logps is not None:
+            token_logps[rows] = logp[:n]
         if grads is None:
             continue
-        w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+        if token_coefficients is not None:
+            w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+        else:
+            (w, w2), rows_per_weight = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs]), seq_len
+        if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
+            w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
         # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
         unscale = grads.dz_unscale(lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max())
         if unscale != 1.0:
             w, w2 = w / unscale, None if w2 is None else w2 / unscale
         launch_token_logprobs_grad(
-            logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=seq_len,
+            logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=rows_per_weight,
             ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
         )
         grads.add_chunk(logits, x_c, ops.w, rows, unscale)

@@ -52,6 +52,7 @@ from typing import NamedTuple
 import torch
 
 from . import _validate as v
+from ._paired_logprobs import reference_sums, validate_reference
 from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, sequence_logprobs
 
 
@@ -74,13 +75,7 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     ignore_index, average, chunk_size = opts
     if ref_logps is not None:
         return ref_logps.detach().to(torch.float32)
-    seq_len = target.shape[1]
-    rows = ref_x.reshape(-1, ref_x.shape[-1])
-    with torch.no_grad():
-        sums, _, _ = sequence_logprobs(
-            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
-        )
+    sums = reference_sums(ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size)
     return _sequence_logps(sums, counts, average)
 
 
@@ -113,34 +108,6 @@ def _run(x, weight, bias, target, labels, kl, ref, counts, opts):
         grads = (grads[0].view(x.shape), *grads[1:])
     aux = (beta * r[labels], beta * r[~labels], logps[labels], logps[~labels])
     return per_example.mean(), aux, grads
-
-
-def _validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps) -> dict:
-    """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name."""
-    if ref_logps is not None:
-        if ref_x is not None or ref_weight is not None or ref_bias is not None:
-            raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
-        v.require_tensor("ref_logps", ref_logps)
-        if not ref_logps.is_floating_point():
-            raise TypeError(f"ref_logps must be a floating tensor; got {ref_logps.dtype}")
-        v.require_shape("ref_logps", ref_logps, x.shape[:1], "(B,)")
-        return {"ref_logps": ref_logps}
-    if ref_x is None or ref_weight is None:
-        raise ValueError("give ref_logps, or the reference model: ref_x and ref_weight (and optionally ref_bias)")
-    v.require_tensor("ref_x", ref_x)
-    v.require_tensor("ref_weight", ref_weight)
-    v.require_float("ref_x", ref_x)
-    v.require_float("ref_weight", ref_weight)
-    v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
-    v.require_ndim("ref_x", ref_x, 3)
-    v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), "(B, T, H_ref) with (B, T) = target.shape")
-    v.require_nonempty("ref_x", ref_x)
-    v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
-    tensors = {"ref_x": ref_x, "ref_weight": ref_weight}
-    if ref_bias is not None:
-        v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
-        tensors["ref_bias"] = ref_bias
-    return tensors
 
 
 def _validate(x, weight, target, labels, kl, bias, options) -> dict:
@@ -232,7 +199,7 @@ def fused_linear_kto(
     """
     options = (beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
     tensors = _validate(x, weight, target, preference_labels, kl, bias, options)
-    tensors.update(_validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
+    tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
     v.require_same_device(tensors)
     counts = check_targets("target", target, weight.shape[0], ignore_index)
     ref = _reference_logps(

@@ -40,12 +40,13 @@ are ``dz``.
 
 Design
 ------
-:mod:`kernels_lib._sequence_logprobs`: chunks hold whole pairs, so a pair's two averages, hence
-its weights, are known inside the chunk that holds both; ``dz`` is formed in place there and
-``dx``, ``dW``, ``db`` follow: three matmuls in all, done in forward (backward only scales by
-``grad_output``, with no host sync). To make a pair's rows contiguous, ``x`` is reordered once to
-chosen/rejected interleaved (a copy of ``x``, and of ``dx`` back: ``2·2n·T·H`` elements, small next
-to the logits). Memory: one ``chunk × V`` logits buffer, plus ``dx``, ``dW``, ``db`` (``dW`` in
+:mod:`kernels_lib._paired_logprobs` (the paired layer of :mod:`kernels_lib._sequence_logprobs`,
+shared with DPO, CPO and SimPO; ORPO gives its derivative explicitly, in the stable form above):
+chunks hold whole pairs, so a pair's two averages, hence its weights, are known inside the chunk
+that holds both; ``dz`` is formed in place there and ``dx``, ``dW``, ``db`` follow: three matmuls
+in all, done in forward (backward only scales by ``grad_output``, with no host sync). To make a
+pair's rows contiguous, ``x`` is reordered once to chosen/rejected interleaved (a copy of ``x``, and
+of ``dx`` back: ``2·2n·T·H`` elements, small next to the logits). Memory: one ``chunk × V`` logits buffer, plus ``dx``, ``dW``, ``db`` (``dW`` in
 float32 while accumulating when ``accurate``).
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
@@ -62,7 +63,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
-from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, sequence_logprobs
+from ._paired_logprobs import paired_logprobs
+from ._sequence_logprobs import FusedSequenceLoss, check_targets
 
 
 class ORPOOutput(NamedTuple):
@@ -88,60 +90,25 @@ def log_odds(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     return (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
 
 
-def _pair_weights(chosen, rejected, beta: float, n_pairs: int):
-    """``(∂L_OR/∂a_c, ∂L_OR/∂a_r)`` per pair (see the module docstring)."""
+def _pair_weights(chosen, rejected, beta: float):
+    """``(∂f/∂a_c, ∂f/∂a_r)`` of each pair's term ``f = -β logσ(o)`` (the module docstring; ``L_OR`` is their mean)."""
     o = log_odds(chosen, rejected)
-    d_chosen = -(beta / n_pairs) / (-torch.expm1(chosen) + torch.exp(chosen - rejected + log1mexp(rejected)))
-    d_rejected = (beta / n_pairs) * torch.sigmoid(-o) / -torch.expm1(rejected)
+    d_chosen = -beta / (-torch.expm1(chosen) + torch.exp(chosen - rejected + log1mexp(rejected)))
+    d_rejected = beta * torch.sigmoid(-o) / -torch.expm1(rejected)
     return d_chosen, d_rejected
-
-
-def _interleave(t: torch.Tensor) -> torch.Tensor:
-    """``(2n, T, ...)`` chosen-then-rejected to pair order ``c0, r0, c1, r1, ...``, flattened to rows."""
-    n = t.shape[0] // 2
-    return t.reshape(2, n, *t.shape[1:]).transpose(0, 1).reshape(-1, *t.shape[2:])
-
-
-def _deinterleave(rows: torch.Tensor, shape) -> torch.Tensor:
-    """Inverse of :func:`_interleave`: rows in pair order back to ``shape`` ``(2n, T, ...)``."""
-    n = shape[0] // 2
-    return rows.reshape(n, 2, *shape[1:]).transpose(0, 1).reshape(shape)
 
 
 def _run(x, weight, bias, target, nll_target, counts, opts):
     """The forward of :class:`FusedSequenceLoss`: sums chunk by chunk, weights, gradients, then the loss."""
     beta, ignore_index, chunk_size, accurate, needs = opts
-    n_pairs, seq_len = x.shape[0] // 2, x.shape[1]
-    counts = _interleave(counts)  # (2n,) valid tokens per sequence, pair order
-    y, y2 = _interleave(target), None
-    if nll_target is None:
-        n_nll = counts.view(n_pairs, 2)[:, 0].sum()
-    else:
-        # Only the chosen half enters the NLL: the rejected rows' second targets are all ignored.
-        y2 = _interleave(torch.cat([nll_target[:n_pairs], torch.full_like(nll_target[n_pairs:], ignore_index)]))
-        n_nll = (y2 != ignore_index).sum().to(torch.float32)
-
-    def coefficients(seqs, sums, sums2):
-        avg = (sums / counts[seqs]).view(-1, 2)
-        d_chosen, d_rejected = _pair_weights(avg[:, 0], avg[:, 1], beta, n_pairs)
-        w = torch.stack([d_chosen, d_rejected], 1).view(-1) / counts[seqs]
-        nll_w = torch.stack([torch.full_like(d_chosen, -1.0) / n_nll, torch.zeros_like(d_chosen)], 1).view(-1)
-        return (w + nll_w, None) if sums2 is None else (w, nll_w)
-
-    x_rows = _interleave(x)
-    rows = chunk_rows(chunk_size, 2 * seq_len, x_rows.shape[0], weight.shape[1])
-    sums, sums2, grads = sequence_logprobs(
-        x_rows, weight, bias, y, seq_len=seq_len, rows_per_chunk=rows, ignore_index=ignore_index,
-        target2=y2, coefficients=coefficients, needs=needs, accurate=accurate,
+    chosen, rejected, nll, grads = paired_logprobs(
+        x, weight, bias, target, counts, pair_grad=lambda c, r, _pairs: _pair_weights(c, r, beta), average=True,
+        nll_weight=1.0, nll_target=nll_target, ignore_index=ignore_index, chunk_size=chunk_size,
+        accurate=accurate, needs=needs,
     )
-    pairs = (sums / counts).view(n_pairs, 2)
-    chosen, rejected = pairs[:, 0], pairs[:, 1]
     o = log_odds(chosen, rejected)
     ratio = F.logsigmoid(o)
-    nll = -(sums.view(n_pairs, 2)[:, 0].sum() if sums2 is None else sums2.sum()) / n_nll
     loss = nll - beta * ratio.mean()
-    if grads is not None and grads[0] is not None:
-        grads = (_deinterleave(grads[0], x.shape), *grads[1:])
     aux = (chosen, rejected, beta * chosen, beta * rejected, ratio.mean(), o.mean(), nll)
     return loss, aux, grads
 

@@ -239,3 +239,353 @@ def fused_linear_kto(
         losses.mean(), beta * chosen_logratios.detach(), beta * rejected_logratios.detach(),
         chosen_logps.detach(), rejected_logps.detach(),
     )
+
+
+def fused_linear_grpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    advantages: torch.Tensor,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    ref_x: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    completion_mask: torch.Tensor | None = None,
+    beta: float = 0.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    importance_sampling_level: str = "token",
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | float | None = None,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """TRL 1.16's GRPO loss (``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``) on
+    materialized float32 logits: the published "torch" provider of the GRPO charts.
+
+    The per-token log-probs are what TRL's fused head returns (``trl/trainer/utils.py``,
+    ``add_fused_lm_head``, lines 1642–1660: logits divided by ``temperature``, ``masked_fill(~mask,
+    0)`` at ``-100`` labels, here ``ignore_index``), from full ``log_softmax``; the reference model's
+    likewise under ``torch.no_grad()`` (``ref_per_token_logps`` of ``_generate_and_score_completions``,
+    ``grpo_trainer.py`` 2709–2720).
+    Then, in ``grpo_trainer.py``: the mask (line 3027, ``completion_mask``, times the valid
+    targets); advantages unsqueezed (3058–3059); ``old_per_token_logps`` defaulting to
+    ``per_token_logps.detach()`` (3065–3066); ``log_ratio`` and the token or sequence level
+    (3083–3093); ``coef_1 = exp`` (3095); ``per_token_kl`` (3100–3102); ``coef_2 = clamp``,
+    ``-min`` (3113–3120); ``+ beta * per_token_kl`` (3149–3150); the normalizations of grpo, bnpo,
+    dr_grpo, dapo (3153–3174; ``dapo`` divides by ``num_items_in_batch`` as given, else by the
+    active tokens clamped to 1, which TRL's ``num_items_in_batch`` is on one process with one
+    accumulation step); the metrics ``kl``, ``entropy`` and the clip ratios (3254–3283, on one
+    process). The loss is TRL's ``policy_loss`` (before the gradient-accumulation division).
+    ``chunk_size`` and ``accurate`` are accepted and ignored. Returns a ``GRPOOutput``.
+    """
+    from .fused_linear_grpo import GRPOOutput
+
+    del chunk_size, accurate
+    valid = target != ignore_index
+
+    def head(hidden, head_weight, head_bias):
+        logits = _reference_logits(hidden, head_weight, head_bias) / temperature
+        logp = torch.log_softmax(logits, -1)
+        per_token = logp.gather(-1, torch.where(valid, target, 0).long().unsqueeze(-1)).squeeze(-1)
+        entropy = torch.logsumexp(logits, -1) - (logp.exp() * logits).sum(-1)
+        return per_token.masked_fill(~valid, 0), entropy.masked_fill(~valid, 0)
+
+    per_token_logps, entropies = head(x, weight, bias)
+    dtype = per_token_logps.dtype
+    mask = valid.to(dtype) if completion_mask is None else valid.to(dtype) * completion_mask.to(dtype)
+    if ref_logps is None and ref_x is not None:
+        with torch.no_grad():
+            ref_logps = head(ref_x, ref_weight, ref_bias)[0]
+    advantages = advantages.detach().to(dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    old_per_token_logps = per_token_logps.detach() if old_logps is None else old_logps.detach().to(dtype)
+
+    log_ratio = per_token_logps - old_per_token_logps
+    if importance_sampling_level == "token":
+        log_importance_weights = log_ratio
+    else:
+        log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_importance_weights = log_importance_weights.unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    per_token_kl = None
+    if ref_logps is not None:
+        ref_per_token_logps = ref_logps.detach().to(dtype)
+        per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    if beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl
+
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    elif loss_type == "dapo":
+        if num_items_in_batch is None:
+            normalizer = mask.sum().clamp(min=1.0)
+        else:
+            normalizer = torch.as_tensor(num_items_in_batch, device=mask.device).to(dtype).reshape(())
+        loss = (per_token_loss * mask).sum() / normalizer
+    else:
+        raise ValueError(f"loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo'; got {loss_type!r}")
+
+    def masked_seq_mean(t):
+        return t.squeeze(1) if t.shape[1] == 1 else (t * mask).sum(-1) / mask.sum(-1)
+
+    def global_masked_mean(t):
+        if t.shape[1] == 1:
+            local_sum, local_count = t.sum(), torch.tensor(float(t.shape[0]), dtype=t.dtype, device=t.device)
+        else:
+            local_sum, local_count = (t * mask).sum(), mask.sum()
+        return (local_sum / local_count.clamp(min=1.0)).detach()
+
+    def nan_extreme(t, fn):
+        kept = t[~torch.isnan(t)]
+        return torch.full((), float("nan"), dtype=t.dtype, device=t.device) if kept.numel() == 0 else fn(kept).detach()
+
+    is_low_clipped = (coef_1 < 1 - epsilon_low) & (advantages < 0)
+    is_high_clipped = (coef_1 > 1 + epsilon_high) & (advantages > 0)
+    is_region_clipped = is_low_clipped | is_high_clipped
+    return GRPOOutput(
+        loss,
+        per_token_logps.detach(),
+        global_masked_mean(is_low_clipped.to(dtype)),
+        nan_extreme(masked_seq_mean(is_low_clipped.to(dtype)), torch.min),
+        global_masked_mean(is_high_clipped.to(dtype)),
+        nan_extreme(masked_seq_mean(is_high_clipped.to(dtype)), torch.max),
+        global_masked_mean(is_region_clipped.to(dtype)),
+        None if per_token_kl is None else global_masked_mean(per_token_kl),
+        global_masked_mean(entropies) if return_entropy else None,
+    )
+
+
+def fused_linear_dpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    ref_x: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.1,
+    loss_type="sigmoid",
+    loss_weights=None,
+    label_smoothing: float = 0.0,
+    discopop_tau: float = 0.05,
+    f_divergence_type: str = "reverse_kl",
+    ignore_index: int = -100,
+    average_log_prob: bool = False,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """TRL 1.16's DPO loss (``trl/trainer/dpo_trainer.py``, ``DPOTrainer._compute_loss``) on
+    materialized float32 logits.
+
+    Re-implements, in that file: the completion log-probs summed over the valid tokens (line 1304:
+    ``per_token_logps.sum(dim=1)``, the fused head giving 0 at the ``-100`` labels of line 1298)
+    and split chosen/rejected (1316); the reference log-probs, precomputed (1318–1319) or from the
+    reference model under ``torch.no_grad()`` (1320–1347); the log-ratios (1350–1351); the
+    f-divergence scores (1353–1363: reverse KL, forward KL ``1 - exp(-r)``, JS ``log 2 +
+    logsigmoid(r)``) and ``delta_score`` (1383); every per-pair loss type but ``aot`` /
+    ``aot_unpaired`` (1386–1510: sigmoid 1387–1388, hinge 1390–1391, ipo 1393–1404 (scores over the
+    completion lengths), exo_pair 1406–1417, nca_pair 1419–1426, robust 1428–1431, bco_pair
+    1433–1436, sppo_hard 1438–1445, apo_zero 1467–1473, apo_down 1475–1481, discopop 1483–1493, sft
+    1495–1502, sigmoid_norm 1504–1509); ``loss += per_sequence_loss.mean() * loss_weight`` (1528);
+    rewards ``beta * logratios`` (1582–1583), accuracies ``chosen_rewards > rejected_rewards``
+    (1590) and margins (1595). Targets are aligned with ``x`` (no shift); ``ref_logps`` is
+    ``(2n,)``, chosen then rejected. ``average_log_prob=True`` divides the sums by the valid counts
+    (TRL 1.16 has no such switch). ``chunk_size`` and ``accurate`` are accepted and ignored. Returns
+    a ``DPOOutput``. The argument checks are the kernel's (``fused_linear_dpo._options``).
+    """
+    import math
+
+    from .fused_linear_dpo import DPOOutput, _options
+
+    del chunk_size, accurate
+    opts = _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type, ignore_index,
+                    average_log_prob, None, False)
+    n = x.shape[0] // 2
+    valid = target != ignore_index
+    completion_lengths = valid.sum(-1).clamp(min=1)  # completion_mask.sum(dim=1).clamp(min=1.0), 1400-1401 and 1506-1507
+
+    def sequence_logps(hidden, head, head_bias):
+        per_token_logps, _ = _reference_token_logps(_reference_logits(hidden, head, head_bias), target, ignore_index)
+        logps = per_token_logps.sum(-1)
+        return (logps / valid.sum(-1) if average_log_prob else logps), per_token_logps
+
+    logps, per_token_logps = sequence_logps(x, weight, bias)
+    chosen_logps, rejected_logps = logps[:n], logps[n:]
+    if ref_logps is None:
+        with torch.no_grad():
+            ref_logps, _ = sequence_logps(ref_x, ref_weight, ref_bias)
+    ref_logps = ref_logps.detach().to(logps.dtype)
+    ref_chosen_logps, ref_rejected_logps = ref_logps[:n], ref_logps[n:]
+    chosen_logratios = chosen_logps - ref_chosen_logps
+    rejected_logratios = rejected_logps - ref_rejected_logps
+    if opts.f_divergence_type == "reverse_kl":
+        chosen_scores, rejected_scores = chosen_logratios, rejected_logratios
+    elif opts.f_divergence_type == "forward_kl":
+        chosen_scores, rejected_scores = 1 - torch.exp(-chosen_logratios), 1 - torch.exp(-rejected_logratios)
+    else:  # js_divergence
+        chosen_scores = math.log(2) + F.logsigmoid(chosen_logratios)
+        rejected_scores = math.log(2) + F.logsigmoid(rejected_logratios)
+    delta_score = chosen_scores - rejected_scores
+    chosen_lengths, rejected_lengths = completion_lengths[:n], completion_lengths[n:]
+    b, eps = opts.beta, opts.label_smoothing
+    loss = 0.0
+    for name, loss_weight in zip(opts.loss_types, opts.loss_weights):
+        if name == "sigmoid":
+            per_sequence_loss = -F.logsigmoid(b * delta_score)
+        elif name == "hinge":
+            per_sequence_loss = torch.relu(1 - b * delta_score)
+        elif name == "ipo":
+            ipo_delta = chosen_scores / chosen_lengths - rejected_scores / rejected_lengths
+            per_sequence_loss = (ipo_delta - 1 / (2 * b)) ** 2
+        elif name == "exo_pair":
+            epsilon = torch.tensor(eps, dtype=delta_score.dtype, device=delta_score.device)
+            qw, log_qw = torch.sigmoid(b * delta_score), F.logsigmoid(b * delta_score)
+            ql, log_ql = torch.sigmoid(-b * delta_score), F.logsigmoid(-b * delta_score)
+            per_sequence_loss = qw * (log_qw - torch.log1p(-epsilon)) + ql * (log_ql - torch.log(epsilon))
+        elif name == "nca_pair":
+            chosen_rewards, rejected_rewards = b * chosen_logratios, b * rejected_logratios
+            per_sequence_loss = (
+                -F.logsigmoid(chosen_rewards) - 0.5 * F.logsigmoid(-chosen_rewards) - 0.5 * F.logsigmoid(-rejected_rewards)
+            )
+        elif name == "robust":
+            clean_loss_term = -(1 - eps) * F.logsigmoid(b * delta_score)
+            flipped_loss_term = -eps * F.logsigmoid(-b * delta_score)
+            per_sequence_loss = (clean_loss_term - flipped_loss_term) / (1 - 2 * eps)
+        elif name == "bco_pair":
+            per_sequence_loss = -F.logsigmoid(b * chosen_logratios) - F.logsigmoid(-b * rejected_logratios)
+        elif name == "sppo_hard":
+            per_sequence_loss = (chosen_logratios - 0.5 / b) ** 2 + (rejected_logratios + 0.5 / b) ** 2
+        elif name == "apo_zero":
+            per_sequence_loss = 1 - torch.sigmoid(b * chosen_logratios) + torch.sigmoid(b * rejected_logratios)
+        elif name == "apo_down":
+            per_sequence_loss = torch.sigmoid(b * chosen_logratios) + (
+                1 - torch.sigmoid(b * (chosen_logratios - rejected_logratios))
+            )
+        elif name == "discopop":
+            logits = delta_score * b
+            log_ratio_modulation = torch.sigmoid(logits / opts.discopop_tau)
+            per_sequence_loss = -F.logsigmoid(logits) * (1 - log_ratio_modulation) + torch.exp(-logits) * log_ratio_modulation
+        elif name == "sft":
+            per_sequence_loss = (-per_token_logps[:n][valid[:n]].mean()).expand(n)
+        else:  # sigmoid_norm
+            delta = chosen_scores / chosen_lengths - rejected_scores / rejected_lengths
+            per_sequence_loss = -F.logsigmoid(b * delta)
+        loss = loss + per_sequence_loss.mean() * loss_weight
+    chosen_rewards = b * chosen_logratios.detach()
+    rejected_rewards = b * rejected_logratios.detach()
+    return DPOOutput(
+        loss, chosen_logps.detach(), rejected_logps.detach(), chosen_rewards, rejected_rewards,
+        chosen_rewards - rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen_rewards.dtype),
+    )
+
+
+def fused_linear_cpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 1.0,
+    simpo_gamma: float = 0.5,
+    alpha: float = 0.0,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """TRL 1.16's CPO (``trl/experimental/cpo/cpo_trainer.py``) on materialized float32 logits.
+
+    Follows, in that file: ``get_batch_logps`` (752–790: masked per-token log-probs summed, or
+    divided by the valid count) with ``average_log_prob=self.loss_type in ["ipo", "simpo"]``
+    (847–852); ``cpo_loss`` (678–749: the AlphaPO rewards 696–710, here ``-expm1(-alpha·logp)/alpha``,
+    TRL's ``(1 - exp(logp)^-alpha)/alpha`` without the underflow of ``exp(logp)``; simpo 715–722,
+    sigmoid 723–728, hinge 729–730, ipo 731–733; rewards 740–747); the NLL of
+    ``concatenated_forward`` (826–845: ``nn.CrossEntropyLoss`` over the chosen half, a zero tensor
+    when ``cpo_alpha == 0``; here over ``nll_target`` when given); ``loss = losses.mean() +
+    self.cpo_alpha * policy_nll_loss`` and the reward accuracies (890–891); margins as logged
+    (897–899). Targets are aligned with ``x`` (no shift, TRL's ``is_encoder_decoder`` path).
+    ``chunk_size`` and ``accurate`` are accepted and ignored. Returns a ``CPOOutput``; a sequence
+    with no valid token gives NaN under ``ipo``/``simpo`` (0/0), as TRL does. The argument checks
+    are the kernel's (``fused_linear_cpo._options``).
+    """
+    from .fused_linear_cpo import CPOOutput, _options
+
+    del chunk_size, accurate
+    opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, None, False)
+    n = x.shape[0] // 2
+    logits = _reference_logits(x, weight, bias)
+    per_token_logps, valid = _reference_token_logps(logits, target, ignore_index)
+    all_logps = per_token_logps.sum(-1)
+    if loss_type in ("ipo", "simpo"):
+        all_logps = all_logps / valid.sum(-1)
+    chosen_logps, rejected_logps = all_logps[:n], all_logps[n:]
+    if alpha != 0.0:
+        chosen_u, rejected_u = -torch.expm1(-alpha * chosen_logps) / alpha, -torch.expm1(-alpha * rejected_logps) / alpha
+    else:
+        chosen_u, rejected_u = chosen_logps, rejected_logps
+    logratios = chosen_u - rejected_u
+    eps = opts.label_smoothing
+    if loss_type == "simpo":
+        logratios = logratios - simpo_gamma / beta
+    if loss_type in ("simpo", "sigmoid"):
+        losses = -F.logsigmoid(beta * logratios) * (1 - eps) - F.logsigmoid(-beta * logratios) * eps
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * logratios)
+    else:  # ipo
+        losses = (logratios - 1 / (2 * beta)) ** 2
+    if cpo_alpha == 0:
+        nll = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    else:
+        nll_labels = (target if nll_target is None else nll_target)[:n]
+        nll = F.cross_entropy(logits[:n].flatten(0, 1), nll_labels.flatten().long(), ignore_index=ignore_index)
+    loss = losses.mean() + cpo_alpha * nll
+    chosen_rewards, rejected_rewards = beta * chosen_u.detach(), beta * rejected_u.detach()
+    return CPOOutput(
+        loss, chosen_logps.detach(), rejected_logps.detach(), chosen_rewards, rejected_rewards,
+        chosen_rewards - rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen_rewards.dtype), nll.detach(),
+    )
+
+
+def fused_linear_simpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    simpo_gamma: float = 0.5,
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 1.0,
+    alpha: float = 0.0,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """TRL 1.16's SimPO: :func:`fused_linear_cpo` with ``loss_type="simpo"`` (``CPOTrainer`` lines 715–722,
+    averaged log-probs as line 850 asks)."""
+    return fused_linear_cpo(
+        x, weight, target, bias, beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
+        simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, nll_target=nll_target,
+        chunk_size=chunk_size, accurate=accurate,
+    )

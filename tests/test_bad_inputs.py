@@ -1,8 +1,8 @@
 """Bad input to every public function: a clear error naming the argument and what was expected.
 
 Only the cases that the loss's own test file does not already hold (``tests/test_kl_div.py``,
-``test_fused_linear_cross_entropy.py``, ``test_fused_linear_orpo.py``, ``test_fused_linear_kto.py``
-each have a ``bad_inputs`` table): integer/floating confusion for every tensor, each tensor alone
+``test_fused_linear_cross_entropy.py``, ``test_fused_linear_orpo.py``, ``test_fused_linear_kto.py``,
+``test_fused_linear_dpo.py``, ``test_fused_linear_cpo.py`` each have a ``bad_inputs`` table): integer/floating confusion for every tensor, each tensor alone
 on another device (``meta``), empty tensors, wrong ranks, non-finite, negative or mistyped options,
 and the ``nn.Module`` constructors, which validate their options before any call.
 
@@ -19,6 +19,8 @@ import torch
 
 import kernels_lib
 from kernels_lib import default_device
+from kernels_lib.fused_linear_cpo import FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
+from kernels_lib.fused_linear_dpo import FusedLinearDPOLoss, fused_linear_dpo
 
 DEVICE = default_device()
 META = torch.device("meta")
@@ -207,7 +209,114 @@ def kto_cases():
     }
 
 
-CASES = {"kl_div": kl_cases, "fused_linear_cross_entropy": flce_cases, "fused_linear_orpo": orpo_cases, "fused_linear_kto": kto_cases}
+# --------------------------------------------------------------------------- DPO
+
+
+def dpo_cases():
+    x, w, b, target = _tensors()
+    model = dict(ref_x=x.clone(), ref_weight=w.clone())
+
+    def call(**change):
+        args = dict(x=x, weight=w, target=target, bias=b, **model) | change
+        return lambda: fused_linear_dpo(**args)
+
+    def given_logps(**change):
+        return call(**(dict(ref_x=None, ref_weight=None, ref_logps=torch.zeros(4, device=DEVICE)) | change))
+
+    return {
+        "integer x": (call(x=x.long()), TypeError, ["x", "floating", "int64"]),
+        "x from a list": (call(x=x.tolist()), TypeError, ["x", "torch.Tensor", "list"]),
+        "no tokens": (call(x=x[:, :0], target=target[:, :0], ref_x=x[:, :0]), ValueError, ["x", "empty", "(4, 0, 6)"]),
+        "a single sequence": (call(x=x[:1], target=target[:1], ref_x=x[:1]), ValueError, ["x", "2n sequences", "odd batch of 1"]),
+        "x 2-D": (call(x=x[0], target=target[0]), ValueError, ["x", "3 dimension", "(3, 6)"]),
+        "float target": (call(target=target.float()), TypeError, ["target", "int64 or int32", "float32"]),
+        "target out of range": (call(target=target.masked_fill(target == target[1, 1], 11)), ValueError, ["target", "[0, 11)", "11"]),
+        "integer weight": (call(weight=w.long()), TypeError, ["weight", "floating", "int64"]),
+        "weight of another width": (call(weight=w[:, 1:]), ValueError, ["weight", "(V, 6)", "(11, 5)"]),
+        "half bias": (call(bias=b.half()), TypeError, ["bias", "dtype of weight", "float16"]),
+        "target on meta": (call(target=target.to(META)), ValueError, ["target on meta"]),
+        "bias on meta": (call(bias=b.to(META)), ValueError, ["bias on meta"]),
+        "ref_x on meta": (call(ref_x=x.to(META), ref_weight=w.to(META)), ValueError, ["ref_x on meta", "ref_weight on meta"]),
+        "integer ref_x": (call(ref_x=x.long()), TypeError, ["ref_x", "floating", "int64"]),
+        "ref_weight of another vocabulary": (call(ref_weight=w[:5]), ValueError, ["ref_weight", "(11, 6)", "(5, 6)"]),
+        "ref_weight of another dtype": (call(ref_weight=w.half()), TypeError, ["ref_weight", "dtype of ref_x", "float16"]),
+        "ref_x without ref_weight": (call(ref_weight=None), ValueError, ["ref_logps", "ref_x and ref_weight"]),
+        "ref_logps 2-D": (given_logps(ref_logps=torch.zeros(4, 1, device=DEVICE)), ValueError, ["ref_logps", "(2n,)", "(4, 1)"]),
+        "integer ref_logps": (given_logps(ref_logps=torch.zeros(4, dtype=torch.long, device=DEVICE)), TypeError, ["ref_logps", "floating"]),
+        "ref_logps on meta": (given_logps(ref_logps=torch.zeros(4, device=META)), ValueError, ["ref_logps on meta"]),
+        "ref_logps from a list": (given_logps(ref_logps=[0.0] * 4), TypeError, ["ref_logps", "torch.Tensor"]),
+        "NaN beta": (call(beta=math.nan), TypeError, ["beta", "finite", "nan"]),
+        "negative beta": (call(beta=-0.1), ValueError, ["beta", "> 0", "-0.1"]),
+        "str beta": (call(beta="0.1"), TypeError, ["beta", "'0.1'"]),
+        "loss_type None": (call(loss_type=None), TypeError, ["loss_type", "str", "None"]),
+        "loss_type wrong case": (call(loss_type="Sigmoid"), ValueError, ["loss_type", "'sigmoid'", "'Sigmoid'"]),
+        "aot_unpaired": (call(loss_type=["sigmoid", "aot_unpaired"]), ValueError, ["loss_type", "'aot_unpaired'", "sorts"]),
+        "loss_weights a number": (call(loss_weights=1.0), ValueError, ["loss_weights", "list of 1", "1.0"]),
+        "bool loss_weights": (call(loss_weights=[True]), TypeError, ["loss_weights", "finite", "True"]),
+        "inf label_smoothing": (call(loss_type="robust", label_smoothing=math.inf), TypeError, ["label_smoothing", "finite"]),
+        "negative label_smoothing for robust": (call(loss_type="robust", label_smoothing=-0.1), ValueError, ["label_smoothing", "[0, 0.5)", "robust"]),
+        "label_smoothing with ipo": (call(loss_type="ipo", label_smoothing=0.1), ValueError, ["label_smoothing", "'ipo'", "use 0.0"]),
+        "NaN discopop_tau": (call(discopop_tau=math.nan), TypeError, ["discopop_tau", "finite"]),
+        "negative discopop_tau": (call(discopop_tau=-1.0), ValueError, ["discopop_tau", "> 0"]),
+        "f_divergence_type None": (call(f_divergence_type=None), ValueError, ["f_divergence_type", "'reverse_kl'", "None"]),
+        "js with apo_zero": (call(f_divergence_type="js_divergence", loss_type="apo_zero"), ValueError, ["f_divergence_type", "apo_zero"]),
+        "average with sigmoid_norm": (call(average_log_prob=True, loss_type="sigmoid_norm"), ValueError, ["average_log_prob", "sigmoid_norm"]),
+        "str average_log_prob": (call(average_log_prob="yes"), TypeError, ["average_log_prob", "bool"]),
+        "float ignore_index": (call(ignore_index=-100.0), TypeError, ["ignore_index", "int"]),
+        "zero chunk_size": (call(chunk_size=0), ValueError, ["chunk_size", "positive int", "0"]),
+        "int accurate": (call(accurate=0), TypeError, ["accurate", "bool"]),
+        "module inf beta": (lambda: FusedLinearDPOLoss(beta=math.inf), TypeError, ["beta", "finite"]),
+        "module unknown loss_type": (lambda: FusedLinearDPOLoss(loss_type="kto_pair"), ValueError, ["loss_type", "'kto_pair'"]),
+        "module label_smoothing with sigmoid": (lambda: FusedLinearDPOLoss(label_smoothing=0.1), ValueError, ["label_smoothing", "'sigmoid'"]),
+        "module negative chunk_size": (lambda: FusedLinearDPOLoss(chunk_size=-1), ValueError, ["chunk_size", "positive int"]),
+    }
+
+
+# --------------------------------------------------------------------------- CPO and SimPO
+
+
+def cpo_cases():
+    x, w, b, target = _tensors()
+
+    def call(fn=fused_linear_cpo, **change):
+        args = dict(x=x, weight=w, target=target, bias=b) | change
+        return lambda: fn(**args)
+
+    wrong_chosen = target.clone()
+    wrong_chosen[1, 2] = 11
+    return {
+        "integer x": (call(x=x.int()), TypeError, ["x", "floating", "int32"]),
+        "no sequences": (call(x=x[:0], target=target[:0]), ValueError, ["x", "empty", "(0, 3, 6)"]),
+        "a single sequence": (call(fused_linear_simpo, x=x[:1], target=target[:1]), ValueError, ["x", "odd batch of 1"]),
+        "x 4-D": (call(x=x[None], target=target[None]), ValueError, ["x", "3 dimension", "(1, 4, 3, 6)"]),
+        "bool target": (call(target=target > 5), TypeError, ["target", "int64 or int32", "bool"]),
+        "empty vocabulary": (call(weight=w[:0], bias=None), ValueError, ["weight", "(V, 6)", "(0, 6)"]),
+        "bias from a list": (call(bias=b.tolist()), TypeError, ["bias", "torch.Tensor"]),
+        "weight on meta": (call(weight=w.to(META)), ValueError, ["weight on meta"]),
+        "float nll_target": (call(nll_target=target.float()), TypeError, ["nll_target", "int64 or int32", "float32"]),
+        "nll_target on meta": (call(nll_target=target.to(META)), ValueError, ["nll_target on meta"]),
+        "nll_target out of range in the chosen half": (call(fused_linear_simpo, nll_target=wrong_chosen), ValueError, ["nll_target", "[0, 11)", "11"]),
+        "inf beta": (call(beta=math.inf), TypeError, ["beta", "finite", "inf"]),
+        "zero beta": (call(fused_linear_simpo, beta=0.0), ValueError, ["beta", "> 0"]),
+        "loss_type None": (call(loss_type=None), ValueError, ["loss_type", "'sigmoid'", "None"]),
+        "NaN label_smoothing": (call(label_smoothing=math.nan), TypeError, ["label_smoothing", "finite", "nan"]),
+        "negative label_smoothing": (call(fused_linear_simpo, label_smoothing=-0.1), ValueError, ["label_smoothing", "[0, 1]"]),
+        "label_smoothing with ipo": (call(loss_type="ipo", label_smoothing=0.2), ValueError, ["label_smoothing", "'ipo'", "use 0.0"]),
+        "bool cpo_alpha": (call(cpo_alpha=True), TypeError, ["cpo_alpha", "finite", "True"]),
+        "NaN simpo_gamma": (call(fused_linear_simpo, simpo_gamma=math.nan), TypeError, ["simpo_gamma", "finite"]),
+        "tensor alpha": (call(alpha=torch.tensor(0.1)), TypeError, ["alpha", "finite real number"]),
+        "bool ignore_index": (call(ignore_index=True), TypeError, ["ignore_index", "int"]),
+        "float chunk_size": (call(fused_linear_simpo, chunk_size=2.0), ValueError, ["chunk_size", "2.0"]),
+        "str accurate": (call(accurate="yes"), TypeError, ["accurate", "bool"]),
+        "module NaN beta": (lambda: FusedLinearCPOLoss(beta=math.nan), TypeError, ["beta", "finite"]),
+        "module alphapo": (lambda: FusedLinearCPOLoss(loss_type="alphapo"), ValueError, ["alphapo", "cpo_alpha=0.0"]),
+        "module simpo inf gamma": (lambda: FusedLinearSimPOLoss(simpo_gamma=math.inf), TypeError, ["simpo_gamma", "finite"]),
+        "module simpo zero chunk_size": (lambda: FusedLinearSimPOLoss(chunk_size=0), ValueError, ["chunk_size", "positive int"]),
+    }
+
+
+CASES = {"kl_div": kl_cases, "fused_linear_cross_entropy": flce_cases, "fused_linear_orpo": orpo_cases, "fused_linear_kto": kto_cases,
+         "fused_linear_dpo": dpo_cases, "fused_linear_cpo": cpo_cases}
 PARAMS = [pytest.param(loss, case, id=f"{loss}: {case}") for loss, cases in CASES.items() for case in cases()]
 
 

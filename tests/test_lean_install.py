@@ -3,7 +3,7 @@
 ``pip install kernels_lib`` declares torch and triton (numpy only for Triton's interpreter on a
 machine without a GPU, the ``interpreter`` extra); the workbench's needs are the ``workbench``
 extra. In a fresh interpreter where the workbench's modules are refused at import, ``import
-kernels_lib`` and every loss, forward and backward, still run, and ``kernels_lib.workbench`` says
+kernels_lib`` and every loss (DPO/CPO/SimPO from their modules), forward and backward, still run, and ``kernels_lib.workbench`` says
 which extra it needs.
 """
 
@@ -54,6 +54,12 @@ SCRIPT = textwrap.dedent(
     ref_x, ref_w = torch.randn(4, 5, 16, generator=g).to(dev), torch.randn(67, 16, generator=g).to(dev)
     labels = torch.tensor([True, False, True, False], device=dev)
     kernels_lib.fused_linear_kto(x, w, y, labels, 0.0, ref_x=ref_x, ref_weight=ref_w).loss.backward()
+    # DPO, CPO, SimPO (2 pairs)
+    from kernels_lib.fused_linear_cpo import fused_linear_cpo, fused_linear_simpo
+    from kernels_lib.fused_linear_dpo import fused_linear_dpo
+    fused_linear_dpo(x, w, y, ref_x=ref_x, ref_weight=ref_w).loss.backward()
+    fused_linear_cpo(x, w, y).loss.backward()
+    fused_linear_simpo(x, w, y).loss.backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (x, w, inp))
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED and sys.modules[m] is not None)
     assert not loaded, loaded

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_lib.fused_linear_cpo import fused_linear_cpo
 from kernels_lib.fused_linear_cross_entropy import fused_linear_cross_entropy
+from kernels_lib.fused_linear_dpo import fused_linear_dpo
 from kernels_lib.fused_linear_kto import fused_linear_kto
 from kernels_lib.fused_linear_orpo import fused_linear_orpo
 from kernels_lib.kl_div import kl_div
@@ -391,6 +393,77 @@ def test_deterministic_orpo_and_kto(dtype):
         for loss_fn in (
             lambda xs, ws, bs: fused_linear_orpo(xs, ws, target, bs, chunk_size=10, nll_target=target.flip(1)),
             lambda xs, ws, bs: fused_linear_kto(xs, ws, target, labels, 0.1, bias=bs, chunk_size=5, **ref),
+        ):
+            tensors = leaves([x, w, b], dtype)
+            result = loss_fn(*tensors)
+            result.loss.backward()
+            out += [t.detach() for t in result] + [t.grad for t in tensors]
+        return out
+
+    _run_twice(run)
+
+
+# --------------------------------------------------------------------------- DPO, CPO and SimPO
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "apo_down"])
+def test_dpo_logits_of_1e4(loss_type):
+    """Log-probs of -1e4 (sums to -3e4): the log-ratios are differences of such sums; with β small the
+    terms are unsaturated at that scale, with β = 0.1 saturated (gradient ~0), both as the reference."""
+    x, w, b, _ = huge_logit_inputs(lead=(4, 3))
+    target = torch.randint(0, 13, (4, 3), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    ref_logps = torch.tensor([-2e4, -1e4, -3e4, -5.0], device=DEVICE)
+    for beta in (0.1, 1e-4):
+        options = dict(ref_logps=ref_logps, beta=beta, loss_type=loss_type)
+        assert_matches_reference(
+            lambda x_, w_, b_: fused_linear_dpo(x_, w_, target, b_, **options),
+            lambda x_, w_, b_: reference.fused_linear_dpo(x_, w_, target, b_, **(options | {"ref_logps": ref_logps.double()})),
+            [x, w, b],
+        )
+
+
+@pytest.mark.parametrize("options", [dict(loss_type="sigmoid"), dict(loss_type="simpo", beta=2.0), dict(loss_type="hinge", beta=1e-4),
+                                     dict(loss_type="simpo", alpha=1e-3, cpo_alpha=0.0)])
+def test_cpo_logits_of_1e4(options):
+    x, w, b, _ = huge_logit_inputs(lead=(4, 3))
+    target = torch.randint(0, 13, (4, 3), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    assert_matches_reference(
+        lambda x_, w_, b_: fused_linear_cpo(x_, w_, target, b_, **options),
+        lambda x_, w_, b_: reference.fused_linear_cpo(x_, w_, target, b_, **options),
+        [x, w, b],
+    )
+
+
+@pytest.mark.parametrize("where", ["x", "weight", "ref_logps_chosen", "ref_logps_rejected"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf], ids=["+inf", "-inf"])
+def test_dpo_inf_as_the_reference(where, value):
+    """An infinite input gives NaN where it meets a logit of the other sign, or a log-ratio of ±inf that
+    logσ saturates to a finite loss (the right limit) or to +inf: the same as the float64 reference."""
+    x, w, b, target = small_inputs()
+    ref_logps = torch.tensor([-5.0, -6.0, -7.0, -8.0], device=DEVICE)
+    tensors = {"x": x, "weight": w, "ref_logps_chosen": ref_logps, "ref_logps_rejected": ref_logps}
+    index = {"x": 0, "weight": target[0, 0].item() * 5, "ref_logps_chosen": 0, "ref_logps_rejected": 2}[where]
+    t = poisoned(tensors, where, value, index)
+    ref = t["ref_logps_chosen"] if where == "ref_logps_chosen" else t["ref_logps_rejected"]
+    out = fused_linear_dpo(t["x"], t["weight"], target, b, ref_logps=ref)
+    want = reference.fused_linear_dpo(t["x"].double(), t["weight"].double(), target, b.double(), ref_logps=ref.double())
+    assert torch.isfinite(out.loss) == torch.isfinite(want.loss), (out.loss, want.loss)
+    assert torch.isnan(out.loss) == torch.isnan(want.loss), (out.loss, want.loss)
+    if torch.isfinite(want.loss):
+        assert relative_error(out.loss, want.loss) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deterministic_dpo_cpo_simpo(dtype):
+    x, w, b, target = small_inputs(lead=(4, 5), hidden=16, vocab=33)
+    ref = {"ref_x": x.to(DEVICE, dtype) * 0.5, "ref_weight": w.to(DEVICE, dtype)}
+
+    def run():
+        out = []
+        for loss_fn in (
+            lambda xs, ws, bs: fused_linear_dpo(xs, ws, target, bs, chunk_size=10, loss_type=["sigmoid", "sft"], **ref),
+            lambda xs, ws, bs: fused_linear_cpo(xs, ws, target, bs, chunk_size=10, nll_target=target.flip(1)),
+            lambda xs, ws, bs: fused_linear_cpo(xs, ws, target, bs, chunk_size=5, loss_type="simpo", alpha=0.2),
         ):
             tensors = leaves([x, w, b], dtype)
             result = loss_fn(*tensors)

@@ -6,8 +6,9 @@ upstream gradient; each example compares the loss, the auxiliary outputs and eve
 reference run in float64 on the very values the kernel saw (16-bit inputs upcast exactly).
 
 Sizes stay tiny: on a machine without a GPU the kernels run in Triton's interpreter. Examples are
-derandomized (the same draws on every run: CI cannot flake) with budgets that keep this file under
-a minute here (about 45 s: KL 150 examples, cross-entropy 250, ORPO 120, KTO 120).
+derandomized (the same draws on every run: CI cannot flake) with budgets that keep this file near
+a minute here (about 45 s: KL 150 examples, cross-entropy 250, ORPO 120, KTO 120; then DPO 80 and
+CPO/SimPO 80, about 20 s more).
 
 Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_lib.workbench.check.relative_error``), per output:
 the larger of a floor and ``BASELINE_FACTOR`` times the error of the reference itself run in the
@@ -34,8 +35,15 @@ Deliberate differences from the references, asserted rather than compared:
   gradients, torch 0/0 = NaN (stated in ``fused_linear_cross_entropy``'s docstring).
 - ORPO with V = 1: every log-prob is exactly 0, ``log1mexp(0) = -inf`` and the log-odds are
   ``-inf - (-inf)``: NaN in both (and in TRL); the loss is undefined there.
-- ORPO and KTO refuse a sequence without a valid token (tested in their own files), where the
-  references would give 0/0; so the drawn masks keep one valid token per sequence.
+- ORPO, KTO, DPO and CPO refuse a sequence without a valid token (tested in their own files), where
+  the references would give 0/0 (or, summing, a silent 0); so the drawn masks keep one valid token
+  per sequence.
+- DPO and CPO's ``dW``/``db`` floors also hold the cancellation of their row sums
+  (:func:`cancellation_floors`): at V = 2 every row's ``dz`` is ``[a, -a]`` and ``db`` can be
+  1e-3 of the terms it sums, where float32 loses digits whoever sums it.
+- DPO and CPO's ``reward_accuracies`` (``chosen_reward > rejected_reward``) is a step function: at a
+  near-tie float32 and float64 may land on either side, so it is checked against the kernel's own
+  margins (``accuracy == (margin > 0)``) rather than compared.
 """
 
 from __future__ import annotations
@@ -51,7 +59,12 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
 from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_lib.fused_linear_cpo import LOSS_TYPES as CPO_LOSS_TYPES
+from kernels_lib.fused_linear_cpo import fused_linear_cpo
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy, matmul_dtype
+from kernels_lib.fused_linear_dpo import F_DIVERGENCE_LOSS_TYPES, F_DIVERGENCES, LENGTH_NORMALIZED_LOSS_TYPES
+from kernels_lib.fused_linear_dpo import LOSS_TYPES as DPO_LOSS_TYPES
+from kernels_lib.fused_linear_dpo import fused_linear_dpo
 from kernels_lib.fused_linear_kto import fused_linear_kto
 from kernels_lib.fused_linear_orpo import fused_linear_orpo
 from kernels_lib.kl_div import kl_div
@@ -412,3 +425,155 @@ def test_fused_linear_kto_matches_reference(case):
     floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
     floors |= lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
     compare(got, want, baseline, floors, case)
+
+
+# --------------------------------------------------------------------------- DPO, CPO and SimPO
+
+
+def pair_inputs(case, gen):
+    """``x`` ``(2n, T, H)``, head, bias and targets (one valid token per sequence at least) of a pair case."""
+    pairs, seq, hidden, vocab = (case[k] for k in ("pairs", "seq", "hidden", "vocab"))
+    x = torch.randn(2 * pairs, seq, hidden, generator=gen)
+    w = torch.randn(vocab, hidden, generator=gen) * hidden**-0.5 * 2
+    b = torch.randn(vocab, generator=gen) if case["bias"] else None
+    target = torch.randint(0, vocab, (2 * pairs, seq), generator=gen)
+    target = torch.where(valid_mask(gen, target.shape, case["ignored"]), target, case["ignore_index"]).to(DEVICE)
+    return x, w, b, target
+
+
+def compare_pairs(got, want, baseline, dz, case, x):
+    """:func:`compare` for a paired loss: every output but the accuracies (checked against the margins)."""
+    accuracies = got.pop("reward_accuracies")
+    assert torch.equal(accuracies, (got["reward_margins"] > 0).to(accuracies.dtype)), case
+    pairs, seq, hidden, dtype = (case[k] for k in ("pairs", "seq", "hidden", "dtype"))
+    # Chunks hold whole pairs (sequences i and i + n), pair after pair.
+    pairs_per_chunk = chunk_rows(case["chunk_size"], 2 * seq, 2 * pairs * seq, hidden) // (2 * seq)
+    chunk_of_row = (torch.arange(2 * pairs) % pairs // pairs_per_chunk)[:, None].expand(-1, seq)
+    floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
+    floors |= lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
+    for name, floor in cancellation_floors(dz, x.to(dtype), want).items():
+        floors[name] = max(floors[name], floor)
+    compare(got, want, baseline, floors, case)
+
+
+def cancellation_floors(dz: torch.Tensor, x: torch.Tensor, want: dict) -> dict:
+    """Floors of ``dW``/``db`` where their sums over rows cancel: each ``dz`` element comes with a
+    relative error of a few float32 units ``u`` whoever computes it, so a sum is no more accurate
+    than ``u·Σ|terms|``; relative to the result, ``BASELINE_FACTOR·u·‖Σ|dz|·|x|‖ / ‖dW‖`` (and
+    ``‖Σ|dz|‖ / ‖db‖``). It matters at V = 2, where every row's ``dz`` is ``[a, -a]`` and ``db`` a
+    difference of near-equal sums (seen: ``|db| ~ 1e-3·Σ|dz|``, where the float32 reference happened
+    to land 4× closer than the kernel, both at the float32 rounding of the terms)."""
+    u = 2.0**-24
+    dz, x = dz.reshape(-1, dz.shape[-1]).abs(), x.reshape(-1, x.shape[-1]).double().abs()
+    terms = {"dW": dz.t() @ x, "db": dz.sum(0)}
+    return {name: BASELINE_FACTOR * u * (terms[name].norm() / want[name].norm()).item()
+            for name in terms if name in want and want[name].norm() > 0}
+
+
+def pair_common(draw) -> dict:
+    pairs, seq = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    return dict(
+        pairs=pairs,
+        seq=seq,
+        hidden=draw(st.sampled_from([1, 3, 5, 8, 9])),
+        vocab=draw(st.sampled_from([1, 2, 3, 7, 13])),
+        bias=draw(st.booleans()),
+        dtype=draw(st.sampled_from(DTYPES)),
+        beta=draw(st.sampled_from([0.1, 0.5, 2.0])),
+        ignored=draw(st.sampled_from([0.0, 0.5])),
+        ignore_index=draw(st.sampled_from([-100, -1])),
+        chunk_size=draw(st.one_of(st.none(), st.integers(1, 2 * pairs * seq))),
+        accurate=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@st.composite
+def dpo_cases(draw):
+    case = pair_common(draw)
+    types = draw(st.lists(st.sampled_from(DPO_LOSS_TYPES), min_size=1, max_size=2))
+    smoothing = 0.0
+    if "exo_pair" in types:
+        smoothing = draw(st.sampled_from([1e-3, 0.2]))
+    elif "robust" in types:
+        smoothing = draw(st.sampled_from([0.0, 0.2, 0.4]))
+    allowed_f = set(types) <= set(F_DIVERGENCE_LOSS_TYPES)
+    return case | dict(
+        loss_type=types[0] if len(types) == 1 else types,
+        loss_weights=draw(st.one_of(st.none(), st.lists(st.sampled_from([0.5, 2.0]), min_size=len(types), max_size=len(types)))),
+        label_smoothing=smoothing,
+        discopop_tau=draw(st.sampled_from([0.05, 0.5])),
+        f_divergence_type=draw(st.sampled_from(F_DIVERGENCES)) if allowed_f else "reverse_kl",
+        average_log_prob=False if set(types) & set(LENGTH_NORMALIZED_LOSS_TYPES) else draw(st.booleans()),
+        reference=draw(st.sampled_from(["model", "model+bias", "logps"])),
+        ref_hidden=draw(st.sampled_from([2, 5])),
+        ref_dtype=draw(st.sampled_from(DTYPES)),
+    )
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(dpo_cases())
+def test_fused_linear_dpo_matches_reference(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    x, w, b, target = pair_inputs(case, gen)
+    pairs, seq, vocab = case["pairs"], case["seq"], case["vocab"]
+    ref = {}
+    if case["reference"] == "logps":
+        ref["ref_logps"] = (-torch.rand(2 * pairs, generator=gen) * 3 * (1 if case["average_log_prob"] else seq)).to(DEVICE)
+    else:  # the reference model, in its own width and dtype; the reference implementation gets it in float64
+        h = case["ref_hidden"]
+        ref["ref_x"] = torch.randn(2 * pairs, seq, h, generator=gen).to(DEVICE, case["ref_dtype"])
+        ref["ref_weight"] = (torch.randn(vocab, h, generator=gen) * h**-0.5 * 2).to(DEVICE, case["ref_dtype"])
+        if case["reference"] == "model+bias":
+            ref["ref_bias"] = torch.randn(vocab, generator=gen).to(DEVICE, case["ref_dtype"])
+    options = {
+        k: case[k]
+        for k in ("beta", "loss_type", "loss_weights", "label_smoothing", "discopop_tau", "f_divergence_type", "ignore_index",
+                  "average_log_prob", "chunk_size", "accurate")
+    }
+
+    def call(fn):
+        def run(x_, w_, b_):
+            ref_ = ref if fn is fused_linear_dpo else {k: v.to(x_.dtype) for k, v in ref.items()}
+            return fn(x_, w_, target, b_, **ref_, **options)._asdict()
+        return run
+
+    upstream = torch.rand((), generator=gen, dtype=torch.float64) + 0.5
+    got, want, baseline, dz = run_three((call(fused_linear_dpo), call(reference.fused_linear_dpo)), [x, w, b], case["dtype"], upstream)
+    assert got["loss"].dtype == torch.float32
+    compare_pairs(got, want, baseline, dz, case, x)
+
+
+@st.composite
+def cpo_cases(draw):
+    case = pair_common(draw)
+    loss_type = draw(st.sampled_from(CPO_LOSS_TYPES))
+    return case | dict(
+        loss_type=loss_type,
+        label_smoothing=0.0 if loss_type in ("hinge", "ipo") else draw(st.sampled_from([0.0, 0.1, 0.5])),
+        cpo_alpha=draw(st.sampled_from([0.0, 1.0, 0.5])),
+        simpo_gamma=draw(st.sampled_from([0.5, 1.5])),
+        alpha=draw(st.sampled_from([0.0, 0.0, 0.3, -0.2])),
+        nll_target=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(cpo_cases())
+def test_fused_linear_cpo_matches_reference(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    x, w, b, target = pair_inputs(case, gen)
+    nll_target = None
+    if case["nll_target"]:  # e.g. prompt + response: other tokens than target's
+        other = torch.randint(0, case["vocab"], target.shape, generator=gen)
+        nll_target = torch.where(valid_mask(gen, target.shape, case["ignored"] / 2), other, case["ignore_index"]).to(DEVICE)
+    options = {k: case[k] for k in ("beta", "loss_type", "label_smoothing", "cpo_alpha", "simpo_gamma", "alpha", "ignore_index",
+                                    "chunk_size", "accurate")}
+
+    def call(fn):
+        return lambda x_, w_, b_: fn(x_, w_, target, b_, nll_target=nll_target, **options)._asdict()
+
+    upstream = torch.rand((), generator=gen, dtype=torch.float64) + 0.5
+    got, want, baseline, dz = run_three((call(fused_linear_cpo), call(reference.fused_linear_cpo)), [x, w, b], case["dtype"], upstream)
+    assert got["loss"].dtype == torch.float32
+    compare_pairs(got, want, baseline, dz, case, x)

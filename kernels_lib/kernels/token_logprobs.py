@@ -16,10 +16,15 @@ target :math:`y'`),
 evaluated as :math:`(z_y - m) - \log s` with :math:`m` the row's maximum and :math:`s = \sum_j e^{z_j - m}`
 (so a log-prob near 0 keeps its relative accuracy),
 
-and the same for :math:`y'`. The caller sums them per sequence and, from those sums alone, forms
-each sequence's weight :math:`w = \partial L / \partial \log p(y_t)` (the same for every valid
-token of a sequence: the losses here depend on a sequence only through its summed or averaged
-log-prob).
+and the same for :math:`y'`. Optionally (``entropy``) the same pass also gives the entropy of the
+row's softmax, :math:`H = \mathrm{lse} - \sum_j p_j z_j`, from the online sums of ``row_logsumexp``
+(``WITH_STATS``; 0 where :math:`y` is ``ignore_index``, as TRL's fused head gives).
+
+The caller sums them per sequence and, from those sums alone, forms each sequence's weight
+:math:`w = \partial L / \partial \log p(y_t)` (the same for every valid token of a sequence: the
+preference losses depend on a sequence only through its summed or averaged log-prob), or, for a
+loss with a term per token (GRPO), a weight per token from the token's log-prob
+(``rows_per_weight = 1``).
 
 **Gradient** (``launch_token_logprobs_grad``). With the weights :math:`w` (and :math:`w'` for the
 second target) of the row's sequence and :math:`\partial \log p(y) / \partial z_j = \delta_{jy} - p_j`,
@@ -70,12 +75,14 @@ def token_logprobs_kernel(
     one_minus_p_ptr,  # float32 [rows]: 1 - p(y), formed as -expm1(log p(y)) by the launcher (gradient pass)
     weight_ptr,  # float32: w of row i at weight_ptr[i // rows_per_weight] (gradient pass)
     weight2_ptr,  # float32: w' of row i at weight2_ptr[i // rows_per_weight] (gradient pass, HAS_SECOND)
-    rows_per_weight,  # T: consecutive rows sharing one weight (the tokens of one sequence)
+    rows_per_weight,  # T: consecutive rows sharing one weight (the tokens of one sequence); 1: a weight per row
     n_cols,  # V, the vocabulary size
     ignore_index,  # target value of rows that contribute nothing
     HAS_SECOND: tl.constexpr,  # a second target y' with its own log-prob and weight
     WRITE_GRAD: tl.constexpr,  # False: stats pass (lse, log-probs); True: gradient pass (dz in place)
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
+    entropy_ptr=None,  # float32 [rows]: the softmax's entropy, 0 at ignored rows (stats pass with WITH_ENTROPY)
+    WITH_ENTROPY: tl.constexpr = False,  # the stats pass also writes the entropy
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
@@ -87,8 +94,11 @@ def token_logprobs_kernel(
         valid2 = y2 != ignore_index
 
     if not WRITE_GRAD:
-        m, log_s, _, _, _, _ = row_logsumexp(row_ptr, n_cols, 1.0, row_ptr, False, False, False, BLOCK_V)
+        m, log_s, _, _, d, _ = row_logsumexp(row_ptr, n_cols, 1.0, row_ptr, False, False, WITH_ENTROPY, BLOCK_V)
         tl.store(lse_ptr + row, m + log_s)
+        if WITH_ENTROPY:
+            # H = d / s + log s with d = sum_j e^{z_j - m} (m - z_j) (row_logsumexp's note)
+            tl.store(entropy_ptr + row, tl.where(valid, d * tl.exp(-log_s) + log_s, 0.0))
         # (z_y - m) - log s, not z_y - (m + log s): for a likely token log p is small next to m,
         # and rounding m + log s first would cost an absolute u·|m| (the float32 reference's: u·|log p|).
         z_y = tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32)
@@ -131,12 +141,14 @@ def launch_token_logprobs(
     ignore_index: int,
     target2: torch.Tensor | None = None,
     logp2: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> None:
     """Stats pass on a ``rows × V`` chunk (unit stride along V): write ``lse``, ``logp`` (and ``logp2``).
 
     ``target`` (and ``target2``, given together with ``logp2``): ``rows`` class indices, each in
     ``[0, V)`` or ``ignore_index`` (the caller checks). ``lse``, ``logp``, ``logp2``: float32
-    ``rows`` output buffers, written, never read (``torch.empty`` is fine).
+    ``rows`` output buffers, written, never read (``torch.empty`` is fine). ``entropy``: optional
+    float32 ``rows`` buffer for each row's softmax entropy (0 at ignored rows).
     """
     if (target2 is None) != (logp2 is None):
         raise ValueError("give target2 and logp2 together")
@@ -145,7 +157,8 @@ def launch_token_logprobs(
     token_logprobs_kernel[(rows,)](
         logits, logits.stride(0), target, target if target2 is None else target2,
         lse, logp, logp if logp2 is None else logp2, lse, lse, lse, 1, n_cols, int(ignore_index),
-        HAS_SECOND=target2 is not None, WRITE_GRAD=False, BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
+        HAS_SECOND=target2 is not None, WRITE_GRAD=False, BLOCK_V=block_v(n_cols),
+        entropy_ptr=lse if entropy is None else entropy, WITH_ENTROPY=entropy is not None, num_warps=NUM_WARPS,
     )
 
 
@@ -166,7 +179,8 @@ def launch_token_logprobs_grad(
     ``lse``, ``logp``: float32 ``rows``, the stats pass's values for these very logits (``logp``
     gives the target's ``1 - p(y) = -expm1(log p(y))`` without cancellation). ``weight`` (and
     ``weight2``, given together with ``target2``): float32, one weight per ``rows_per_weight``
-    consecutive rows (per sequence), ``rows / rows_per_weight`` of them.
+    consecutive rows (per sequence), ``rows / rows_per_weight`` of them; ``rows_per_weight=1``
+    gives every row (token) its own weight.
     """
     if (target2 is None) != (weight2 is None):
         raise ValueError("give target2 and weight2 together")
@@ -176,5 +190,6 @@ def launch_token_logprobs_grad(
         logits, logits.stride(0), target, target if target2 is None else target2,
         lse, lse, lse, one_minus_p, weight, weight if weight2 is None else weight2, int(rows_per_weight), n_cols,
         int(ignore_index),
-        HAS_SECOND=target2 is not None, WRITE_GRAD=True, BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
+        HAS_SECOND=target2 is not None, WRITE_GRAD=True, BLOCK_V=block_v(n_cols), entropy_ptr=lse,
+        num_warps=NUM_WARPS,
     )

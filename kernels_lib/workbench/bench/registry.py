@@ -1,18 +1,24 @@
 """Every loss the workbench measures, by the published CSV's ``kernel_name``: the one list of specs.
 
-A new loss adds its bench module (which defines ``SPEC``, a :class:`~.spec.LossSpec`) to
-:data:`LOSS_MODULES`; nothing imports this module back.
+A new loss adds its bench module (which defines ``SPEC``, a :class:`~.spec.LossSpec`, or ``SPECS``,
+a tuple of them for a loss with several published charts) to :data:`LOSS_MODULES`; nothing imports
+this module back.
 """
 
 from __future__ import annotations
 
 from . import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, kl_div
+from . import fused_linear_grpo
+from . import fused_linear_cpo, fused_linear_dpo, fused_linear_simpo
 from .spec import LossSpec
 
 #: The per-loss bench modules, in display order.
-LOSS_MODULES = (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto, kl_div)
+LOSS_MODULES = (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto, kl_div, fused_linear_grpo)
+LOSS_MODULES += (fused_linear_dpo, fused_linear_cpo, fused_linear_simpo)
 
-SPECS: dict[str, LossSpec] = {module.SPEC.kernel_name: module.SPEC for module in LOSS_MODULES}
+SPECS: dict[str, LossSpec] = {
+    spec.kernel_name: spec for module in LOSS_MODULES for spec in getattr(module, "SPECS", (module.SPEC,))
+}
 
 
 def registered_losses() -> list[str]:

@@ -1,0 +1,320 @@
+r"""Fused linear + CPO (contrastive preference optimization) and SimPO, without the ``2n·T × V`` logits.
+
+Rows ``0..n−1`` of ``x`` (``2n × T × H``) are the chosen responses, rows ``n..2n−1`` the rejected
+ones (pair ``i`` is rows ``i`` and ``i+n``). No reference model. With the policy's log-probs of
+sequence ``k``, **summed** over its ``N_k`` valid tokens for ``sigmoid`` and ``hinge``, **averaged**
+for ``ipo`` and ``simpo`` (TRL's ``average_log_prob=self.loss_type in ["ipo", "simpo"]``),
+
+.. math::
+
+    \ell_k = \sum_t \log p_{kt}\ \Big(\text{or } \tfrac1{N_k}\textstyle\sum_t\Big), \qquad
+    u_k = \begin{cases} \ell_k & \alpha = 0 \\ (1 - e^{-\alpha \ell_k}) / \alpha & \text{AlphaPO} \end{cases},
+    \qquad \Delta_i = u_c - u_r,
+
+    f^{\text{sigmoid}}_i = -(1-\varepsilon)\log\sigma(\beta\Delta_i) - \varepsilon\log\sigma(-\beta\Delta_i),
+    \qquad f^{\text{simpo}}_i = f^{\text{sigmoid}}\Big|_{\Delta_i \to \Delta_i - \gamma/\beta},
+
+    f^{\text{hinge}}_i = \max(0, 1 - \beta\Delta_i), \qquad f^{\text{ipo}}_i = \big(\Delta_i - \tfrac1{2\beta}\big)^2,
+
+    L = \frac1n \sum_i f_i + \alpha_{\text{CPO}}\,\mathrm{NLL}, \qquad
+    \mathrm{NLL} = -\frac1{N'}\sum_{\text{chosen } k}\sum_t \log p'_{kt},
+
+(:math:`c = i`, :math:`r = i + n`; the behaviour-cloning NLL runs over the :math:`N'` valid tokens
+of the chosen half, under ``nll_target`` when given, else ``target``; ``cpo_alpha = 0`` leaves it
+out and reports 0, as TRL does). SimPO (:func:`fused_linear_simpo`) is ``loss_type="simpo"``: the
+length-normalized (averaged) log-probs with the target margin γ (``simpo_gamma``); with
+``cpo_alpha = 0`` it is the paper's SimPO, with the default 1 TRL's CPO-SimPO. AlphaPO
+(``alpha ≠ 0``) is evaluated as :math:`-\operatorname{expm1}(-\alpha\ell)/\alpha`, TRL's
+:math:`(1 - (e^{\ell})^{-\alpha})/\alpha` without the overflow of :math:`e^{\ell}` to 0 for very
+negative sums. Rewards are :math:`\beta u_k`. This is TRL 1.16's ``CPOTrainer``
+(``trl/experimental/cpo/cpo_trainer.py``; :func:`kernels_lib.reference.fused_linear_cpo` cites the
+lines) with targets aligned to ``x`` (its ``is_encoder_decoder`` path: no shift).
+
+Gradient
+--------
+:math:`\partial L / \partial \log p_{kt} = \frac1n\,\partial f_i / \partial \ell_k` (:math:`\times 1/N_k`
+for averages) :math:`- \alpha_{\text{CPO}}/N'` on the chosen tokens; for ``sigmoid``
+:math:`\partial f_i / \partial \ell_c = -\beta u'_c\,[(1-\varepsilon)\sigma(-\beta\Delta_i) - \varepsilon\sigma(\beta\Delta_i)]`
+and the opposite sign for :math:`\ell_r` (:math:`u' = e^{-\alpha\ell}`, 1 without AlphaPO). The
+pipeline takes :math:`\partial f_i / \partial \ell` by autograd of the very per-pair formula
+(:func:`kernels_lib._paired_logprobs.autograd_pair_grad`); times :math:`\mathrm{onehot}(y) - \mathrm{softmax}` it is ``dz``.
+
+Design
+------
+:mod:`kernels_lib._paired_logprobs`, as ORPO: chunks hold whole pairs, ``dz`` is formed in place and
+``dx``, ``dW``, ``db`` follow in forward (three matmuls; backward only scales by ``grad_output``).
+Memory: one ``chunk × V`` logits buffer, a copy of ``x`` reordered to pairs, and the gradients.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from . import _validate as v
+from ._paired_logprobs import autograd_pair_grad, paired_logprobs
+from ._sequence_logprobs import FusedSequenceLoss, check_targets
+
+#: TRL 1.16's CPO loss types (its config's ``"alphapo"`` is ``"simpo"`` with ``cpo_alpha = 0`` and ``alpha``).
+LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo")
+#: The loss types on averaged log-probs (the others sum).
+AVERAGED_LOSS_TYPES = ("ipo", "simpo")
+
+
+class CPOOutput(NamedTuple):
+    """The CPO (or SimPO) loss and what TRL logs beside it (per pair; TRL logs their means); all
+    float32, only ``loss`` carries a gradient."""
+
+    loss: torch.Tensor  #: mean of the pair terms + cpo_alpha * nll, a scalar
+    chosen_logps: torch.Tensor  #: (n,) log-prob sums (averages for ipo and simpo) of the chosen responses
+    rejected_logps: torch.Tensor  #: (n,) the same for the rejected responses
+    chosen_rewards: torch.Tensor  #: (n,) beta * chosen_logps (AlphaPO: beta * its transformed reward)
+    rejected_rewards: torch.Tensor  #: (n,) the same for the rejected responses
+    reward_margins: torch.Tensor  #: (n,) chosen_rewards - rejected_rewards
+    reward_accuracies: torch.Tensor  #: (n,) 1.0 where chosen_rewards > rejected_rewards, else 0.0
+    nll: torch.Tensor  #: the NLL of the chosen half, a scalar (0 when cpo_alpha = 0, as TRL)
+
+
+class _Options(NamedTuple):
+    beta: float
+    loss_type: str
+    label_smoothing: float
+    simpo_gamma: float
+    alpha: float
+
+
+def _rewards(logps: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``u``: the log-probs, or AlphaPO's ``(1 - p^-α)/α = -expm1(-α·logp)/α``."""
+    return logps if alpha == 0 else -torch.expm1(-alpha * logps) / alpha
+
+
+def cpo_pair_losses(chosen: torch.Tensor, rejected: torch.Tensor, opts: _Options) -> torch.Tensor:
+    """The per-pair term ``f_i`` (module docstring), float32 ``(n,)``."""
+    beta, eps = opts.beta, opts.label_smoothing
+    logits = _rewards(chosen, opts.alpha) - _rewards(rejected, opts.alpha)
+    if opts.loss_type == "simpo":
+        logits = logits - opts.simpo_gamma / beta
+    if opts.loss_type in ("sigmoid", "simpo"):
+        return -F.logsigmoid(beta * logits) * (1 - eps) - F.logsigmoid(-beta * logits) * eps
+    if opts.loss_type == "hinge":
+        return torch.relu(1 - beta * logits)
+    return (logits - 1 / (2 * beta)) ** 2  # ipo
+
+
+def _run(x, weight, bias, target, nll_target, counts, opts: _Options, flags):
+    """The forward of :class:`FusedSequenceLoss`: values and gradients by pairs, then the loss."""
+    cpo_alpha, ignore_index, chunk_size, accurate, needs = flags
+
+    def pair_loss(chosen, rejected, _pairs):
+        return cpo_pair_losses(chosen, rejected, opts)
+
+    chosen, rejected, nll, grads = paired_logprobs(
+        x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss),
+        average=opts.loss_type in AVERAGED_LOSS_TYPES, nll_weight=cpo_alpha, nll_target=nll_target,
+        ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate, needs=needs,
+    )
+    loss = cpo_pair_losses(chosen, rejected, opts).mean()
+    if nll is None:
+        nll = torch.zeros((), dtype=torch.float32, device=x.device)
+    else:
+        loss = loss + cpo_alpha * nll
+    chosen_rewards, rejected_rewards = opts.beta * _rewards(chosen, opts.alpha), opts.beta * _rewards(rejected, opts.alpha)
+    aux = (
+        chosen, rejected, chosen_rewards, rejected_rewards, chosen_rewards - rejected_rewards,
+        (chosen_rewards > rejected_rewards).to(torch.float32), nll,
+    )
+    return loss, aux, grads
+
+
+def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate) -> _Options:
+    """Check every option (the functions' and the modules'); returns the loss's."""
+    v.require_real("beta", beta)
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0; got {beta!r}")
+    if loss_type == "alphapo":
+        raise ValueError(
+            "loss_type 'alphapo' is TRL's shorthand for loss_type='simpo' with cpo_alpha=0.0 and alpha != 0: give those"
+        )
+    v.require_choice("loss_type", loss_type, LOSS_TYPES)
+    v.require_real("label_smoothing", label_smoothing)
+    if not 0 <= label_smoothing <= 1:
+        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing!r}")
+    if label_smoothing != 0 and loss_type in ("hinge", "ipo"):
+        raise ValueError(
+            f"label_smoothing={label_smoothing!r} is read only by loss_type 'sigmoid' and 'simpo'; TRL 1.16's CPOTrainer"
+            f" ignores it for {loss_type!r} (with a warning): use 0.0"
+        )
+    for name, value in (("cpo_alpha", cpo_alpha), ("simpo_gamma", simpo_gamma), ("alpha", alpha)):
+        v.require_real(name, value)
+    v.require_int("ignore_index", ignore_index)
+    v.require_chunk_options(chunk_size, accurate)
+    return _Options(float(beta), loss_type, float(label_smoothing), float(simpo_gamma), float(alpha))
+
+
+def _validate_tensors(x, weight, target, bias, nll_target) -> dict:
+    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
+    if x.shape[0] % 2:
+        raise ValueError(
+            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
+        )
+    tensors = {"x": x, "weight": weight, "target": target}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    if nll_target is not None:
+        v.require_tensor("nll_target", nll_target)
+        v.require_index_dtype("nll_target", nll_target)
+        v.require_shape("nll_target", nll_target, target.shape, "target.shape")
+        tensors["nll_target"] = nll_target
+    return tensors
+
+
+def fused_linear_cpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 1.0,
+    simpo_gamma: float = 0.5,
+    alpha: float = 0.0,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+) -> CPOOutput:
+    """CPO loss of the head ``x @ weight.T + bias``, never materializing the logits (TRL 1.16's ``CPOTrainer``).
+
+    Args:
+        x: ``(2n, T, H)`` hidden states, the ``n`` chosen sequences then the ``n`` rejected ones
+            (pair ``i`` = rows ``i`` and ``i+n``); float32, bfloat16 or float16. Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        target: ``(2n, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
+            ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
+        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        beta: β > 0 (TRL's default 0.1).
+        loss_type: ``"sigmoid"`` (CPO), ``"hinge"``, ``"ipo"`` or ``"simpo"``; ``ipo`` and ``simpo``
+            average the log-probs over the valid tokens, the others sum them (as TRL).
+        label_smoothing: ε in [0, 1] of ``sigmoid`` and ``simpo`` (conservative); must be 0 for
+            ``hinge`` and ``ipo`` (TRL ignores it there, with a warning).
+        cpo_alpha: weight of the chosen half's NLL (TRL's default 1.0); 0 leaves it out.
+        simpo_gamma: SimPO's target margin γ (``simpo`` only; TRL's default 0.5).
+        alpha: AlphaPO's reward shape (0: the log-probs themselves).
+        ignore_index: target value of positions that count nowhere.
+        nll_target: optional ``(2n, T)`` targets for the NLL term only (its chosen half is read);
+            the NLL over it needs at least one valid token.
+        chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
+            least one pair; None for the cross-entropy default (H / 8 rows, at least 256).
+        accurate: accumulate ``dW``/``db`` in float32 across chunks.
+
+    Returns:
+        :class:`CPOOutput`: the float32 loss (TRL's ``losses.mean() + cpo_alpha * policy_nll_loss``)
+        and the per-pair auxiliaries, which carry no gradient. NaN in ``x``/``weight``/``bias`` gives NaN.
+
+    Raises:
+        TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
+        ValueError: an odd batch, shapes that do not fit, tensors on different devices, targets out
+            of range, a sequence with no valid target, an NLL with no valid token, an unknown loss
+            type, an option out of its range or one the loss type does not read.
+    """
+    opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
+    v.require_same_device(_validate_tensors(x, weight, target, bias, nll_target))
+    n_cols = weight.shape[0]
+    counts = check_targets("target", target, n_cols, ignore_index)
+    if nll_target is not None and cpo_alpha != 0:
+        check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False)
+    grad_on = torch.is_grad_enabled()
+    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+    flags = (float(cpo_alpha), ignore_index, chunk_size, accurate, needs)
+
+    def run(x_, w_, b_):
+        return _run(x_, w_, b_, target, nll_target, counts, opts, flags)
+
+    return CPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+
+
+def fused_linear_simpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    simpo_gamma: float = 0.5,
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 1.0,
+    alpha: float = 0.0,
+    ignore_index: int = -100,
+    nll_target: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+) -> CPOOutput:
+    """SimPO loss of the head, never materializing the logits: :func:`fused_linear_cpo` with ``loss_type="simpo"``.
+
+    Per pair :math:`-(1-ε)\\log\\sigma(β(a_c - a_r) - γ) - ε\\log\\sigma(γ - β(a_c - a_r))` on the
+    **averaged** log-probs :math:`a`, plus ``cpo_alpha`` times the chosen NLL (TRL 1.16's
+    ``CPOTrainer(loss_type="simpo")``; ``cpo_alpha=0.0`` for the paper's SimPO, which has no NLL;
+    ``alpha ≠ 0`` for AlphaPO). Arguments as :func:`fused_linear_cpo`; returns a :class:`CPOOutput`.
+    """
+    return fused_linear_cpo(
+        x, weight, target, bias, beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
+        simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, nll_target=nll_target,
+        chunk_size=chunk_size, accurate=accurate,
+    )
+
+
+class FusedLinearCPOLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`fused_linear_cpo`; ``forward(x, weight, target, bias=None, nll_target=None)``.
+
+    Holds the options only (checked here, at construction); the head's ``weight`` and ``bias`` stay with the model.
+    """
+
+    def __init__(
+        self,
+        beta: float = 0.1,
+        loss_type: str = "sigmoid",
+        label_smoothing: float = 0.0,
+        cpo_alpha: float = 1.0,
+        simpo_gamma: float = 0.5,
+        alpha: float = 0.0,
+        ignore_index: int = -100,
+        chunk_size: int | None = None,
+        accurate: bool = False,
+    ):
+        super().__init__()
+        self.options = dict(
+            beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
+            simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate,
+        )
+        _options(**self.options)
+
+    def forward(self, x, weight, target, bias=None, nll_target=None) -> CPOOutput:
+        return fused_linear_cpo(x, weight, target, bias, nll_target=nll_target, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+
+
+class FusedLinearSimPOLoss(FusedLinearCPOLoss):
+    """``nn.Module`` form of :func:`fused_linear_simpo` (``loss_type="simpo"``); ``forward`` as :class:`FusedLinearCPOLoss`."""
+
+    def __init__(
+        self,
+        beta: float = 0.1,
+        simpo_gamma: float = 0.5,
+        label_smoothing: float = 0.0,
+        cpo_alpha: float = 1.0,
+        alpha: float = 0.0,
+        ignore_index: int = -100,
+        chunk_size: int | None = None,
+        accurate: bool = False,
+    ):
+        super().__init__(
+            beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha, simpo_gamma=simpo_gamma,
+            alpha=alpha, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate,
+        )

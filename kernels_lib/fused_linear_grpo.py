@@ -1,0 +1,533 @@
+r"""Fused linear + GRPO (group relative policy optimization) without the ``B·T × V`` logits.
+
+``x`` (``B × T × H``) holds the hidden states of ``B`` completions, ``target`` (``B × T``) the
+sampled tokens (aligned, no shift); with the per-token log-probs of the policy head at temperature
+:math:`\tau`, :math:`\ell_{kt} = \log\operatorname{softmax}((x_{kt}W^\top + b)/\tau)_{y_{kt}}`, the
+mask :math:`m_{kt}` (``completion_mask`` and the valid targets), advantages :math:`A_k` (or
+:math:`A_{kt}`), the old policy's :math:`\ell^{\text{old}}` and the reference's :math:`\ell^{\text{ref}}`,
+
+.. math::
+
+    \rho_{kt} = \ell_{kt} - \ell^{\text{old}}_{kt} \ \ (\text{token}), \qquad
+    \rho_{k} = \frac{\sum_t m_{kt}(\ell_{kt} - \ell^{\text{old}}_{kt})}{\max(1, \sum_t m_{kt})} \ \ (\text{sequence}),
+
+    c = e^{\rho}, \qquad
+    \mathcal{L}_{kt} = -\min\big(c A,\ \operatorname{clip}(c, 1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}})\,A\big)
+        + \beta\,\big(e^{\ell^{\text{ref}}_{kt} - \ell_{kt}} - (\ell^{\text{ref}}_{kt} - \ell_{kt}) - 1\big),
+
+and the loss is :math:`L = \sum_{kt} m_{kt}\, g_k\, \mathcal{L}_{kt}` with the normalization of
+``loss_type``: ``grpo`` :math:`g_k = 1/(B \max(1, n_k))` (per-sequence mean, then batch mean),
+``bnpo`` :math:`1/\max(1, \sum m)`, ``dr_grpo`` :math:`1/(B\,L_{\max})`, ``dapo``
+:math:`1/N` (``num_items_in_batch``, else :math:`\max(1, \sum m)`). ``old_logps=None`` is TRL's
+``num_iterations == 1``: the current log-probs, detached (:math:`c = 1`, gradient :math:`A`).
+
+This is TRL 1.16's ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for the loss
+types above with the options it reads at their defaults otherwise (no ``delta``, no
+``use_bias_correction_kl``, no entropy mask, bonus or off-policy mask, no vLLM correction): lines
+3027 (the mask), 3058–3059 (advantages ``(B,)`` unsqueezed), 3065–3066 (``old_per_token_logps``
+defaulting to the detached current ones), 3083–3093 (the log-ratio, token or sequence level), 3095
+(``coef_1``), 3098–3102 (the per-token KL), 3112–3120 (two-sided clipping, ``-min``), 3149–3150
+(``+ beta * per_token_kl``), 3153–3174 (the four normalizations; ``dapo`` divides by
+``num_items_in_batch`` there, which this function takes as the final normalizer), and the metrics
+3254–3283 (``kl``, ``entropy``, the clip ratios: ``global_masked_mean``, ``masked_seq_mean``,
+``nanmin``/``nanmax``). The loss is TRL's before its division by the gradient-accumulation steps
+(``policy_loss``). The per-token log-probs are TRL's fused head's (``trl/trainer/utils.py``
+``add_fused_lm_head``, lines 1642–1660: logits divided by the temperature, 0 at ``-100`` labels);
+TRL's ``num_items_in_batch`` is the active-token count of the generation batch
+(``grpo_trainer.py`` 2497–2498). See :func:`kernels_lib.reference.fused_linear_grpo`.
+
+Gradient
+--------
+Backpropagating TRL's expression by hand (torch's rules at ties: ``min`` splits the gradient
+between equal arguments, ``clamp`` passes it on the closed range), with :math:`\lambda_{kt} = m_{kt} g_k`
+the factor of :math:`\mathcal{L}_{kt}` in the loss, :math:`t_1 = cA`, :math:`t_2 = \operatorname{clip}(c)A`,
+
+.. math::
+
+    \frac{\partial \mathcal{L}}{\partial \rho} = -A\,c\,\big(s_1 + s_2\,[1-\varepsilon_{\text{low}} \le c \le 1+\varepsilon_{\text{high}}]\big),
+    \qquad s_1 = [t_1 < t_2] + \tfrac12[t_1 = t_2], \quad s_2 = [t_2 < t_1] + \tfrac12[t_1 = t_2],
+
+so the weight of token :math:`(k, t)` is :math:`w_{kt} = \lambda_{kt}\,\partial\mathcal{L}_{kt}/\partial\rho_{kt}`
+at the token level, :math:`w_{kt} = \frac{m_{kt}}{\max(1, n_k)} \sum_{t'} \lambda_{kt'}\,\partial\mathcal{L}_{kt'}/\partial\rho_k`
+at the sequence level, plus the KL term's :math:`\lambda_{kt}\,\beta\,(1 - e^{\ell^{\text{ref}}_{kt} - \ell_{kt}})`
+(formed as ``-expm1``). Times :math:`\mathrm{onehot}(y) - \mathrm{softmax}` (and :math:`1/\tau`) this
+is ``dz``. A NaN ratio takes the unclipped branch (as torch's ``min`` backward does), so NaN reaches
+the gradients too.
+
+Design
+------
+:mod:`kernels_lib._sequence_logprobs` with its per-token path: chunks of whole sequences, one
+logits matmul per chunk, the stats pass gives the chunk's per-token log-probs, the weights above
+are formed in torch on those ``rows`` floats (a sequence's weights need that sequence alone, and the
+normalizers are known before the first chunk), then the gradient pass with one weight per row and
+``dx``, ``dW``, ``db`` in the same chunk: three matmuls, all in forward; backward only scales by
+``grad_output``. The reference model (``ref_x``, ``ref_weight``) goes through the same chunks first
+without gradient (one matmul and the stats pass per chunk; only its ``B·T`` log-probs are kept).
+Memory: one ``chunk × V`` logits buffer, ``dx``, ``dW``, ``db`` and a few ``B × T`` float32 tensors.
+
+Deterministic: no atomics, fixed reduction orders (as ORPO and KTO).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _validate as v
+from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, sequence_logprobs
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LEVELS = ("token", "sequence")
+
+
+class GRPOOutput(NamedTuple):
+    """The GRPO loss and what TRL logs beside it; float32, only ``loss`` carries a gradient."""
+
+    loss: torch.Tensor  #: a scalar (TRL's ``policy_loss``: before the gradient-accumulation division)
+    per_token_logps: torch.Tensor  #: (B, T) the policy's log-probs, 0 at ignored targets (a next iteration's old_logps)
+    clip_ratio_low_mean: torch.Tensor  #: ``clip_ratio/low_mean``
+    clip_ratio_low_min: torch.Tensor  #: ``clip_ratio/low_min`` (nanmin over sequences)
+    clip_ratio_high_mean: torch.Tensor  #: ``clip_ratio/high_mean``
+    clip_ratio_high_max: torch.Tensor  #: ``clip_ratio/high_max`` (nanmax over sequences)
+    clip_ratio_region_mean: torch.Tensor  #: ``clip_ratio/region_mean``
+    kl: torch.Tensor | None  #: ``kl``, the mean per-token KL over the active tokens; None without a reference
+    entropy: torch.Tensor | None  #: ``entropy``, the mean over the active tokens; None unless ``return_entropy``
+
+
+# --------------------------------------------------------------------------- TRL's lines, on (B, T) floats
+
+
+def _log_importance_weights(logp, old, mask, level: str):
+    """TRL lines 3083–3093: the log-ratio per token, or its masked mean per sequence ``(B, 1)``.
+    ``old`` None: the detached current log-probs (``logp - logp``: 0, NaN where ``logp`` is not finite)."""
+    log_ratio = logp - (logp if old is None else old)
+    if level == "token":
+        return log_ratio
+    return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+
+
+def _per_token_kl(logp, ref):
+    """TRL lines 3100–3102: ``exp(ref - logp) - (ref - logp) - 1``."""
+    return torch.exp(ref - logp) - (ref - logp) - 1
+
+
+def _clip_bounds(opts):
+    return 1 - opts["epsilon_low"], 1 + opts["epsilon_high"]
+
+
+def _per_token_loss(logp, old, ref, advantages, mask, opts):
+    """TRL lines 3083–3150: ``(per_token_loss, coef_1, per_token_kl)`` (kl None without a reference)."""
+    coef_1 = torch.exp(_log_importance_weights(logp, old, mask, opts["importance_sampling_level"]))
+    kl = None if ref is None else _per_token_kl(logp, ref)
+    low, high = _clip_bounds(opts)
+    coef_2 = torch.clamp(coef_1, low, high)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    if opts["beta"] != 0.0:
+        per_token_loss = per_token_loss + opts["beta"] * kl
+    return per_token_loss, coef_1, kl
+
+
+def _normalized(per_token_loss, mask, opts, normalizer):
+    """TRL lines 3153–3174, the four normalizations."""
+    loss_type = opts["loss_type"]
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * opts["max_completion_length"])
+    return (per_token_loss * mask).sum() / normalizer
+
+
+def _masked_seq_mean(x, mask):
+    """TRL lines 3254–3257."""
+    if x.shape[1] == 1:
+        return x.squeeze(1)
+    return (x * mask).sum(-1) / mask.sum(-1)
+
+
+def _global_masked_mean(x, mask):
+    """TRL lines 3259–3265 on one process (as tensors, not ``.item()``)."""
+    if x.shape[1] == 1:
+        local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device, dtype=x.dtype)
+    else:
+        local_sum, local_count = (x * mask).sum(), mask.sum().to(x.dtype)
+    return local_sum / local_count.clamp(min=1.0)
+
+
+def _nan_extreme(x, fn):
+    """``trl.trainer.utils.nanmin`` / ``nanmax``: over the non-NaN values, NaN when there are none
+    (formed with ``where``, not by indexing: no host sync)."""
+    nan = torch.isnan(x)
+    value = fn(torch.where(nan, float("inf") if fn is torch.min else -float("inf"), x))
+    return torch.where(nan.all(), float("nan"), value)
+
+
+def clip_metrics(coef_1, advantages, mask, opts):
+    """TRL lines 3272–3283: low/high/region clip ratios (means), low min and high max over sequences."""
+    low, high = _clip_bounds(opts)
+    is_low = ((coef_1 < low) & (advantages < 0)).to(mask.dtype)
+    is_high = ((coef_1 > high) & (advantages > 0)).to(mask.dtype)
+    is_region = ((is_low > 0) | (is_high > 0)).to(mask.dtype)
+    return (
+        _global_masked_mean(is_low, mask),
+        _nan_extreme(_masked_seq_mean(is_low, mask), torch.min),
+        _global_masked_mean(is_high, mask),
+        _nan_extreme(_masked_seq_mean(is_high, mask), torch.max),
+        _global_masked_mean(is_region, mask),
+    )
+
+
+# --------------------------------------------------------------------------- the gradient weights
+
+
+def _token_weights(logp, old, ref, advantages, mask, scale, opts):
+    """``∂L/∂ℓ_kt`` of a block of whole sequences (see the module docstring); ``scale`` is ``g_k`` ``(S, 1)``."""
+    lam = mask * scale
+    level = opts["importance_sampling_level"]
+    n = mask.sum(-1, keepdim=True).clamp(min=1.0)
+    coef_1 = torch.exp(_log_importance_weights(logp, old, mask, level))
+    low, high = _clip_bounds(opts)
+    t1 = coef_1 * advantages
+    t2 = torch.clamp(coef_1, low, high) * advantages
+    tie = t1 == t2
+    # torch's backward of min(t1, t2): t1 > t2 gets 0, a tie half, else all (NaN passes through on t1)
+    s1 = torch.where(t1 > t2, 0.0, torch.where(tie, 0.5, 1.0))
+    s2 = torch.where(t2 > t1, 0.0, torch.where(tie, 0.5, 1.0)) * ((coef_1 >= low) & (coef_1 <= high))
+    d_rho = -(s1 + s2) * advantages * coef_1
+    if level == "token":
+        w = lam * d_rho
+    else:
+        w = (lam * d_rho).sum(-1, keepdim=True) / n * mask
+    if opts["beta"] != 0.0:
+        w = w - lam * opts["beta"] * torch.expm1(ref - logp)
+    return w
+
+
+def _sequence_scale(mask, opts, normalizer):
+    """``g_k`` ``(B, 1)``: the factor of sequence k's masked per-token losses in the loss."""
+    n_seqs = mask.shape[0]
+    loss_type = opts["loss_type"]
+    if loss_type == "grpo":
+        return 1.0 / (n_seqs * mask.sum(-1, keepdim=True).clamp(min=1.0))
+    if loss_type == "bnpo":
+        scale = 1.0 / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        scale = torch.tensor(1.0 / (n_seqs * opts["max_completion_length"]), device=mask.device)
+    else:
+        scale = 1.0 / normalizer
+    return scale.reshape(1, 1).expand(n_seqs, 1)
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, temperature, chunk_size):
+    """The reference head's per-token log-probs ``(B, T)``, without gradient, through the same chunks."""
+    n_seqs, seq_len = target.shape
+    rows = ref_x.reshape(-1, ref_x.shape[-1])
+    out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    with torch.no_grad():
+        sequence_logprobs(
+            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
+            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
+            logit_scale=1.0 / temperature, token_logps=out,
+        )
+    return out.view(n_seqs, seq_len)
+
+
+def _run(x, weight, bias, target, mask, advantages, old, ref, normalizer, opts):
+    """The forward of :class:`FusedSequenceLoss`: per-token log-probs, weights and gradients chunk by
+    chunk, then the loss and the metrics from the ``(B, T)`` log-probs."""
+    n_seqs, seq_len = target.shape
+    scale = _sequence_scale(mask, opts, normalizer)
+
+    def token_coefficients(rows, logp):
+        seqs = slice(rows.start // seq_len, rows.stop // seq_len)
+        block = logp.view(-1, seq_len)
+        pick = (lambda t: None if t is None else t[seqs])  # noqa: E731
+        return _token_weights(
+            block, pick(old), pick(ref), advantages[seqs], mask[seqs], scale[seqs], opts
+        ).reshape(-1).to(torch.float32)
+
+    rows = x.reshape(-1, x.shape[-1])
+    logps = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+    entropy = torch.empty_like(logps) if opts["return_entropy"] else None
+    _, _, grads = sequence_logprobs(
+        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts["ignore_index"],
+        rows_per_chunk=chunk_rows(opts["chunk_size"], seq_len, rows.shape[0], weight.shape[1]),
+        needs=opts["needs"], accurate=opts["accurate"], logit_scale=1.0 / opts["temperature"],
+        token_coefficients=token_coefficients if any(opts["needs"]) else None,
+        token_logps=logps, token_entropy=entropy,
+    )
+    logps = logps.view(n_seqs, seq_len)
+    per_token_loss, coef_1, kl = _per_token_loss(logps, old, ref, advantages, mask, opts)
+    loss = _normalized(per_token_loss, mask, opts, normalizer)
+    aux = [logps, *clip_metrics(coef_1, advantages, mask, opts)]
+    if kl is not None:
+        aux.append(_global_masked_mean(kl, mask))
+    if entropy is not None:
+        aux.append(_global_masked_mean(entropy.view(n_seqs, seq_len), mask))
+    if grads is not None and grads[0] is not None:
+        grads = (grads[0].view(x.shape), *grads[1:])
+    return loss, tuple(aux), grads
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _require_bt_float(name, tensor, shape):
+    v.require_tensor(name, tensor)
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor; got {tensor.dtype}")
+    v.require_shape(name, tensor, shape, "(B, T) = target.shape")
+
+
+def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps, completion_mask, ref_model) -> dict:
+    """The tensors' types and shapes; returns them by name (for the device check)."""
+    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
+    tensors = {"x": x, "weight": weight, "target": target}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    v.require_tensor("advantages", advantages)
+    if not advantages.is_floating_point():
+        raise TypeError(f"advantages must be a floating tensor; got {advantages.dtype}")
+    if advantages.shape not in (target.shape[:1], target.shape):
+        raise ValueError(
+            f"advantages must have shape (B,) = {tuple(target.shape[:1])} or (B, T) = {tuple(target.shape)}; "
+            f"got {tuple(advantages.shape)}"
+        )
+    tensors["advantages"] = advantages
+    for name, tensor in (("old_logps", old_logps), ("ref_logps", ref_logps)):
+        if tensor is not None:
+            _require_bt_float(name, tensor, target.shape)
+            tensors[name] = tensor
+    if completion_mask is not None:
+        v.require_tensor("completion_mask", completion_mask)
+        if completion_mask.is_complex():
+            raise TypeError(f"completion_mask must be a bool, integer or floating tensor; got {completion_mask.dtype}")
+        v.require_shape("completion_mask", completion_mask, target.shape, "(B, T) = target.shape")
+        tensors["completion_mask"] = completion_mask
+    ref_x, ref_weight, ref_bias = ref_model
+    if ref_logps is not None and any(t is not None for t in ref_model):
+        raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
+    if ref_logps is None and (ref_x is not None or ref_weight is not None or ref_bias is not None):
+        if ref_x is None or ref_weight is None:
+            raise ValueError("the reference model needs ref_x and ref_weight (and optionally ref_bias)")
+        v.require_tensor("ref_x", ref_x)
+        v.require_tensor("ref_weight", ref_weight)
+        v.require_float("ref_x", ref_x)
+        v.require_float("ref_weight", ref_weight)
+        v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
+        v.require_ndim("ref_x", ref_x, 3)
+        v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), "(B, T, H_ref) with (B, T) = target.shape")
+        v.require_nonempty("ref_x", ref_x)
+        v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
+        tensors.update(ref_x=ref_x, ref_weight=ref_weight)
+        if ref_bias is not None:
+            v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
+            tensors["ref_bias"] = ref_bias
+    return tensors
+
+
+def _validate_options(opts, has_reference: bool, num_items_in_batch) -> None:
+    v.require_real("beta", opts["beta"])
+    v.require_real("epsilon_low", opts["epsilon_low"])
+    v.require_real("epsilon_high", opts["epsilon_high"])
+    v.require_choice("importance_sampling_level", opts["importance_sampling_level"], LEVELS)
+    v.require_choice("loss_type", opts["loss_type"], LOSS_TYPES)
+    v.require_real("temperature", opts["temperature"])
+    if opts["temperature"] <= 0:
+        raise ValueError(f"temperature must be > 0; got {opts['temperature']}")
+    v.require_int("ignore_index", opts["ignore_index"])
+    v.require_chunk_options(opts["chunk_size"], opts["accurate"])
+    if not isinstance(opts["return_entropy"], bool):
+        raise TypeError(f"return_entropy must be a bool; got {opts['return_entropy']!r}")
+    length = opts["max_completion_length"]
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ValueError(f"max_completion_length must be None or a positive int; got {length!r}")
+    if opts["loss_type"] == "dr_grpo" and length is None:
+        raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length: give max_completion_length")
+    if opts["beta"] != 0.0 and not has_reference:
+        raise ValueError(f"beta={opts['beta']} needs the reference: ref_logps, or ref_x and ref_weight")
+    if num_items_in_batch is not None:
+        if opts["loss_type"] != "dapo":
+            raise ValueError(f"num_items_in_batch is the normalizer of loss_type='dapo'; got loss_type={opts['loss_type']!r}")
+        if isinstance(num_items_in_batch, torch.Tensor):
+            if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
+                raise ValueError(
+                    f"num_items_in_batch must be a positive number or a one-element real tensor; got "
+                    f"{num_items_in_batch.dtype} {tuple(num_items_in_batch.shape)}"
+                )
+        else:
+            v.require_real("num_items_in_batch", num_items_in_batch)
+            if num_items_in_batch <= 0:
+                raise ValueError(f"num_items_in_batch must be > 0; got {num_items_in_batch}")
+
+
+def _check_targets(target, n_cols: int, ignore_index: int) -> torch.Tensor:
+    """The valid-target mask, after refusing values outside ``[0, V)`` (one host sync). Sequences
+    without a valid token are allowed (TRL clamps their token count to 1: they add 0)."""
+    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+    n_bad = int(bad.sum().item())
+    if n_bad:
+        raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+    return valid
+
+
+def fused_linear_grpo(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    advantages: torch.Tensor,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    ref_x: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    completion_mask: torch.Tensor | None = None,
+    beta: float = 0.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    importance_sampling_level: str = "token",
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | float | None = None,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+) -> GRPOOutput:
+    """GRPO loss of the head ``x @ weight.T + bias`` as TRL 1.16's ``GRPOTrainer`` computes it, never materializing the logits.
+
+    Args:
+        x: ``(B, T, H)`` hidden states of the completion tokens; float32, bfloat16 or float16.
+            Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        target: ``(B, T)`` int64/int32 completion token ids aligned with ``x`` (no shift inside),
+            each in ``[0, V)`` or ``ignore_index`` (padding: masked, log-prob 0, as TRL's ``-100``
+            labels). A sequence with no valid token is allowed (it adds 0, as in TRL).
+        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        advantages: ``(B,)`` (or ``(B, T)``, as TRL accepts from subclasses), detached.
+        old_logps: ``(B, T)`` the sampling policy's per-token log-probs (TRL's
+            ``old_per_token_logps``), detached; None: the current ones detached (TRL with
+            ``num_iterations == 1``: the ratio is 1, its gradient the advantage).
+        ref_logps: ``(B, T)`` the reference model's per-token log-probs (TRL's
+            ``ref_per_token_logps``), detached. Or instead:
+        ref_x, ref_weight, ref_bias: the reference model's hidden states ``(B, T, H_ref)``, head
+            ``(V, H_ref)`` and optional bias, run without gradient at the same temperature.
+        completion_mask: ``(B, T)`` bool/int/float (TRL's ``completion_mask``, times its
+            ``tool_mask`` if any); None: all ones. Multiplied by the valid-target mask.
+        beta: the KL coefficient (TRL's default 0.0); non-zero needs the reference.
+        epsilon_low, epsilon_high: the clip range ``[1 - epsilon_low, 1 + epsilon_high]`` (TRL's
+            ``epsilon`` and ``epsilon_high``).
+        importance_sampling_level: ``"token"`` or ``"sequence"`` (GSPO: the masked mean log-ratio
+            per sequence). TRL warns that ``sequence`` with ``bnpo``/``dr_grpo``/``dapo`` weights
+            sequences by length; it is computed as TRL does.
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (the normalizations above).
+        max_completion_length: ``dr_grpo``'s ``L_max`` (required there; TRL's config value).
+        num_items_in_batch: ``dapo``'s normalizer (a positive number or a one-element tensor, read
+            on the device): TRL divides by ``inputs["num_items_in_batch"].clamp(min=1) /
+            num_processes`` (times ``current_gradient_accumulation_steps / steps_per_generation`` in
+            training); give that value. None: this batch's active tokens (at least 1).
+        temperature: the logits (policy and reference) are divided by it, as TRL's fused head does.
+        ignore_index: target value of padding positions.
+        return_entropy: also compute the mean entropy over the active tokens (TRL's ``entropy``
+            metric; one more accumulator in the stats pass).
+        chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
+            None for the cross-entropy default (H / 8 rows, at least 256).
+        accurate: accumulate ``dW``/``db`` in float32 across chunks.
+
+    Returns:
+        :class:`GRPOOutput`: the float32 loss and TRL's metrics (no gradient). NaN in the inputs
+        gives a NaN loss, as in TRL. With ``T = 1`` TRL's metric helpers take the ``(B, 1)`` branch
+        (an unmasked mean over the B sequences); so do these.
+
+    Raises:
+        TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
+        ValueError: shapes that do not fit, tensors on different devices, targets out of range, an
+            unknown ``loss_type`` or level, ``dr_grpo`` without ``max_completion_length``, ``beta != 0``
+            without a reference, both or an incomplete reference, ``num_items_in_batch`` outside ``dapo``.
+    """
+    tensors = _validate_tensors(
+        x, weight, target, bias, advantages, old_logps, ref_logps, completion_mask, (ref_x, ref_weight, ref_bias)
+    )
+    opts = dict(
+        beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, importance_sampling_level=importance_sampling_level,
+        loss_type=loss_type, max_completion_length=max_completion_length, temperature=temperature,
+        ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size, accurate=accurate,
+    )
+    has_reference = ref_logps is not None or ref_x is not None
+    _validate_options(opts, has_reference, num_items_in_batch)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        tensors["num_items_in_batch"] = num_items_in_batch
+    v.require_same_device(tensors)
+    opts.update(beta=float(beta), epsilon_low=float(epsilon_low), epsilon_high=float(epsilon_high), temperature=float(temperature))
+    valid = _check_targets(target, weight.shape[0], ignore_index)
+    mask = valid.to(torch.float32)
+    if completion_mask is not None:
+        mask = mask * completion_mask.detach().to(torch.float32)
+    if ref_logps is not None:
+        ref = ref_logps.detach().to(torch.float32)
+    elif ref_x is not None:
+        ref = _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, opts["temperature"], chunk_size)
+    else:
+        ref = None
+    old = None if old_logps is None else old_logps.detach().to(torch.float32)
+    adv = advantages.detach().to(torch.float32)
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    if num_items_in_batch is None:
+        normalizer = mask.sum().clamp(min=1.0)
+    else:
+        normalizer = torch.as_tensor(num_items_in_batch, device=x.device).detach().to(torch.float32).reshape(())
+    grad_on = torch.is_grad_enabled()
+    opts["needs"] = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+
+    def run(x_, w_, b_):
+        return _run(x_, w_, b_, target, mask, adv, old, ref, normalizer, opts)
+
+    loss, logps, *rest = FusedSequenceLoss.apply(x, weight, bias, run)
+    clips, rest = rest[:5], rest[5:]
+    kl = rest.pop(0) if ref is not None else None
+    entropy = rest.pop(0) if return_entropy else None
+    return GRPOOutput(loss, logps, *clips, kl, entropy)
+
+
+class FusedLinearGRPOLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`fused_linear_grpo`; ``forward(x, weight, target, bias=None, **tensors)``
+    with the tensors (``advantages``, ``old_logps``, ``ref_logps`` or ``ref_x``/``ref_weight``/``ref_bias``,
+    ``completion_mask``, ``num_items_in_batch``) by keyword; the module holds the options only."""
+
+    def __init__(
+        self,
+        beta: float = 0.0,
+        epsilon_low: float = 0.2,
+        epsilon_high: float = 0.2,
+        importance_sampling_level: str = "token",
+        loss_type: str = "grpo",
+        max_completion_length: int | None = None,
+        temperature: float = 1.0,
+        ignore_index: int = -100,
+        return_entropy: bool = False,
+        chunk_size: int | None = None,
+        accurate: bool = False,
+    ):
+        super().__init__()
+        self.options = dict(
+            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+            importance_sampling_level=importance_sampling_level, loss_type=loss_type,
+            max_completion_length=max_completion_length, temperature=temperature, ignore_index=ignore_index,
+            return_entropy=return_entropy, chunk_size=chunk_size, accurate=accurate,
+        )
+        _validate_options(self.options, has_reference=True, num_items_in_batch=None)
+
+    def forward(self, x, weight, target, bias=None, **tensors) -> GRPOOutput:
+        return fused_linear_grpo(x, weight, target, bias, **tensors, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())

@@ -1,0 +1,180 @@
+r"""Fused linear + GRPO as the workbench measures it: two specs (token- and sequence-level importance
+sampling), providers, inputs, the published workload, floors.
+
+Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_linear_grpo.fused_linear_grpo`
+(returning a result with ``.loss``):
+
+- ``kernels_lib``: our function, default options (the reference model through the same chunks,
+  without gradient);
+- ``torch``: :func:`kernels_lib.reference.fused_linear_grpo`, TRL 1.16's GRPO loss on full logits
+  (matmuls in the input dtype, upcast to fp32): the published "torch" provider (Liger's
+  ``TorchLMHeadGRPO``, the same lines);
+- ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`` with its reference model (CUDA
+  only; ``torch.compile``d chunk step, one sequence per chunk by default).
+
+The published workload (Liger's ``benchmark_grpo_loss.py``, A100, two charts
+``fused_linear_grpo_loss_token`` and ``fused_linear_grpo_loss_sequence``): ``B`` completions of
+``T = 1024`` tokens, ``H = 4096``, ``V = 128256``, bf16, no bias; the policy's ``x`` and head
+take gradients; a reference model of its own head (``ref_x``, ``ref_weight``) without gradient;
+``β = 0.1`` (``TorchLMHeadGRPO``'s default), ``ε = 0.2`` both sides, temperature 1, no old
+log-probs (on-policy), an all-ones attention mask, advantages ``randn(B)`` and the loss the masked
+token mean (``bnpo``; with an all-ones mask it equals ``dapo``); the two charts differ only in
+``importance_sampling_level``. Modes ``forward``, ``backward``, ``full`` and ``full`` memory.
+
+Floors: the policy's logits :math:`2BTHV` FLOPs and the reference's the same again; with a
+gradient ``dx = dz W`` and ``dW = dz^\top x`` (:func:`flops`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import data
+from ... import reference
+from ...fused_linear_grpo import fused_linear_grpo as kernels_lib_grpo
+from .fused_linear_orpo import ignore_tokens
+from .spec import Inputs, LossSpec, Provider, require_cuda
+
+KERNEL_NAMES = {"token": "fused_linear_grpo_loss_token", "sequence": "fused_linear_grpo_loss_sequence"}
+
+#: Options of :func:`make_inputs` that shape the data rather than the call.
+DATA_OPTIONS = ("bias", "ignore_fraction", "input_grad")
+
+
+def _load_liger():
+    require_cuda("Liger")
+    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+    modules: dict[tuple, torch.nn.Module] = {}
+
+    def liger_grpo(x, weight, target, bias=None, *, advantages, old_logps=None, ref_logps=None, ref_x=None,
+                   ref_weight=None, ref_bias=None, completion_mask=None, beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
+                   importance_sampling_level="token", loss_type="grpo", max_completion_length=None,
+                   num_items_in_batch=None, temperature=1.0, ignore_index=-100, return_entropy=False,
+                   chunk_size=None, accurate=False):
+        del chunk_size, accurate  # ours alone: Liger runs its own defaults
+        if advantages.dim() != 1 or return_entropy:
+            raise NotImplementedError("Liger's GRPO takes (B,) advantages and computes no entropy")
+        key = (beta, epsilon_low, epsilon_high, importance_sampling_level, loss_type, max_completion_length,
+               temperature, ref_x is not None)
+        if key not in modules:
+            modules[key] = LigerFusedLinearGRPOLoss(
+                beta=beta, use_ref_model=ref_x is not None, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+                loss_type=loss_type, max_completion_length=max_completion_length,
+                importance_sampling_level=importance_sampling_level, temperature=temperature,
+            )
+        valid = target != ignore_index
+        mask = valid if completion_mask is None else valid & (completion_mask != 0)
+        out = modules[key](
+            x, weight, torch.where(valid, target, 0), mask.to(x.dtype), advantages, bias, ref_logps, old_logps,
+            ref_x, ref_weight, ref_bias, num_items_in_batch=num_items_in_batch,
+        )
+        return out[0]  # (loss, metrics)
+
+    return liger_grpo
+
+
+PROVIDERS = {
+    "kernels_lib": Provider("kernels_lib", lambda: kernels_lib_grpo, "kernels_lib.fused_linear_grpo (Triton)"),
+    "torch": Provider("torch", lambda: reference.fused_linear_grpo, "TRL 1.16's GRPO loss on fp32 logits (the baseline)"),
+    "liger": Provider("liger", _load_liger, "liger_kernel.chunked_loss LigerFusedLinearGRPOLoss"),
+}
+
+
+def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: int = 0) -> Inputs:
+    """Policy ``x`` ``(B, T, H)`` and ``weight`` ``(V, H)`` (and a bias ``(V,)`` with
+    ``options["bias"]``), the reference model's ``ref_x``, ``ref_weight`` (, ``ref_bias``) of the same
+    shapes, int64 targets ``(B, T)`` (a fraction ``options["ignore_fraction"]`` at ``ignore_index``,
+    each sequence's first token kept), an all-ones completion mask and advantages ``randn(B)``.
+
+    The policy's weight and bias take gradients, ``x`` too unless ``options["input_grad"]`` is
+    False (the published harness's ``_input`` requires grad); the reference takes none. ``x, ref_x ~
+    N(0, 1)``, heads ``~ N(0, 1/H)``: logits of unit scale. The other options go to the call.
+    """
+    device = torch.device(device)
+    b, t, h, v = (int(sizes[k]) for k in ("B", "T", "H", "V"))
+    ignore_index = options.get("ignore_index", -100)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def hidden():
+        return torch.randn(b, t, h, generator=generator, device=device).to(dtype)
+
+    def head():
+        w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
+        bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype) if options.get("bias") else None
+        return w, bias
+
+    x, (weight, bias) = hidden(), head()
+    ref_x, (ref_weight, ref_bias) = hidden(), head()
+    target = torch.randint(0, v, (b, t), generator=generator, device=device)
+    ignore_tokens(target, options.get("ignore_fraction", 0.0), ignore_index, generator)
+    advantages = torch.randn(b, generator=generator, device=device)
+    completion_mask = torch.ones(b, t, dtype=torch.long, device=device)
+    grad_inputs = ([x] if options.get("input_grad", True) else []) + [weight] + ([bias] if bias is not None else [])
+    for tensor in grad_inputs:
+        tensor.requires_grad_()
+    kwargs = {
+        "advantages": advantages, "completion_mask": completion_mask,
+        "ref_x": ref_x, "ref_weight": ref_weight, "ref_bias": ref_bias,
+        **{k: val for k, val in options.items() if k not in DATA_OPTIONS},
+    }
+    return Inputs(args=(x, weight, target, bias), kwargs=kwargs, grad_inputs=grad_inputs)
+
+
+def flops(sizes: dict, mode: str, input_grad: bool = True) -> float:
+    """Matmul FLOPs, ``2·B·T·H·V`` per product: the policy's and the reference's logits for the loss
+    (``forward``, ``forward_no_grad``), ``dx`` and ``dW`` for the gradients (``backward``; ``dW``
+    alone without ``input_grad``), all for ``full``."""
+    product = 2.0 * int(sizes["B"]) * int(sizes["T"]) * int(sizes["H"]) * int(sizes["V"])
+    gradients = 1 + int(input_grad)
+    products = {"forward": 2, "forward_no_grad": 2, "backward": gradients, "full": 2 + gradients}[mode]
+    return product * products
+
+
+def bytes_moved(sizes: dict, dtype: torch.dtype, mode: str) -> int:
+    """Bytes at least moved: read both models' hidden states and heads and the int64 targets; with a
+    gradient write ``dx`` and ``dW``."""
+    rows, h, v = int(sizes["B"]) * int(sizes["T"]), int(sizes["H"]), int(sizes["V"])
+    item = torch.empty((), dtype=dtype).element_size()
+    reads = 2 * (rows * h + v * h) * item + rows * 8
+    return reads + (rows * h + v * h) * item if mode in ("backward", "full") else reads
+
+
+def published_rows(level: str = "token"):
+    """Liger's published rows of GRPO (A100) at ``importance_sampling_level`` ``level``."""
+    return data.load_published(KERNEL_NAMES[level])
+
+
+def _spec(level: str) -> LossSpec:
+    return LossSpec(
+        kernel_name=KERNEL_NAMES[level],
+        providers=PROVIDERS,
+        make_inputs=make_inputs,
+        published={
+            "x_name": "B",
+            "x_label": "B",
+            "x_values": [2, 4, 8, 16],
+            "sizes": {"T": 1024, "H": 4096, "V": 128256},
+            "dtype": torch.bfloat16,
+        },
+        small={
+            "x_name": "B",
+            "x_label": "B",
+            "x_values": [2, 4, 8],
+            "sizes": {"T": 8, "H": 32, "V": 257},
+            "dtype": torch.bfloat16,
+        },
+        bytes_moved=bytes_moved,
+        baseline="torch",
+        default_options={
+            "beta": 0.1, "epsilon_low": 0.2, "epsilon_high": 0.2, "loss_type": "bnpo",
+            "importance_sampling_level": level, "bias": False, "ignore_fraction": 0.0, "input_grad": True,
+        },
+    )
+
+
+SPEC_TOKEN = _spec("token")
+SPEC_SEQUENCE = _spec("sequence")
+#: Both charts; :mod:`.registry` reads ``SPECS`` where a module defines more than one ``SPEC``.
+SPECS = (SPEC_TOKEN, SPEC_SEQUENCE)
+SPEC = SPEC_TOKEN

@@ -1,0 +1,627 @@
+"""Fused linear GRPO against the float64 reference and against TRL 1.16's own ``GRPOTrainer._compute_loss``.
+
+Errors are relative in norm, ``||out - ref|| / ||ref||`` (absolute where the reference is 0), the
+reference run on float64 copies of the very inputs the kernel saw. Shapes are small and odd (H = 40,
+reference H = 24, V = 1031, T = 6; B = 1 and T = 1 apart): on a machine without a GPU the kernels run
+in Triton's interpreter. Every batch but the T = 1 ones holds an all-masked sequence (sequence 1:
+completion mask 0 from position 2 on, targets ignored before), padding at the end of sequence 2
+(ignored targets) and a completion-mask hole in sequence 3 (valid targets, mask 0: TRL's ``tool_mask``).
+
+Also: a hypothesis property test (the helpers and tolerance rules of ``tests/test_properties.py``:
+floors per dtype, 4x the reference's own error in the kernel's arithmetic, the lean dW floors), NaN
+propagation, bad inputs naming the argument, determinism, and the two bench specs (presets against
+the published CSV, inputs, the check table, a tiny CPU sweep, the Liger adapter on a stand-in).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+import test_properties as properties  # the hypothesis helpers: run_three, compare, lean_floors, SETTINGS
+from kernels_lib import default_device, reference
+from kernels_lib._sequence_logprobs import chunk_rows
+from kernels_lib.fused_linear_grpo import LOSS_TYPES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
+from kernels_lib.workbench.check import TOLERANCE
+
+DEVICE = default_device()
+
+# Relative-error tolerances per input dtype, as tests/test_fused_linear_kto.py: float32 differs from
+# the float64 reference only in summation order (observed ~1e-7); bfloat16 / float16 gradients are
+# rounded once to the input dtype (u = 2^-8, 2^-11) and dW/db accumulated across chunks in it: 5u, 8u.
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+LEVELS = ("token", "sequence")
+METRICS = ("clip_ratio_low_mean", "clip_ratio_low_min", "clip_ratio_high_mean", "clip_ratio_high_max", "clip_ratio_region_mean")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error in norm; absolute where the reference is 0; 0 where both are NaN at the same places."""
+    out, ref = out.detach().double(), ref.detach().double()
+    assert out.shape == ref.shape
+    nan = torch.isnan(ref)
+    if not torch.equal(nan, torch.isnan(out)):
+        return math.inf
+    out, ref = out[~nan], ref[~nan]
+    norm = ref.norm().item()
+    return (out - ref).norm().item() / (norm if norm > 0 else 1.0)
+
+
+def make_inputs(batch=4, seq=6, hidden=40, ref_hidden=24, vocab=1031, dtype=torch.float32, bias=True, seed=0):
+    """Policy leaves, targets, completion mask, advantages, old and reference log-probs, a reference model."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq, hidden, generator=gen)
+    w = torch.randn(vocab, hidden, generator=gen) * hidden**-0.5 * 2
+    b = torch.randn(vocab, generator=gen) if bias else None
+    target = torch.randint(0, vocab, (batch, seq), generator=gen)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if batch >= 4 and seq >= 4:
+        target[1, :2] = -100  # sequence 1: nothing active (ignored targets, then mask 0)
+        mask[1, 2:] = 0
+        target[2, -2:] = -100  # padding
+        mask[3, 1:3] = 0  # valid targets the mask leaves out
+    with torch.no_grad():
+        logps = reference.fused_linear_grpo(
+            x.double(), w.double(), target, None if b is None else b.double(), advantages=torch.zeros(batch)
+        ).per_token_logps.float()
+    tensors = dict(
+        advantages=torch.randn(batch, generator=gen),
+        # near the current policy, so that some ratios fall inside and some outside the clip range
+        old_logps=logps + 0.3 * torch.randn(batch, seq, generator=gen),
+        ref_logps=logps + 0.5 * torch.randn(batch, seq, generator=gen),
+        completion_mask=mask,
+    )
+    model = dict(
+        ref_x=torch.randn(batch, seq, ref_hidden, generator=gen).to(DEVICE, dtype),
+        ref_weight=(torch.randn(vocab, ref_hidden, generator=gen) * ref_hidden**-0.5 * 2).to(DEVICE, dtype),
+        ref_bias=torch.randn(vocab, generator=gen).to(DEVICE, dtype) if bias else None,
+    )
+    leaves = [t.to(DEVICE, dtype).requires_grad_() if t is not None else None for t in (x, w, b)]
+    return (*leaves, target.to(DEVICE), {k: t.to(DEVICE) for k, t in tensors.items()}, model)
+
+
+def grads_of(loss, tensors, grad_output):
+    present = [t for t in tensors if t is not None]
+    got = iter(torch.autograd.grad(loss, present, torch.as_tensor(grad_output, dtype=loss.dtype, device=loss.device)))
+    return [next(got) if t is not None else None for t in tensors]
+
+
+def double_leaves(*tensors):
+    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
+
+
+def as_double(tensors: dict) -> dict:
+    """Floating tensors in float64 (the reference's inputs); the rest as they are."""
+    return {k: t.double() if torch.is_tensor(t) and t.is_floating_point() else t for k, t in tensors.items()}
+
+
+def check_against_reference(x, w, b, target, tensors, tol, grad_output=0.7, **options):
+    """Loss, per-token log-probs, metrics and every gradient of the kernel vs the float64 reference."""
+    out = fused_linear_grpo(x, w, target, b, **tensors, **options)
+    ref_inputs = double_leaves(x, w, b)
+    want = reference.fused_linear_grpo(*ref_inputs[:2], target, ref_inputs[2], **as_double(tensors), **options)
+    assert isinstance(out, GRPOOutput) and out.loss.dtype == torch.float32 and out.loss.shape == ()
+    assert out.per_token_logps.shape == target.shape and not out.per_token_logps.requires_grad
+    errors = {}
+    for name in GRPOOutput._fields:
+        got, expected = getattr(out, name), getattr(want, name)
+        assert (got is None) == (expected is None), name
+        if got is not None:
+            assert got.dtype == torch.float32, name
+            errors[name] = rel_err(got, expected)
+    g = torch.tensor(grad_output, device=DEVICE)
+    got = grads_of(out.loss, (x, w, b), g)
+    expected = grads_of(want.loss, ref_inputs, g.double())
+    for name, gx, r, t in zip(("dx", "dW", "db"), got, expected, (x, w, b)):
+        if t is not None:
+            assert gx.dtype == t.dtype and gx.shape == t.shape
+            errors[name] = rel_err(gx, r)
+    assert all(e < tol for e in errors.values()), errors
+    return out, want
+
+
+# --------------------------------------------------------------------------- against the float64 reference
+
+
+@pytest.mark.parametrize("loss_type, level", list(itertools.product(LOSS_TYPES, LEVELS)))
+def test_every_loss_type_and_level(loss_type, level):
+    """beta > 0, asymmetric epsilons, temperature != 1, old and reference log-probs given, one sequence per chunk."""
+    x, w, b, target, tensors, _ = make_inputs()
+    out, _ = check_against_reference(
+        x, w, b, target, tensors, TOL[torch.float32], loss_type=loss_type, importance_sampling_level=level,
+        beta=0.1, epsilon_low=0.1, epsilon_high=0.28, temperature=0.7, max_completion_length=9, chunk_size=6,
+        return_entropy=True,
+    )
+    # the data exercise both sides of the clip range (else the clip branches would go untested)
+    if level == "token":
+        assert 0 < out.clip_ratio_region_mean < 1
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_on_policy_without_reference(loss_type, level):
+    """TRL with num_iterations = 1: old_logps None (ratio 1, nothing clipped), beta = 0, no reference."""
+    x, w, b, target, tensors, _ = make_inputs(seed=1)
+    tensors = {k: tensors[k] for k in ("advantages", "completion_mask")}
+    out, _ = check_against_reference(
+        x, w, b, target, tensors, TOL[torch.float32], loss_type=loss_type, importance_sampling_level=level
+    )
+    assert out.kl is None and out.entropy is None and out.clip_ratio_region_mean == 0
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 12])  # one chunk; one sequence per chunk; two
+def test_reference_model_and_chunks(chunk_size):
+    x, w, b, target, tensors, model = make_inputs()
+    tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
+    check_against_reference(
+        x, w, b, target, tensors, TOL[torch.float32], beta=0.04, loss_type="bnpo", chunk_size=chunk_size,
+        temperature=1.3, return_entropy=True,
+    )
+
+
+def test_reference_model_equals_its_logps():
+    x, w, b, target, tensors, model = make_inputs()
+    tensors.pop("ref_logps")
+    with torch.no_grad():
+        ref_logps = reference.fused_linear_grpo(
+            model["ref_x"], model["ref_weight"], target, model["ref_bias"], advantages=tensors["advantages"], temperature=0.8
+        ).per_token_logps
+    options = dict(beta=0.3, temperature=0.8, chunk_size=6)
+    with_model = fused_linear_grpo(x, w, target, b, **tensors, **model, **options)
+    given_logps = fused_linear_grpo(x, w, target, b, **tensors, ref_logps=ref_logps, **options)
+    for name in ("loss", "kl", *METRICS):
+        assert rel_err(getattr(given_logps, name), getattr(with_model, name)) < TOL[torch.float32], name
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype, level):
+    x, w, b, target, tensors, model = make_inputs(dtype=dtype, seed=2)
+    tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
+    check_against_reference(
+        x, w, b, target, tensors, TOL[dtype], beta=0.1, epsilon_low=0.15, epsilon_high=0.3, chunk_size=12,
+        importance_sampling_level=level, loss_type="dr_grpo", max_completion_length=8,
+    )
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_per_token_advantages_and_accurate(level):
+    x, w, b, target, tensors, _ = make_inputs(seed=3)
+    gen = torch.Generator().manual_seed(7)
+    tensors["advantages"] = torch.randn(target.shape, generator=gen).to(DEVICE)
+    check_against_reference(
+        x, w, b, target, tensors, TOL[torch.float32], beta=0.2, importance_sampling_level=level, accurate=True, chunk_size=6
+    )
+
+
+@pytest.mark.parametrize(
+    "batch, seq, level", [(1, 6, "token"), (1, 6, "sequence"), (3, 1, "token"), (3, 1, "sequence"), (1, 1, "token")]
+)
+def test_odd_sizes_no_bias(batch, seq, level):
+    """B = 1, T = 1 (TRL's metric helpers then take their (B, 1) branch, as ours do), H = 33, no bias."""
+    x, w, _, target, tensors, _ = make_inputs(batch=batch, seq=seq, hidden=33, bias=False, seed=4)
+    check_against_reference(
+        x, w, None, target, tensors, TOL[torch.float32], grad_output=1.0, beta=0.05, importance_sampling_level=level,
+        loss_type="bnpo", epsilon_low=0.05, epsilon_high=0.4,
+    )
+
+
+@pytest.mark.parametrize("normalizer", [7.5, "tensor"])
+def test_dapo_normalizer(normalizer):
+    x, w, b, target, tensors, _ = make_inputs()
+    value = torch.tensor([11.0], device=DEVICE) if normalizer == "tensor" else normalizer
+    check_against_reference(x, w, b, target, tensors, TOL[torch.float32], loss_type="dapo", beta=0.1, num_items_in_batch=value)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_token_masked_gives_zero(loss_type):
+    """No active token at all: TRL's clamps make the loss 0 with zero gradients; the means are 0, the min/max NaN."""
+    x, w, b, target, tensors, _ = make_inputs()
+    tensors["completion_mask"] = torch.zeros_like(tensors["completion_mask"])
+    out, _ = check_against_reference(
+        x, w, b, target, tensors, TOL[torch.float32], loss_type=loss_type, max_completion_length=6, beta=0.1
+    )
+    assert out.loss == 0 and torch.isnan(out.clip_ratio_low_min) and out.kl == 0
+    assert all(torch.all(g == 0) for g in grads_of(fused_linear_grpo(x, w, target, b, **tensors, loss_type=loss_type,
+                                                                       max_completion_length=6, beta=0.1).loss, (x, w, b), 1.0))
+
+
+def test_logits_of_1e4():
+    """Logits of magnitude 1e4: log-probs near 0 and near -2e4 keep their accuracy."""
+    x, w, b, target, tensors, _ = make_inputs(seed=5)
+    with torch.no_grad():
+        x.mul_(300.0)
+    tensors.pop("old_logps")
+    tensors.pop("ref_logps")
+    check_against_reference(x, w, b, target, tensors, TOL[torch.float32], loss_type="bnpo")
+
+
+# --------------------------------------------------------------------------- against TRL's own loss code
+
+
+def trl_grpo(x, w, b, target, tensors, opts, processes=1, accumulation=1, steps_per_generation=1):
+    """TRL 1.16 ``GRPOTrainer._compute_loss`` itself (trl/trainer/grpo_trainer.py 3020–3292), called on a stand-in.
+
+    The stand-in's ``_get_per_token_logps_and_entropies`` is TRL's fused head (``add_fused_lm_head``'s
+    fused branch, trl/trainer/utils.py 1642–1660, as on a machine without Triton: every position
+    scored by ``ChunkedLogProbFunction``, ``masked_fill(~mask, 0)``) on ``x`` and the head; the
+    reference log-probs come from the same head under ``torch.no_grad()`` on the reference model, as
+    ``_generate_and_score_completions`` computes them (grpo_trainer.py 2709–2720). Our completion mask enters as TRL's
+    ``tool_mask`` beside ``completion_mask = labels != -100``. Returns the loss and the logged metrics.
+    """
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    labels = target
+    valid = labels != -100
+
+    def fused_head(hidden, head, head_bias):
+        out = ChunkedLogProbFunction.apply(
+            hidden.reshape(-1, hidden.shape[-1]), head, head_bias, labels.clamp(min=0).reshape(-1),
+            opts.get("temperature", 1.0), _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy"),
+        )
+        return [t.view(valid.shape).masked_fill(~valid, 0) for t in out[:2]]
+
+    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **_):
+        assert logits_to_keep == target.shape[1]
+        logps, entropy = fused_head(x, w, b)
+        return logps, entropy, None
+
+    inputs = dict(
+        prompt_ids=torch.zeros(target.shape[0], 0, dtype=torch.long),
+        prompt_mask=torch.zeros(target.shape[0], 0, dtype=torch.long),
+        completion_ids=target.clamp(min=0),
+        completion_mask=valid.long(),
+        tool_mask=tensors["completion_mask"],
+        advantages=tensors["advantages"],
+        num_items_in_batch=(valid.long() * tensors["completion_mask"]).sum(),
+    )
+    if tensors.get("old_logps") is not None:
+        inputs["old_per_token_logps"] = tensors["old_logps"]
+    if opts.get("beta", 0.0) != 0.0:
+        with torch.no_grad():
+            inputs["ref_per_token_logps"] = fused_head(tensors["ref_x"], tensors["ref_weight"], tensors["ref_bias"])[0]
+    trainer = SimpleNamespace(
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, vllm_importance_sampling_correction=False,
+        importance_sampling_level=opts.get("importance_sampling_level", "token"), beta=opts.get("beta", 0.0),
+        loss_type=opts["loss_type"], epsilon_low=opts.get("epsilon_low", 0.2), epsilon_high=opts.get("epsilon_high", 0.2),
+        max_completion_length=opts.get("max_completion_length"),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=accumulation,
+        accelerator=SimpleNamespace(num_processes=processes, reduce=lambda t, reduction: t, gather=lambda t: t),
+        _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics={"train": defaultdict(list)},
+        _get_per_token_logps_and_entropies=per_token_logps_and_entropies,
+    )
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    metrics = {name.replace("clip_ratio/", "clip_ratio_"): values[-1] for name, values in trainer._metrics["train"].items()}
+    return loss, metrics
+
+
+@pytest.mark.parametrize("loss_type, level", list(itertools.product(LOSS_TYPES, LEVELS)))
+def test_matches_trl(loss_type, level):
+    """Kernel and reference against TRL's own loss code: loss, metrics, and the gradients of its autograd path."""
+    pytest.importorskip("trl")
+    x, w, b, target, tensors, model = make_inputs(seed=6)
+    tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
+    opts = dict(
+        loss_type=loss_type, importance_sampling_level=level, beta=0.1, epsilon_low=0.1, epsilon_high=0.28,
+        temperature=0.7, max_completion_length=9,
+    )
+    loss, metrics = trl_grpo(x, w, b, target, tensors, opts)
+    want = grads_of(loss, (x, w, b), torch.tensor(1.0, device=DEVICE))
+    assert set(metrics) == {"kl", "entropy", *METRICS}
+    for impl in (fused_linear_grpo, reference.fused_linear_grpo):
+        out = impl(x, w, target, b, **tensors, **opts, return_entropy=True, chunk_size=12)
+        errors = {"loss": rel_err(out.loss, loss)}
+        errors |= {name: rel_err(getattr(out, name), torch.tensor(value, dtype=torch.float64)) for name, value in metrics.items()}
+        got = grads_of(out.loss, (x, w, b), torch.tensor(1.0, device=DEVICE))
+        errors |= {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), got, want)}
+        assert all(e < TOL[torch.float32] for e in errors.values()), (impl.__module__, errors)
+
+
+def test_dapo_normalizer_as_trl_forms_it():
+    """TRL's dapo divides by num_items_in_batch / num_processes * accumulation / steps_per_generation: that value given."""
+    x, w, b, target, tensors, _ = make_inputs(seed=8)
+    opts = dict(loss_type="dapo")
+    loss, _ = trl_grpo(x, w, b, target, tensors, opts, processes=2, accumulation=3, steps_per_generation=4)
+    count = (tensors["completion_mask"] * (target != -100)).sum()
+    out = fused_linear_grpo(x, w, target, b, **{k: tensors[k] for k in ("advantages", "old_logps", "completion_mask")},
+                            **opts, num_items_in_batch=count / 2 * 3 / 4)
+    assert rel_err(out.loss, loss) < TOL[torch.float32]
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_module_no_grad_and_reference_untouched():
+    x, w, b, target, tensors, model = make_inputs()
+    model = {k: t.requires_grad_() for k, t in model.items()}  # an unfrozen reference model: still no gradient to it
+    tensors.pop("ref_logps")
+    module = FusedLinearGRPOLoss(beta=0.2, loss_type="bnpo", chunk_size=12)
+    assert "loss_type='bnpo'" in repr(module)
+    out = module(x, w, target, b, **tensors, **model)
+    assert torch.equal(out.loss, fused_linear_grpo(x, w, target, b, **tensors, **model, beta=0.2, loss_type="bnpo", chunk_size=12).loss)
+    out.loss.backward()
+    assert all(t.grad is None for t in model.values()) and x.grad is not None and w.grad is not None
+    with torch.no_grad():
+        assert fused_linear_grpo(x, w, target, b, **tensors, **model, beta=0.2).loss.grad_fn is None
+
+
+def test_deterministic():
+    x, w, b, target, tensors, _ = make_inputs()
+    runs = []
+    for _ in range(2):
+        out = fused_linear_grpo(x, w, target, b, **tensors, beta=0.1, importance_sampling_level="sequence", chunk_size=6)
+        runs.append([out.loss, out.per_token_logps, *grads_of(out.loss, (x, w, b), 1.0)])
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy on NaN
+@pytest.mark.parametrize("where", ["x", "advantages", "old_logps", "ref_logps"])
+def test_nan_propagates(where):
+    """NaN at an active token (or in an active sequence's advantage) makes the loss NaN, as in TRL."""
+    x, w, b, target, tensors, _ = make_inputs()
+    with torch.no_grad():
+        if where == "x":
+            x[2, 1, 0] = float("nan")
+        elif where == "advantages":
+            tensors["advantages"][2] = float("nan")
+        else:
+            tensors[where][2, 1] = float("nan")
+    out = fused_linear_grpo(x, w, target, b, **tensors, beta=0.1)
+    assert torch.isnan(out.loss)
+    dx = grads_of(out.loss, (x,), 1.0)[0]
+    assert torch.isnan(dx[2]).any()
+
+
+def bad_inputs():
+    x, w, b, target, tensors, model = make_inputs()
+    out_of_range = target.clone()
+    out_of_range[1, 4] = 1031
+    return [
+        (dict(advantages=tensors["advantages"][:3]), ValueError, "advantages must have shape (B,)"),
+        (dict(advantages=tensors["advantages"].long()), TypeError, "advantages must be a floating"),
+        (dict(advantages=tensors["advantages"].tolist()), TypeError, "advantages must be a torch.Tensor"),
+        (dict(old_logps=tensors["old_logps"][:, 1:]), ValueError, "old_logps must have shape (B, T)"),
+        (dict(old_logps=tensors["old_logps"].long()), TypeError, "old_logps must be a floating"),
+        (dict(ref_logps=tensors["ref_logps"][None]), ValueError, "ref_logps must have shape (B, T)"),
+        (dict(completion_mask=tensors["completion_mask"][:, :2]), ValueError, "completion_mask must have shape"),
+        (dict(completion_mask=tensors["completion_mask"].to(torch.complex64)), TypeError, "completion_mask must be a bool"),
+        (dict(target=out_of_range), ValueError, "target holds 1 value"),
+        (dict(target=target.float()), TypeError, "target must be an int64 or int32"),
+        (dict(x=x[:, :, 1:]), ValueError, "weight must have shape"),
+        (dict(x=x[0]), ValueError, "x must have 3 dimension"),
+        (dict(weight=w.half()), TypeError, "weight must have the dtype of x"),
+        (dict(bias=b[1:]), ValueError, "bias must have shape"),
+        (dict(model, ref_logps=None, ref_weight=model["ref_weight"][:, 1:]), ValueError, "ref_weight must have shape"),
+        (dict(model, ref_logps=None, ref_x=model["ref_x"][:, 1:]), ValueError, "ref_x must have shape"),
+        (dict(model, ref_logps=None, ref_weight=None), ValueError, "needs ref_x and ref_weight"),
+        (dict(model), ValueError, "not both"),
+        (dict(ref_logps=None, beta=0.1), ValueError, "beta=0.1 needs the reference"),
+        (dict(loss_type="cispo"), ValueError, "loss_type must be one of"),
+        (dict(importance_sampling_level="seq"), ValueError, "importance_sampling_level must be one of"),
+        (dict(loss_type="dr_grpo"), ValueError, "give max_completion_length"),
+        (dict(loss_type="dr_grpo", max_completion_length=0), ValueError, "max_completion_length must be None or a positive"),
+        (dict(num_items_in_batch=10), ValueError, "num_items_in_batch is the normalizer of loss_type='dapo'"),
+        (dict(loss_type="dapo", num_items_in_batch=0), ValueError, "num_items_in_batch must be > 0"),
+        (dict(loss_type="dapo", num_items_in_batch=torch.ones(2)), ValueError, "num_items_in_batch must be a positive"),
+        (dict(temperature=0.0), ValueError, "temperature must be > 0"),
+        (dict(epsilon_low=math.nan), TypeError, "epsilon_low must be a finite"),
+        (dict(epsilon_high="0.2"), TypeError, "epsilon_high must be a finite"),
+        (dict(beta=math.inf), TypeError, "beta must be a finite"),
+        (dict(return_entropy=1), TypeError, "return_entropy must be a bool"),
+        (dict(chunk_size=0), ValueError, "chunk_size must be None or a positive int"),
+        (dict(x=x.detach().to("meta")), ValueError, "x on meta"),
+        (dict(advantages=tensors["advantages"].to("meta")), ValueError, "advantages on meta"),
+    ]
+
+
+@pytest.mark.parametrize("change,error,match", bad_inputs())
+def test_bad_inputs_name_the_argument(change, error, match):
+    x, w, b, target, tensors, _ = make_inputs()
+    args = dict(x=x, weight=w, target=target, bias=b, **tensors) | change
+    with pytest.raises(error, match=match.replace("(", r"\(").replace(")", r"\)")):
+        fused_linear_grpo(**args)
+
+
+def test_module_validates_its_options():
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        FusedLinearGRPOLoss(loss_type="sapo")
+    with pytest.raises(ValueError, match="give max_completion_length"):
+        FusedLinearGRPOLoss(loss_type="dr_grpo")
+
+
+# --------------------------------------------------------------------------- property test
+
+
+@st.composite
+def grpo_cases(draw):
+    batch, seq = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    beta = draw(st.sampled_from([0.0, 0.04, 0.5]))
+    return dict(
+        batch=batch,
+        seq=seq,
+        hidden=draw(st.sampled_from([1, 3, 5, 8])),
+        vocab=draw(st.sampled_from([1, 2, 7, 13])),
+        bias=draw(st.booleans()),
+        dtype=draw(st.sampled_from(properties.DTYPES)),
+        loss_type=draw(st.sampled_from(LOSS_TYPES)),
+        importance_sampling_level=draw(st.sampled_from(LEVELS)),
+        beta=beta,
+        reference=draw(st.sampled_from(["logps", "model"] if beta else [None, "logps", "model"])),
+        old=draw(st.booleans()),
+        epsilons=draw(st.sampled_from([(0.2, 0.2), (0.1, 0.28), (0.0, 0.0), (0.5, 2.0)])),
+        temperature=draw(st.sampled_from([1.0, 0.6, 1.7])),
+        token_advantages=draw(st.booleans()),
+        masked=draw(st.sampled_from([0.0, 0.3, 0.7])),
+        ignore_index=draw(st.sampled_from([-100, -1])),
+        chunk_size=draw(st.one_of(st.none(), st.integers(1, batch * seq))),
+        accurate=draw(st.booleans()),
+        return_entropy=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=150, **properties.SETTINGS)
+@given(grpo_cases())
+def test_fused_linear_grpo_matches_reference(case):
+    """As tests/test_properties.py: loss, per-token log-probs, metrics and gradients against the float64
+    reference, tolerances from its floors and the reference's own error in the kernel's arithmetic."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch, seq, hidden, vocab, dtype = (case[k] for k in ("batch", "seq", "hidden", "vocab", "dtype"))
+    x = torch.randn(batch, seq, hidden, generator=gen)
+    w = torch.randn(vocab, hidden, generator=gen) * hidden**-0.5 * 2
+    b = torch.randn(vocab, generator=gen) if case["bias"] else None
+    target = torch.randint(0, vocab, (batch, seq), generator=gen)
+    target = torch.where(torch.rand(batch, seq, generator=gen) < case["masked"] / 2, case["ignore_index"], target).to(DEVICE)
+    completion_mask = (torch.rand(batch, seq, generator=gen) >= case["masked"] / 2).to(DEVICE)
+    adv_shape = (batch, seq) if case["token_advantages"] else (batch,)
+    tensors = dict(advantages=torch.randn(adv_shape, generator=gen).to(DEVICE), completion_mask=completion_mask)
+    near = -torch.rand(batch, seq, generator=gen) * 3  # log-probs of the order of the policy's
+    if case["old"]:
+        tensors["old_logps"] = (near + 0.3 * torch.randn(batch, seq, generator=gen)).to(DEVICE)
+    if case["reference"] == "logps":
+        tensors["ref_logps"] = (near + 0.5 * torch.randn(batch, seq, generator=gen)).to(DEVICE)
+    elif case["reference"] == "model":
+        tensors["ref_x"] = torch.randn(batch, seq, 3, generator=gen).to(DEVICE)
+        tensors["ref_weight"] = torch.randn(vocab, 3, generator=gen).to(DEVICE)
+    options = {k: case[k] for k in ("loss_type", "importance_sampling_level", "beta", "temperature", "ignore_index",
+                                     "chunk_size", "accurate", "return_entropy")}
+    options |= dict(epsilon_low=case["epsilons"][0], epsilon_high=case["epsilons"][1], max_completion_length=seq + 1)
+
+    def call(fn):
+        def run(x_, w_, b_):
+            given = tensors if fn is fused_linear_grpo else {
+                k: t.to(x_.dtype) if k.startswith("ref_x") or k == "ref_weight" else t for k, t in tensors.items()
+            }
+            out = fn(x_, w_, target, b_, **given, **options)._asdict()
+            return {k: t for k, t in out.items() if t is not None}
+        return run
+
+    upstream = torch.rand((), generator=gen, dtype=torch.float64) + 0.5
+    got, want, baseline, dz = properties.run_three((call(fused_linear_grpo), call(reference.fused_linear_grpo)), [x, w, b], dtype, upstream)
+    assert got["loss"].dtype == torch.float32 and set(got) == set(want)
+    # NaN where the reference has NaN (clip_ratio_low_min / high_max over no active sequence), at the same places
+    for name in list(got):
+        nan = torch.isnan(want[name])
+        assert torch.equal(torch.isnan(got[name]), nan), (name, case)
+        if nan.all():
+            del got[name], want[name], baseline[name]
+        elif nan.any():
+            got[name], want[name], baseline[name] = got[name][~nan], want[name][~nan], baseline[name][~nan]
+    sequences_per_chunk = chunk_rows(case["chunk_size"], seq, batch * seq, hidden) // seq
+    chunk_of_row = (torch.arange(batch) // sequences_per_chunk)[:, None].expand(-1, seq)
+    floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
+    floors |= properties.lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
+    properties.compare(got, want, baseline, floors, case)
+
+
+# --------------------------------------------------------------------------- the bench specs
+
+
+SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "published" / "liger_all_benchmark_data.csv"
+
+
+def test_registered_with_the_published_presets():
+    import json
+
+    import pandas as pd
+
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_lib.workbench.bench.registry import get_spec, registered_losses
+
+    for level, name in bench.KERNEL_NAMES.items():
+        assert name in registered_losses()
+        spec = get_spec(name)
+        assert list(spec.providers) == ["kernels_lib", "torch", "liger"] and spec.baseline == "torch"
+        assert spec.published == {"x_name": "B", "x_label": "B", "x_values": [2, 4, 8, 16],
+                                  "sizes": {"T": 1024, "H": 4096, "V": 128256}, "dtype": torch.bfloat16}
+        assert spec.default_options["importance_sampling_level"] == level and spec.default_options["beta"] == 0.1
+        # The published rows live in ../shared/published (data/published holds the first four losses' only)
+        if not SHARED_CSV.exists():
+            continue
+        rows = pd.read_csv(SHARED_CSV)
+        rows = rows[rows.kernel_name == name]
+        assert set(rows.kernel_provider) == {"liger", "torch"} and set(rows.x_value) == {2, 4, 8, 16}
+        assert set(rows.kernel_operation_mode) == {"forward", "backward", "full"}
+        config = json.loads(rows.extra_benchmark_config_str.iloc[0])
+        assert config == {"T": 1024, "H": 4096, "V": 128256, "importance_sampling_level": level, "dtype": "torch.bfloat16"}
+    sizes = {"B": 2, "T": 3, "H": 5, "V": 7}
+    assert bench.flops(sizes, "forward") == 2 * 2 * 30 * 7 and bench.flops(sizes, "full") == 4 * 2 * 30 * 7
+    assert bench.bytes_moved(sizes, torch.bfloat16, "forward") == 2 * (30 + 35) * 2 + 6 * 8
+
+
+def test_bench_inputs_and_checks():
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
+
+    spec = bench.SPEC_SEQUENCE
+    inputs = bench.make_inputs({"B": 3, "T": 5, "H": 16, "V": 67}, torch.bfloat16, DEVICE, spec.default_options, seed=1)
+    x, weight, target, bias = inputs.args
+    kw = inputs.kwargs
+    assert x.shape == kw["ref_x"].shape == (3, 5, 16) and weight.shape == kw["ref_weight"].shape == (67, 16)
+    assert bias is None and inputs.grad_inputs == [x, weight] and not kw["ref_x"].requires_grad
+    assert kw["advantages"].shape == (3,) and kw["completion_mask"].shape == (3, 5)
+    assert {k for k in kw if not k.startswith("ref_")} == {
+        "advantages", "completion_mask", "beta", "epsilon_low", "epsilon_high", "loss_type", "importance_sampling_level"
+    }
+    cases = [{"dtype": torch.float32}, {"dtype": torch.bfloat16}, {"dtype": torch.float32, "bias": True, "ignore_fraction": 0.3}]
+    for name in bench.KERNEL_NAMES.values():
+        assert_checks_pass(check_against_reference(name, cases, {"B": 3, "T": 4, "H": 16, "V": 67}, DEVICE))
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")
+def test_tiny_sweep_both_charts():
+    from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
+
+    for name in ("fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence"):
+        rows = run_sweep(name, x_name="B", x_values=[2], sizes={"T": 4, "H": 16, "V": 67}, dtype=torch.float32,
+                         device=DEVICE, modes=["forward", "full"])
+        assert list(rows.columns) == MEASURED_COLUMNS and len(rows) == 2 * 2
+        assert set(rows.kernel_provider) == {"kernels_lib", "torch"} and rows.y_value_50.notna().all()
+        assert rows.note.str.contains("liger skipped").all()
+
+
+def test_liger_adapter(monkeypatch):
+    """Liger's module (a stand-in here: CUDA only) gets the mask, the clamped targets and the reference model."""
+    import sys
+    import types
+
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+
+    log = []
+
+    class Module:
+        def __init__(self, **options):
+            log.append(("init", options))
+
+        def __call__(self, *args, **kwargs):
+            log.append(("call", args, kwargs))
+            return torch.tensor(2.5), []
+
+    chunked = types.ModuleType("liger_kernel.chunked_loss")
+    chunked.LigerFusedLinearGRPOLoss = Module
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.chunked_loss", chunked)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fn = bench.PROVIDERS["liger"].load()
+    inputs = bench.make_inputs({"B": 2, "T": 3, "H": 4, "V": 5}, torch.float32, "cpu", bench.SPEC_TOKEN.default_options)
+    x, w, target, bias = inputs.args
+    target[0, 1] = -100
+    assert fn(*inputs.args, **inputs.kwargs).item() == 2.5
+    assert log[0][1] == dict(beta=0.1, use_ref_model=True, epsilon_low=0.2, epsilon_high=0.2, loss_type="bnpo",
+                             max_completion_length=None, importance_sampling_level="token", temperature=1.0)
+    args = log[1][1]
+    assert args[0] is x and args[1] is w and args[2][0, 1] == 0 and args[3][0, 1] == 0 and args[3].sum() == 5
+    assert args[8] is inputs.kwargs["ref_x"] and args[9] is inputs.kwargs["ref_weight"]
+    with pytest.raises(NotImplementedError, match="entropy"):
+        fn(*inputs.args, **inputs.kwargs, return_entropy=True)
