@@ -15,11 +15,17 @@ from .fused_linear_dpo import DPOOutput, FusedLinearDPOLoss, fused_linear_dpo
 from .fused_linear_grpo import FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from .fused_linear_kto import FusedLinearKTOLoss, fused_linear_kto
 from .fused_linear_orpo import FusedLinearORPOLoss, fused_linear_orpo
+from .jsd import JSDLoss, jsd
 from .kl_div import KLDivLoss, kl_div
+from .tvd import TVDLoss, tvd
 
 __all__ = [
     "kl_div",
     "KLDivLoss",
+    "jsd",
+    "JSDLoss",
+    "tvd",
+    "TVDLoss",
     "fused_linear_cross_entropy",
     "FusedLinearCrossEntropyLoss",
     "CrossEntropyOutput",

@@ -589,3 +589,72 @@ def fused_linear_simpo(
         simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, nll_target=nll_target,
         chunk_size=chunk_size, accurate=accurate,
     )
+
+
+def _kept_rows(n_rows: int, target, ignore_index: int, device) -> torch.Tensor:
+    """The (N,) bool mask of rows that count: ``target != ignore_index``, or all rows without a target."""
+    if target is None:
+        return torch.ones(n_rows, dtype=torch.bool, device=device)
+    return target != ignore_index
+
+
+def _reduce_rows(pointwise: torch.Tensor, kept: torch.Tensor, reduction: str) -> torch.Tensor:
+    """TRL's reductions (``generalized_jsd_loss``, lines 300-321) of a (N, V) pointwise loss, rows masked:
+    ``none`` keeps the shape with ignored rows zero; ``batchmean`` and ``mean`` divide by the kept rows
+    (times V for ``mean``) clamped to at least 1, so every row ignored gives 0."""
+    masked = torch.where(kept[:, None], pointwise, torch.zeros((), dtype=pointwise.dtype, device=pointwise.device))
+    if reduction == "none":
+        return masked
+    total = masked.sum()
+    rows = kept.sum().clamp_min(1)
+    if reduction == "sum":
+        return total
+    if reduction == "batchmean":
+        return total / rows
+    if reduction == "mean":
+        return total / (rows * pointwise.shape[-1])
+    raise ValueError(f"reduction must be one of 'none', 'sum', 'mean', 'batchmean'; got {reduction!r}")
+
+
+def jsd(
+    student_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    *,
+    beta: float = 0.5,
+    ignore_index: int = -100,
+    target: torch.Tensor | None = None,
+    reduction: str = "batchmean",
+) -> torch.Tensor:
+    """TRL 1.16's ``GKDTrainer.generalized_jsd_loss`` composition (``trl/experimental/gkd/gkd_trainer.py``
+    lines 278-297: ``F.kl_div`` with ``log_target=True``, the mixture by ``logsumexp``), on
+    log-probabilities (TRL's ``log_softmax`` of them is the identity, temperature 1), with
+    :func:`kernels_lib.jsd`'s row masking and reductions (ignored rows zero under ``none``; TRL drops them).
+    It materializes the mixture and both pointwise KL terms: the published "torch" provider."""
+    if beta == 0:
+        pointwise = F.kl_div(student_logp, teacher_logp, reduction="none", log_target=True)
+    elif beta == 1:
+        pointwise = F.kl_div(teacher_logp, student_logp, reduction="none", log_target=True)
+    else:
+        b = torch.tensor(beta, dtype=student_logp.dtype, device=student_logp.device)
+        mixture = torch.logsumexp(torch.stack([student_logp + torch.log1p(-b), teacher_logp + torch.log(b)]), dim=0)
+        kl_teacher = F.kl_div(mixture, teacher_logp, reduction="none", log_target=True)
+        kl_student = F.kl_div(mixture, student_logp, reduction="none", log_target=True)
+        pointwise = b * kl_teacher + (1 - b) * kl_student
+    kept = _kept_rows(student_logp.shape[0], target, ignore_index, student_logp.device)
+    return _reduce_rows(pointwise, kept, reduction)
+
+
+def tvd(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    target: torch.Tensor | None = None,
+    reduction: str = "batchmean",
+) -> torch.Tensor:
+    """Total variation distance as torch ops: ``0.5 * (p - q).abs()``, rows masked and reduced as
+    :func:`kernels_lib.tvd` (Liger ``LigerTVDLoss`` semantics). Autograd gives ``0.5 * sign(p - q)``
+    (0 where equal), Liger's gradient. The published "torch" provider."""
+    pointwise = 0.5 * (p - q).abs()
+    kept = _kept_rows(p.shape[0], target, ignore_index, p.device)
+    return _reduce_rows(pointwise, kept, reduction)

@@ -42,6 +42,11 @@ SCRIPT = textwrap.dedent(
     # KL divergence
     inp = torch.randn(6, 33, generator=g).log_softmax(-1).to(dev).requires_grad_()
     kernels_lib.kl_div(inp, torch.randn(6, 33, generator=g).softmax(-1).to(dev)).backward()
+    # the distillation losses
+    teacher = torch.randn(6, 33, generator=g).log_softmax(-1).to(dev)
+    kernels_lib.jsd(inp, teacher, beta=0.3).backward()
+    probs = inp.detach().exp().requires_grad_()
+    kernels_lib.tvd(probs, teacher.exp()).backward()
     # fused linear cross-entropy, with the training options
     x, w = leaf(2, 5, 16), leaf(67, 16)
     y = torch.randint(0, 67, (2, 5), generator=g).to(dev)

@@ -1,0 +1,195 @@
+r"""Generalized Jensen–Shannon divergence: one kernel for the loss and, in the same pass, the gradient.
+
+What it computes
+----------------
+For student log-probabilities :math:`x = \log q` and teacher log-probabilities :math:`y = \log p`
+of rows of ``n_cols`` classes, with the mixture :math:`m = \beta p + (1-\beta) q` (TRL's
+convention, ``trl/experimental/gkd/gkd_trainer.py`` lines 283-297), elementwise
+
+.. math::
+
+    \ell = \beta\, p\,(y - \log m) + (1-\beta)\, q\,(x - \log m),
+    \qquad \frac{\partial \ell}{\partial x} = (1-\beta)\, q\,(x - \log m)
+
+(the terms through :math:`\log m` cancel: :math:`\partial \log m/\partial x = (1-\beta)\,q/m` multiplies
+:math:`-(\beta p + (1-\beta) q) = -m`, which leaves :math:`-(1-\beta)\,q`, cancelling the
+:math:`+(1-\beta)\,q` from differentiating :math:`q` itself). :math:`\log m` is a two-term log-sum-exp,
+:math:`\max + \log(\beta e^{y-\max} + (1-\beta) e^{x-\max})`, so it does not underflow where both
+probabilities do. The two ends are the KL divergences TRL special-cases (lines 278-281), since the
+formula above tends to 0 there:
+
+* ``BETA_MODE == 0`` (:math:`\beta = 0`): :math:`\ell = p\,(y - x) = \mathrm{KL}(p\,\|\,q)`,
+  :math:`\partial\ell/\partial x = -p`;
+* ``BETA_MODE == 1`` (:math:`\beta = 1`): :math:`\ell = q\,(x - y) = \mathrm{KL}(q\,\|\,p)`,
+  :math:`\partial\ell/\partial x = q\,(x - y + 1)`.
+
+A term whose probability is exactly 0 (log-probability ``-inf``) counts 0 (``0 log 0 = 0``), where
+torch's ``kl_div(log_target=True)`` would give ``0 * inf = NaN``; NaN in either input of a counted
+row still gives NaN (loss and gradient).
+
+Rows whose label equals ``ignore_index`` (``HAS_LABEL``) are not read: their loss, gradient and
+partial sums are 0. The gradient is ``d\ell/dx * scale`` where ``scale`` is read from device memory
+(the reduction's factor, e.g. ``1 / max(valid rows, 1)``, computed on the device: no host sync),
+times the upstream gradient when ``UPSTREAM`` (``reduction="none"``'s backward).
+
+Grid: one program per (row, block of ``BLOCK`` columns), flattened into one axis (so any number of
+rows fits), so the row's label is loaded once per program.
+
+What it costs
+-------------
+Per element: 2 loads and, with the gradient, 1 store (12 bytes per fp32 element; 8 without the
+gradient), plus one 4- or 8-byte label per program. About 20 FLOPs and 4 ``exp`` + 1 ``log`` per
+element for ``0 < beta < 1`` (2 ``exp`` at the ends), i.e. about 2 FLOPs per byte: bandwidth-bound
+on a GPU (an H100 needs some 25 fp32 FLOPs per byte of HBM traffic to be compute-bound). Reductions write one float32 partial per program, summed by torch
+afterwards in a fixed order (deterministic; no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: Columns per program (at most; the launcher shrinks it to the next power of two of ``n_cols``).
+BLOCK = 4096
+NUM_WARPS = 8
+
+
+@triton.jit
+def jsd_kernel(
+    student_ptr,  # student log-probabilities x, n_rows * n_cols elements, contiguous (fp32/bf16/fp16)
+    teacher_ptr,  # teacher log-probabilities y, same layout (any of the three float dtypes)
+    label_ptr,  # int32/int64[n_rows]: the row's label, compared with ignore_index (HAS_LABEL only)
+    upstream_ptr,  # the upstream gradient, n_rows * n_cols elements (UPSTREAM only)
+    scale_ptr,  # float32[1]: the factor applied to the gradient (the reduction's)
+    partial_ptr,  # float32[num_programs]: each program's sum of the pointwise loss (REDUCE only)
+    loss_ptr,  # n_rows * n_cols elements: the pointwise loss (WRITE_LOSS only), output dtype
+    grad_ptr,  # n_rows * n_cols elements: d loss / d x (WRITE_GRAD only), student's dtype
+    n_cols,  # classes per row
+    blocks_per_row,  # cdiv(n_cols, BLOCK)
+    beta,  # float in (0, 1): the teacher's weight in the mixture (unused when BETA_MODE != 2)
+    ignore_index,  # int: rows whose label equals it are skipped (HAS_LABEL only)
+    BETA_MODE: tl.constexpr,  # 0: beta == 0 (KL(p||q)), 1: beta == 1 (KL(q||p)), 2: 0 < beta < 1
+    HAS_LABEL: tl.constexpr,  # label_ptr is given
+    REDUCE: tl.constexpr,  # write one partial sum per program
+    WRITE_LOSS: tl.constexpr,  # write the pointwise loss
+    WRITE_GRAD: tl.constexpr,  # write the gradient
+    UPSTREAM: tl.constexpr,  # multiply the gradient by the pointwise upstream gradient
+    BLOCK: tl.constexpr,  # columns per program (a power of two)
+):
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // blocks_per_row
+    cols = (pid % blocks_per_row) * BLOCK + tl.arange(0, BLOCK)
+    in_row = cols < n_cols
+    offsets = row * n_cols + cols
+    if HAS_LABEL:
+        # An ignored row keeps no column (a scalar select, then one vector compare).
+        kept_cols = tl.where(tl.load(label_ptr + row) != ignore_index, n_cols, 0)
+        mask = cols < kept_cols
+    else:
+        mask = in_row
+    # Masked lanes (and ignored rows) load x = y = 0: q = p = m = 1 and every term is 0.
+    x = tl.load(student_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(teacher_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    q = tl.exp(x)
+    p = tl.exp(y)
+    if BETA_MODE == 0:
+        loss = tl.where(p == 0.0, 0.0, p * (y - x))
+        dx = -p
+    elif BETA_MODE == 1:
+        loss = tl.where(q == 0.0, 0.0, q * (x - y))
+        dx = tl.where(q == 0.0, 0.0, q * (x - y + 1.0))
+    else:
+        top = tl.maximum(x, y)
+        top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
+        log_m = top + tl.log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top))
+        teacher_term = tl.where(p == 0.0, 0.0, beta * p * (y - log_m))
+        dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
+        loss = teacher_term + dx
+    # The zero guards above must not hide a NaN input: NaN in x or y gives NaN (x + y is then NaN).
+    nan_in = (x != x) | (y != y)
+    loss = tl.where(nan_in, x + y, loss)
+    dx = tl.where(nan_in, x + y, dx)
+    loss = tl.where(mask, loss, 0.0)
+    if REDUCE:
+        tl.store(partial_ptr + pid, tl.sum(loss, axis=0))
+    if WRITE_LOSS:
+        tl.store(loss_ptr + offsets, loss.to(loss_ptr.dtype.element_ty), mask=in_row)
+    if WRITE_GRAD:
+        grad = tl.where(mask, dx, 0.0) * tl.load(scale_ptr)
+        if UPSTREAM:
+            grad = grad * tl.load(upstream_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=in_row)
+
+
+def block_for(n_cols: int, block: int = BLOCK) -> int:
+    """Columns per program: ``block``, or the next power of two of ``n_cols`` when that is smaller."""
+    return min(block, triton.next_power_of_2(n_cols))
+
+
+def num_programs(n_rows: int, n_cols: int, block: int = BLOCK) -> int:
+    """The grid size (the length of the partial-sum buffer): rows times column blocks."""
+    return n_rows * triton.cdiv(n_cols, block_for(n_cols, block))
+
+
+def beta_mode(beta: float) -> int:
+    """The kernel's ``BETA_MODE``: 0 and 1 are TRL's two KL ends, 2 the mixture."""
+    return 0 if beta == 0.0 else 1 if beta == 1.0 else 2
+
+
+def launch_jsd(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    *,
+    beta: float,
+    label: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    partial: torch.Tensor | None = None,
+    loss: torch.Tensor | None = None,
+    grad: torch.Tensor | None = None,
+    scale: torch.Tensor | float = 1.0,
+    upstream: torch.Tensor | None = None,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> None:
+    """Launch :func:`jsd_kernel` on contiguous (n_rows, n_cols) ``student`` and ``teacher``.
+
+    Any of ``partial`` (float32, ``num_programs(n_rows, n_cols, block)`` elements), ``loss`` and
+    ``grad`` (n_rows * n_cols elements) is written when given; buffers are written, never read (tests
+    pass NaN-poisoned ones). ``scale`` multiplies the gradient (a float, or a one-element tensor on
+    the device: then no host sync); ``upstream`` (n_rows * n_cols) multiplies it pointwise.
+    ``label`` (n_rows integers) marks rows equal to ``ignore_index`` as ignored.
+    """
+    if partial is None and loss is None and grad is None:
+        raise ValueError("give at least one of partial, loss and grad to write")
+    if upstream is not None and grad is None:
+        raise ValueError("upstream multiplies the gradient: give grad too")
+    n_cols = student.shape[-1]
+    n_rows = student.numel() // n_cols
+    blk = block_for(n_cols, block)
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([float(scale)], dtype=torch.float32, device=student.device)
+    scale = scale.to(torch.float32).reshape(1)
+    beta = float(beta)
+    jsd_kernel[(num_programs(n_rows, n_cols, block),)](
+        student,
+        teacher,
+        label if label is not None else student,
+        upstream if upstream is not None else student,
+        scale,
+        partial if partial is not None else scale,
+        loss if loss is not None else student,
+        grad if grad is not None else student,
+        n_cols,
+        triton.cdiv(n_cols, blk),
+        beta if 0.0 < beta < 1.0 else 0.5,
+        int(ignore_index),
+        BETA_MODE=beta_mode(beta),
+        HAS_LABEL=label is not None,
+        REDUCE=partial is not None,
+        WRITE_LOSS=loss is not None,
+        WRITE_GRAD=grad is not None,
+        UPSTREAM=upstream is not None,
+        BLOCK=blk,
+        num_warps=num_warps,
+    )

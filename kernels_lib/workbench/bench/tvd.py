@@ -1,0 +1,67 @@
+"""Total variation distance as the workbench measures it: providers, inputs, the published workload, bytes moved."""
+
+from __future__ import annotations
+
+import torch
+
+from ... import reference
+from ...tvd import tvd as kernels_lib_tvd
+from .jsd import bytes_moved
+from .spec import Inputs, LossSpec, Provider, require_cuda
+
+
+def _load_liger():
+    require_cuda("Liger")
+    from liger_kernel.transformers.tvd import LigerTVDLoss
+
+    modules: dict[tuple, torch.nn.Module] = {}
+
+    def liger_tvd(p, q, *, ignore_index=-100, target=None, reduction="batchmean"):
+        key = (reduction, ignore_index)
+        if key not in modules:
+            modules[key] = LigerTVDLoss(reduction=reduction, ignore_index=ignore_index)
+        return modules[key](p, q, target)
+
+    return liger_tvd
+
+
+PROVIDERS = {
+    "kernels_lib": Provider("kernels_lib", lambda: kernels_lib_tvd, "kernels_lib.tvd (Triton)"),
+    "torch": Provider("torch", lambda: reference.tvd, "0.5 * (p - q).abs() in torch (the baseline)"),
+    "liger": Provider("liger", _load_liger, "liger_kernel LigerTVDLoss"),
+}
+
+
+def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: int = 0) -> Inputs:
+    """Probabilities p (requires grad) and q, (N, V)."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    n, v = int(sizes["N"]), int(sizes["V"])
+    p = torch.randn(n, v, generator=generator, device=device).softmax(-1)
+    q = torch.randn(n, v, generator=generator, device=device).softmax(-1)
+    p = p.to(dtype).requires_grad_()
+    return Inputs(args=(p, q.to(dtype)), kwargs={"reduction": options.get("reduction", "batchmean")}, grad_inputs=[p])
+
+
+SPEC = LossSpec(
+    kernel_name="tvd",
+    providers=PROVIDERS,
+    make_inputs=make_inputs,
+    published={
+        "x_name": "V",
+        "x_label": "vocab size",
+        "x_values": [4096, 8192, 16384, 32768, 65536, 131072],
+        "sizes": {"N": 16384},  # B=8, T=2048
+        "dtype": torch.float32,
+    },
+    small={
+        "x_name": "V",
+        "x_label": "vocab size",
+        "x_values": [512, 1024, 2048, 4096],
+        "sizes": {"N": 16},
+        "dtype": torch.float32,
+    },
+    bytes_moved=bytes_moved,
+    baseline="torch",
+    default_options={"reduction": "batchmean"},
+)
