@@ -11,13 +11,18 @@ import pytest
 from kernels_lib.workbench import data
 from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS
 
-KERNELS = {"fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss"}
+KERNELS = {
+    "fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss",
+    "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence",
+}
+#: The losses the KernelIndex pages quote (the preference losses added later have no page).
+PAGE_KERNELS = {"fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss"}
 
 
 # --------------------------------------------------------------------------- published
 
 
-def test_published_has_the_four_losses():
+def test_published_has_every_published_loss():
     frame = data.load_published()
     assert set(frame.kernel_name) == KERNELS
     assert list(frame.columns) == PUBLISHED_COLUMNS
@@ -40,6 +45,20 @@ def test_published_kl_rows():
         assert sorted(group.x_value) == [4096, 8192, 16384, 32768, 65536, 131072]
 
 
+def test_published_preference_rows_are_the_a100_charts():
+    """CPO, SimPO and GRPO (token and sequence level): Liger's A100 rows, B = 2 … 16 at T = 1024."""
+    for name, baseline in (("fused_linear_cpo_loss", "huggingface"), ("fused_linear_simpo_loss", "huggingface"),
+                           ("fused_linear_grpo_loss_token", "torch"), ("fused_linear_grpo_loss_sequence", "torch")):
+        rows = data.load_published(name)
+        assert set(rows.gpu_name) == {"NVIDIA A100-SXM4-80GB"}, name
+        assert set(rows.kernel_provider) == {"liger", baseline}, name
+        assert (rows.x_name == "B").all() and sorted(set(rows.x_value)) == [2, 4, 8, 16], name
+        assert rows.extra_benchmark_config_str.map(lambda s: json.loads(s)["T"]).eq(1024).all(), name
+        for _, group in rows.groupby(["kernel_provider", "kernel_operation_mode", "metric_name"]):
+            assert sorted(group.x_value) == [2, 4, 8, 16], name
+    assert len(data.load_published("fused_linear_grpo_loss_token")) == 32  # forward, backward, full; speed and memory of full
+
+
 def test_published_unknown_kernel_is_empty():
     assert len(data.load_published("no_such_loss")) == 0
 
@@ -51,7 +70,7 @@ def _half_unit_of_third_digit(value: float) -> float:
 def test_pages_agree_with_published_forward_medians():
     pages = data.load_pages()
     published = data.load_published()
-    assert set(pages.kernel_name) == KERNELS
+    assert set(pages.kernel_name) == PAGE_KERNELS
     assert (pages.kernel_operation_mode == "forward").all()
     for _, page in pages.iterrows():
         candidates = published[

@@ -98,9 +98,17 @@ def test_runner_keep_going_runs_the_rest_and_still_fails(tmp_path, capsys):
 
 def test_runner_runs_the_overview_after_the_loss_notebooks():
     """At full size the overview reads the rows the loss notebooks append: it must run last."""
-    names = ["02_kl_divergence.ipynb", "00_overview.ipynb", "05_training_step.ipynb", "01_cross_entropy.ipynb", "04_kto.ipynb"]
+    names = ["02_kl_divergence.ipynb", "00_overview.ipynb", "06_preference_dpo_cpo_simpo_grpo.ipynb", "05_training_step.ipynb",
+             "01_cross_entropy.ipynb", "04_kto.ipynb"]
     order = [nb.name for nb in report.run_order([Path(n) for n in names])]
-    assert order == ["01_cross_entropy.ipynb", "02_kl_divergence.ipynb", "04_kto.ipynb", "05_training_step.ipynb", "00_overview.ipynb"]
+    assert order == ["01_cross_entropy.ipynb", "02_kl_divergence.ipynb", "04_kto.ipynb", "05_training_step.ipynb",
+                     "06_preference_dpo_cpo_simpo_grpo.ipynb", "00_overview.ipynb"]
+
+
+def test_runner_finds_every_notebook():
+    """The runner takes notebooks/*.ipynb: the preference notebook (06) is among them, before the overview."""
+    order = [nb.name for nb in report.run_order(sorted(report.NOTEBOOK_DIR.glob("*.ipynb")))]
+    assert "06_preference_dpo_cpo_simpo_grpo.ipynb" in order and order[-1] == "00_overview.ipynb"
 
 
 def test_runner_parameters_follow_the_device():
