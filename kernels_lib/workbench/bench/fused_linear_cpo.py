@@ -63,7 +63,7 @@ PROVIDERS = {
 
 
 def published_rows():
-    """Liger's published rows of CPO (A100), from ``data/published/`` (empty until they are copied there)."""
+    """Liger's published rows of CPO (A100), from ``data/published/`` (copied unchanged from the published CSV)."""
     return data.load_published(KERNEL_NAME)
 
 

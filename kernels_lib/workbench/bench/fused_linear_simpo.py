@@ -65,7 +65,7 @@ PROVIDERS = {
 
 
 def published_rows():
-    """Liger's published rows of SimPO (A100), from ``data/published/`` (empty until they are copied there)."""
+    """Liger's published rows of SimPO (A100), from ``data/published/`` (copied unchanged from the published CSV)."""
     return data.load_published(KERNEL_NAME)
 
 
