@@ -124,7 +124,7 @@ class _Options:
         cap ``s / T``, and the gradient with respect to the raw logits takes this factor once more."""
         return self.logit_scale / self.temperature
 
-    def kernel_args(self, class_weight=None, weight_sum: float = 0.0) -> dict:
+    def kernel_args(self, class_weight=None, weight_sum=None) -> dict:
         return dict(
             ignore_index=self.ignore_index,
             label_smoothing=self.label_smoothing,
@@ -496,44 +496,36 @@ def _validate_num_items(num_items_in_batch, reduction: str) -> None:
         raise ValueError(f"num_items_in_batch must be >= 1; got {num_items_in_batch}")
 
 
-def _count_valid(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None):
-    """``Σ_valid w_y``: the total class weight of the rows whose target is not ``ignore_index`` (their
-    number without class weights), in one host sync; refuses targets outside ``[0, V)``."""
+def _valid_totals(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None,
+                  host_checks: bool):
+    """``(Σ_valid w_y, Σ_j w_j)``: the total class weight of the rows whose target is not
+    ``ignore_index`` (their number without class weights; 0-dim) and of all classes (``(1,)``, the
+    kernel reads it; None without), float32 device tensors. Targets outside ``[0, V)`` are refused: with ``host_checks``
+    by a ValueError naming them (one host sync, for the check alone), else by ``torch._assert_async``
+    (on CUDA a device-side assert, as torch's own ``cross_entropy`` gives; on a CPU an immediate
+    RuntimeError), with no host sync."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    counts = [valid.sum(), bad.sum()]
-    if class_weight is not None:
-        rows = class_weight.to(torch.float64)[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
-        counts.append((rows * valid).sum())
-    counts = torch.stack([c.to(torch.float64) for c in counts]).tolist()  # one host sync for all
-    n_valid, n_bad = int(counts[0]), int(counts[1])
-    if n_bad:
-        raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
-    return counts[2] if class_weight is not None else float(n_valid)
+    if host_checks:
+        n_bad = int(bad.sum())
+        if n_bad:
+            raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+    else:
+        torch._assert_async(
+            ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
+        )
+    if class_weight is None:
+        return valid.sum().to(torch.float32), None
+    rows = class_weight[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
+    return (rows * valid).sum(), class_weight.sum().reshape(1)
 
 
-def _normalizer(num_items_in_batch, valid_weight):
+def _normalizer(num_items_in_batch, valid_weight: torch.Tensor):
     """The denominator of ``mean``: ``num_items_in_batch`` when given, else the valid rows' total
-    weight (their number without class weights); 1 when that is 0, so an all-ignored batch gives 0.
-    ``valid_weight`` is a float, or a one-element tensor that is never read on the host."""
+    weight (their number without class weights), a device tensor never read on the host; 1 where
+    that is 0, so an all-ignored batch gives 0."""
     if num_items_in_batch is not None:
         return num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) else float(num_items_in_batch)
-    if isinstance(valid_weight, torch.Tensor):
-        return torch.where(valid_weight != 0, valid_weight, torch.ones_like(valid_weight))
-    return valid_weight if valid_weight != 0 else 1.0
-
-
-def _count_valid_on_device(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None):
-    """:func:`_count_valid` without a host sync: the total weight stays a device tensor, and targets
-    outside ``[0, V)`` are caught by ``torch._assert_async`` (on CUDA a device-side assert, as torch's
-    own ``cross_entropy`` gives; on a CPU an immediate RuntimeError)."""
-    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    torch._assert_async(
-        ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
-    )
-    if class_weight is None:
-        return valid.sum().to(torch.float32)
-    rows = class_weight.to(torch.float32)[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
-    return (rows * valid).sum()
+    return torch.where(valid_weight != 0, valid_weight, torch.ones_like(valid_weight))
 
 
 def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
@@ -647,10 +639,9 @@ def fused_linear_cross_entropy(
     _validate_num_items(num_items_in_batch, reduction)
     if not isinstance(host_checks, bool):
         raise TypeError(f"host_checks must be a bool; got {host_checks!r}")
-    count = _count_valid if host_checks else _count_valid_on_device
-    valid_weight = count(target, weight.shape[0], ignore_index, class_weight)
+    float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
+    valid_weight, weight_sum = _valid_totals(target, weight.shape[0], ignore_index, float_weight, host_checks)
     normalizer = _normalizer(num_items_in_batch, valid_weight)
-    weight_sum = float(class_weight.sum()) if class_weight is not None else 0.0  # with class weights: a host sync
     grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
@@ -660,8 +651,7 @@ def fused_linear_cross_entropy(
     )
     outputs = _FusedLinearCrossEntropyFunction.apply(
         x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
-        None if class_weight is None else class_weight.detach().float().contiguous(),
-        target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x),
+        float_weight, target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x),
     )
     if return_token_stats:
         return CrossEntropyOutput(*outputs)

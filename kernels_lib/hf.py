@@ -218,6 +218,7 @@ def _loss_forward(
 ) -> CausalLMOutputWithPast:
     """The model's forward with ``ForCausalLMLoss`` from :func:`fused_linear_cross_entropy` (no logits unless kept)."""
     options = getattr(model, _STATE).loss
+    softcap = options.softcap(model)
     outputs = model.base_model(**backbone_kwargs)
     hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
     if shift_labels is None:
@@ -229,13 +230,13 @@ def _loss_forward(
         shift_labels.reshape(-1).to(head.weight.device),
         head.bias,
         ignore_index=IGNORE_INDEX,
-        softcap=options.softcap(model),
+        softcap=softcap,
         num_items_in_batch=num_items_in_batch,
         chunk_size=options.chunk_size if options.chunk_size is not None else training_chunk_rows(shift_labels.numel()),
         accurate=options.accurate,
         host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
     )
-    logits = _logits(model, hidden_states, options.softcap(model)) if options.keep_logits else None
+    logits = _logits(model, hidden_states, softcap) if options.keep_logits else None
     return CausalLMOutputWithPast(loss=loss, logits=logits, **_passthrough(outputs))
 
 

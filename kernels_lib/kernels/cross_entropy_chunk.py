@@ -80,7 +80,7 @@ def cross_entropy_chunk_kernel(
     scale_ptr,  # float32: the gradient factor of row i at scale_ptr[i * scale_stride]
     scale_stride,  # 0 for one factor shared by all rows, 1 for a per-row factor
     class_weight_ptr,  # float32 [V]: class weights w_j (read only when HAS_WEIGHT)
-    weight_sum,  # W = sum_j w_j (used only when HAS_WEIGHT)
+    weight_sum_ptr,  # float32[1]: W = sum_j w_j (read only when HAS_WEIGHT; on the device: no host sync)
     n_cols,  # V, the vocabulary size
     ignore_index,  # target value of rows that contribute nothing
     label_smoothing,  # epsilon in [0, 1]
@@ -103,7 +103,7 @@ def cross_entropy_chunk_kernel(
     # r: the row's weight w_y (1 without class weights); the smoothing term's total weight W (V without).
     if HAS_WEIGHT:
         r = tl.load(class_weight_ptr + y_safe).to(tl.float32)
-        total = weight_sum
+        total = tl.load(weight_sum_ptr)
     else:
         r = 1.0
         total = n_cols * 1.0
@@ -188,7 +188,7 @@ def launch_cross_entropy_chunk(
     z_loss_scale: float,
     softcap: float | None,
     class_weight: torch.Tensor | None = None,
-    weight_sum: float = 0.0,
+    weight_sum: torch.Tensor | None = None,
     stats: torch.Tensor | None = None,
     top1: torch.Tensor | None = None,
     entropy_grad: torch.Tensor | None = None,
@@ -209,7 +209,7 @@ def launch_cross_entropy_chunk(
     ``grad_scale`` (float32, 1 element shared by all rows, or ``rows`` elements one per row), when
     given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``.
     ``class_weight`` (float32, ``V``) weighs each row by ``w_y`` and the smoothing term by ``w_j``
-    (torch's ``weight``); ``weight_sum`` is ``Σ_j w_j``. Output buffers are written, never read, so
+    (torch's ``weight``); ``weight_sum`` (float32, 1 element, required with it) is ``Σ_j w_j``. Output buffers are written, never read, so
     callers may pass ``torch.empty`` (tests pass NaN-poisoned ones).
     """
     compute_lse = loss is not None
@@ -237,7 +237,7 @@ def launch_cross_entropy_chunk(
         grad_scale if grad_scale is not None else lse,
         0 if grad_scale is None or grad_scale.numel() == 1 else 1,
         class_weight if class_weight is not None else lse,
-        float(weight_sum),
+        weight_sum if weight_sum is not None else lse,
         n_cols,
         int(ignore_index),
         float(label_smoothing),
