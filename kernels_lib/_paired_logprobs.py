@@ -174,6 +174,27 @@ def reference_sums(
     return sums
 
 
+def validate_pairs(x, weight, target, bias, nll_target=None) -> dict:
+    """The checks of every paired loss's inputs: ``x`` ``(2n, T, H)`` (an even batch, the chosen then
+    the rejected), the head, ``target``, the optional bias and NLL targets; returns them by name (for
+    :func:`~kernels_lib._validate.require_same_device` with whatever else the loss takes)."""
+    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
+    if x.shape[0] % 2:
+        raise ValueError(
+            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
+        )
+    tensors = {"x": x, "weight": weight, "target": target}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    if nll_target is not None:
+        v.require_tensor("nll_target", nll_target)
+        v.require_index_dtype("nll_target", nll_target)
+        v.require_shape("nll_target", nll_target, target.shape, "target.shape")
+        tensors["nll_target"] = nll_target
+    return tensors
+
+
 def validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch: str = "B") -> dict:
     """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name.
 

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
-from ._paired_logprobs import autograd_pair_grad, paired_logprobs
+from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
 from ._sequence_logprobs import FusedSequenceLoss, check_targets
 
 #: TRL 1.16's CPO loss types (its config's ``"alphapo"`` is ``"simpo"`` with ``cpo_alpha = 0`` and ``alpha``).
@@ -153,24 +153,6 @@ def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ig
     return _Options(float(beta), loss_type, float(label_smoothing), float(simpo_gamma), float(alpha))
 
 
-def _validate_tensors(x, weight, target, bias, nll_target) -> dict:
-    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
-    if x.shape[0] % 2:
-        raise ValueError(
-            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
-        )
-    tensors = {"x": x, "weight": weight, "target": target}
-    if bias is not None:
-        v.require_bias("bias", bias, weight)
-        tensors["bias"] = bias
-    if nll_target is not None:
-        v.require_tensor("nll_target", nll_target)
-        v.require_index_dtype("nll_target", nll_target)
-        v.require_shape("nll_target", nll_target, target.shape, "target.shape")
-        tensors["nll_target"] = nll_target
-    return tensors
-
-
 def fused_linear_cpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -223,7 +205,7 @@ def fused_linear_cpo(
             type, an option out of its range or one the loss type does not read.
     """
     opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
-    v.require_same_device(_validate_tensors(x, weight, target, bias, nll_target))
+    v.require_same_device(validate_pairs(x, weight, target, bias, nll_target))
     n_cols = weight.shape[0]
     counts = check_targets("target", target, n_cols, ignore_index)
     if nll_target is not None and cpo_alpha != 0:

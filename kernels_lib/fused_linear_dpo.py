@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
-from ._paired_logprobs import autograd_pair_grad, paired_logprobs, reference_sums, validate_reference
+from ._paired_logprobs import autograd_pair_grad, paired_logprobs, reference_sums, validate_pairs, validate_reference
 from ._sequence_logprobs import FusedSequenceLoss, check_targets
 
 #: The per-pair loss types of TRL 1.16's DPOTrainer that are formed here (``sft``: the chosen NLL).
@@ -257,19 +257,6 @@ def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_div
     return _Options(float(beta), types, weights, float(label_smoothing), float(discopop_tau), f_divergence_type)
 
 
-def _validate_tensors(x, weight, target, bias) -> dict:
-    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
-    if x.shape[0] % 2:
-        raise ValueError(
-            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
-        )
-    tensors = {"x": x, "weight": weight, "target": target}
-    if bias is not None:
-        v.require_bias("bias", bias, weight)
-        tensors["bias"] = bias
-    return tensors
-
-
 def fused_linear_dpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -336,7 +323,7 @@ def fused_linear_dpo(
     """
     opts = _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type, ignore_index,
                     average_log_prob, chunk_size, accurate)
-    tensors = _validate_tensors(x, weight, target, bias)
+    tensors = validate_pairs(x, weight, target, bias)
     tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch="2n"))
     v.require_same_device(tensors)
     counts = check_targets("target", target, weight.shape[0], ignore_index)

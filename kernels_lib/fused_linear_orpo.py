@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
-from ._paired_logprobs import paired_logprobs
+from ._paired_logprobs import paired_logprobs, validate_pairs
 from ._sequence_logprobs import FusedSequenceLoss, check_targets
 
 
@@ -114,20 +114,7 @@ def _run(x, weight, bias, target, nll_target, counts, opts):
 
 
 def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate) -> None:
-    v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
-    if x.shape[0] % 2:
-        raise ValueError(
-            f"x must hold 2n sequences, the n chosen then the n rejected; got an odd batch of {x.shape[0]}"
-        )
-    tensors = {"x": x, "weight": weight, "target": target}
-    if bias is not None:
-        v.require_bias("bias", bias, weight)
-        tensors["bias"] = bias
-    if nll_target is not None:
-        v.require_tensor("nll_target", nll_target)
-        v.require_index_dtype("nll_target", nll_target)
-        v.require_shape("nll_target", nll_target, target.shape, "target.shape")
-        tensors["nll_target"] = nll_target
+    tensors = validate_pairs(x, weight, target, bias, nll_target)
     v.require_same_device(tensors)
     v.require_real("beta", beta)
     v.require_int("ignore_index", ignore_index)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import data
 from ... import reference
 from ...fused_linear_cpo import fused_linear_cpo as kernels_lib_cpo
+from .. import data
 from .fused_linear_orpo import bytes_moved, flops, make_inputs
-from .spec import LossSpec, Provider, require_cuda
+from .spec import LossSpec, Provider, preference_sweep, require_cuda
 
 __all__ = ["KERNEL_NAME", "PROVIDERS", "SPEC", "bytes_moved", "flops", "make_inputs", "published_rows"]
 
@@ -71,20 +71,7 @@ SPEC = LossSpec(
     kernel_name=KERNEL_NAME,
     providers=PROVIDERS,
     make_inputs=make_inputs,
-    published={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8, 16],
-        "sizes": {"T": 1024, "H": 4096, "V": 128256},
-        "dtype": torch.bfloat16,
-    },
-    small={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8],
-        "sizes": {"T": 8, "H": 32, "V": 257},
-        "dtype": torch.bfloat16,
-    },
+    **preference_sweep(),
     bytes_moved=bytes_moved,
     baseline="huggingface",
     default_options={"beta": 0.1, "ignore_index": -100, "ignore_fraction": 0.0},

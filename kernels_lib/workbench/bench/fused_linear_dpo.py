@@ -29,7 +29,7 @@ import torch
 from ... import reference
 from ...fused_linear_dpo import fused_linear_dpo as kernels_lib_dpo
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
 
 KERNEL_NAME = "fused_linear_dpo_loss"
 
@@ -130,20 +130,7 @@ SPEC = LossSpec(
     kernel_name=KERNEL_NAME,
     providers=PROVIDERS,
     make_inputs=make_inputs,
-    published={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8, 16],
-        "sizes": {"T": 1024, "H": 4096, "V": 128256},
-        "dtype": torch.bfloat16,
-    },
-    small={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8],
-        "sizes": {"T": 8, "H": 32, "V": 257},
-        "dtype": torch.bfloat16,
-    },
+    **preference_sweep(),
     bytes_moved=bytes_moved,
     baseline="huggingface",
     default_options={"beta": 0.1, "loss_type": "sigmoid", "ignore_index": -100, "ignore_fraction": 0.0},

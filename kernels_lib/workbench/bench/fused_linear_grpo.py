@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import data
 from ... import reference
 from ...fused_linear_grpo import fused_linear_grpo as kernels_lib_grpo
+from .. import data
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
 
 KERNEL_NAMES = {"token": "fused_linear_grpo_loss_token", "sequence": "fused_linear_grpo_loss_sequence"}
 
@@ -150,20 +150,7 @@ def _spec(level: str) -> LossSpec:
         kernel_name=KERNEL_NAMES[level],
         providers=PROVIDERS,
         make_inputs=make_inputs,
-        published={
-            "x_name": "B",
-            "x_label": "B",
-            "x_values": [2, 4, 8, 16],
-            "sizes": {"T": 1024, "H": 4096, "V": 128256},
-            "dtype": torch.bfloat16,
-        },
-        small={
-            "x_name": "B",
-            "x_label": "B",
-            "x_values": [2, 4, 8],
-            "sizes": {"T": 8, "H": 32, "V": 257},
-            "dtype": torch.bfloat16,
-        },
+        **preference_sweep(),
         bytes_moved=bytes_moved,
         baseline="torch",
         default_options={

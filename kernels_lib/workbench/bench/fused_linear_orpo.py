@@ -27,10 +27,10 @@ import json
 import pandas as pd
 import torch
 
-from .. import data
 from ... import reference
 from ...fused_linear_orpo import fused_linear_orpo as kernels_lib_orpo
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .. import data
+from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
 
 KERNEL_NAME = "fused_linear_orpo_loss"
 
@@ -123,20 +123,7 @@ SPEC = LossSpec(
     kernel_name=KERNEL_NAME,
     providers=PROVIDERS,
     make_inputs=make_inputs,
-    published={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8, 16],
-        "sizes": {"T": 1024, "H": 4096, "V": 128256},
-        "dtype": torch.bfloat16,
-    },
-    small={
-        "x_name": "B",
-        "x_label": "B",
-        "x_values": [2, 4, 8],
-        "sizes": {"T": 8, "H": 32, "V": 257},
-        "dtype": torch.bfloat16,
-    },
+    **preference_sweep(),
     bytes_moved=bytes_moved,
     baseline="huggingface",
     default_options={"beta": 0.1, "ignore_index": -100, "ignore_fraction": 0.0},

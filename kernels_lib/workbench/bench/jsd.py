@@ -6,7 +6,8 @@ import torch
 
 from ... import reference
 from ...jsd import jsd as kernels_lib_jsd
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .kl_div import bytes_moved  # the same traffic: read two (N, V) inputs, write the gradient
+from .spec import Inputs, LossSpec, Provider, require_cuda, vocab_sweep
 
 
 def _load_liger():
@@ -46,32 +47,11 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: in
     return Inputs(args=(student, teacher.to(dtype)), kwargs=kwargs, grad_inputs=[student])
 
 
-def bytes_moved(sizes: dict, dtype: torch.dtype, mode: str) -> int:
-    """Bytes a fused kernel must move: read both inputs; with a gradient, write it once more."""
-    elements = int(sizes["N"]) * int(sizes["V"])
-    item = torch.empty((), dtype=dtype).element_size()
-    reads = 2 * elements * item
-    return reads if mode == "forward_no_grad" else reads + elements * item
-
-
 SPEC = LossSpec(
     kernel_name="jsd",
     providers=PROVIDERS,
     make_inputs=make_inputs,
-    published={
-        "x_name": "V",
-        "x_label": "vocab size",
-        "x_values": [4096, 8192, 16384, 32768, 65536, 131072],
-        "sizes": {"N": 8192},  # B=4, T=2048
-        "dtype": torch.float32,
-    },
-    small={
-        "x_name": "V",
-        "x_label": "vocab size",
-        "x_values": [512, 1024, 2048, 4096],
-        "sizes": {"N": 16},
-        "dtype": torch.float32,
-    },
+    **vocab_sweep(8192),  # B=4, T=2048
     bytes_moved=bytes_moved,
     baseline="torch",
     default_options={"beta": 0.5, "reduction": "batchmean"},

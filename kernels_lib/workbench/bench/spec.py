@@ -61,6 +61,27 @@ class LossSpec:
     default_options: dict = field(default_factory=dict)
 
 
+def vocab_sweep(n_rows: int) -> dict:
+    """``published`` and ``small`` of a row-divergence chart (KL, JSD, TVD): ``V`` = 4096 … 131072 at
+    ``n_rows`` rows in float32 as published, ``V`` = 512 … 4096 at 16 rows for the CPU."""
+    axis = {"x_name": "V", "x_label": "vocab size", "dtype": torch.float32}
+    return {
+        "published": {**axis, "x_values": [4096, 8192, 16384, 32768, 65536, 131072], "sizes": {"N": n_rows}},
+        "small": {**axis, "x_values": [512, 1024, 2048, 4096], "sizes": {"N": 16}},
+    }
+
+
+def preference_sweep() -> dict:
+    """``published`` and ``small`` of the A100 preference charts (ORPO at T = 1024, CPO, SimPO, GRPO;
+    our DPO): ``B`` = 2 … 16 sequences of ``T`` = 1024 tokens, ``H`` = 4096, ``V`` = 128256, bf16;
+    ``B`` = 2, 4, 8 of 8 tokens, ``H`` = 32, ``V`` = 257 for the CPU."""
+    axis = {"x_name": "B", "x_label": "B", "dtype": torch.bfloat16}
+    return {
+        "published": {**axis, "x_values": [2, 4, 8, 16], "sizes": {"T": 1024, "H": 4096, "V": 128256}},
+        "small": {**axis, "x_values": [2, 4, 8], "sizes": {"T": 8, "H": 32, "V": 257}},
+    }
+
+
 def require_cuda(peer: str) -> None:
     """Refuse to load a peer whose kernels cannot run here (they are not written for Triton's interpreter)."""
     if not torch.cuda.is_available():

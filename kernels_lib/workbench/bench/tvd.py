@@ -6,8 +6,8 @@ import torch
 
 from ... import reference
 from ...tvd import tvd as kernels_lib_tvd
-from .jsd import bytes_moved
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .kl_div import bytes_moved  # the same traffic: read two (N, V) inputs, write the gradient
+from .spec import Inputs, LossSpec, Provider, require_cuda, vocab_sweep
 
 
 def _load_liger():
@@ -47,20 +47,7 @@ SPEC = LossSpec(
     kernel_name="tvd",
     providers=PROVIDERS,
     make_inputs=make_inputs,
-    published={
-        "x_name": "V",
-        "x_label": "vocab size",
-        "x_values": [4096, 8192, 16384, 32768, 65536, 131072],
-        "sizes": {"N": 16384},  # B=8, T=2048
-        "dtype": torch.float32,
-    },
-    small={
-        "x_name": "V",
-        "x_label": "vocab size",
-        "x_values": [512, 1024, 2048, 4096],
-        "sizes": {"N": 16},
-        "dtype": torch.float32,
-    },
+    **vocab_sweep(16384),  # B=8, T=2048
     bytes_moved=bytes_moved,
     baseline="torch",
     default_options={"reduction": "batchmean"},
