@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 PROVIDERS = ("huggingface", "kernels_lib", "kernels_lib[accurate=True]", "trl", "liger")
+#: The model (:data:`kernels_lib.workbench.training_step.MODEL_SHAPES`): hidden 1024, 8 layers, V = 128256, tied.
+MODEL = "llama-1024x8"
 
 
 def markov_stream(vocab: int, active: int, batch: int, seq: int, steps: int, seed: int, device) -> torch.Tensor:
@@ -46,48 +48,20 @@ def markov_stream(vocab: int, active: int, batch: int, seq: int, steps: int, see
     return tokens.to(device)
 
 
-def build(config, mode: str, seed: int, device):
-    from transformers import LlamaForCausalLM
+def train(provider, mode, stream, lr, seed, device):
+    """``provider`` (:func:`~kernels_lib.workbench.training_step.prepare`'s names) trained on ``stream``:
+    the loss per step, the final weights (float32, on the CPU) and the seconds it took."""
+    from kernels_lib.workbench import training_step as ts
 
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
-    return model.to(torch.float32 if mode == "autocast" else torch.bfloat16).train()
-
-
-def loss_fn(provider: str, model):
-    """Patch ``model`` for ``provider``; returns ``loss_of(ids)``."""
-    if provider == "huggingface":
-        return lambda ids: model(input_ids=ids, labels=ids).loss
-    if provider.startswith("kernels_lib"):
-        import kernels_lib.hf
-
-        kernels_lib.hf.patch(model, accurate="accurate=True" in provider)
-        return lambda ids: model(input_ids=ids, labels=ids).loss
-    if provider == "trl":
-        from trl.trainer.utils import add_fused_lm_head
-
-        add_fused_lm_head(model)
-        return lambda ids: model(input_ids=ids, labels=ids, fused_lm_head=True).loss
-    if provider == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama(model=model, fused_linear_cross_entropy=True, rope=False, rms_norm=False,
-                                    swiglu=False, cross_entropy=False)
-        return lambda ids: model(input_ids=ids, labels=ids).loss
-    raise ValueError(provider)
-
-
-def train(provider, mode, config, stream, lr, seed, device):
-    model = build(config, mode, seed, device)
-    loss_of = loss_fn(provider, model)
+    model = ts.build_model(MODEL, device, seed, dtype=torch.float32 if mode == "autocast" else torch.bfloat16)
+    loss_of = ts.prepare(provider, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
     losses = []
     torch.cuda.synchronize()
     start = time.perf_counter()
     for ids in stream:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
-            loss = loss_of(ids)
+            loss = loss_of(ids, ids)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -113,16 +87,11 @@ def main() -> int:
     parser.add_argument("--providers", default=",".join(PROVIDERS))
     args = parser.parse_args()
     import pandas as pd
-    from transformers import LlamaConfig
 
-    from kernels_lib.workbench.training_step import training_provenance
+    from kernels_lib.workbench.training_step import MODEL_SHAPES, training_provenance
 
     device = torch.device("cuda")
-    config = LlamaConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-                         intermediate_size=2816, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
-                         max_position_embeddings=args.seq, use_cache=False)
-    config._attn_implementation = "sdpa"
-    stream = markov_stream(config.vocab_size, args.active, args.batch, args.seq, args.steps, args.seed, device)
+    stream = markov_stream(MODEL_SHAPES[MODEL]["vocab_size"], args.active, args.batch, args.seq, args.steps, args.seed, device)
     env = training_provenance(device)
     run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     rows = []
@@ -132,7 +101,7 @@ def main() -> int:
             if mode == "autocast" and "accurate" in provider:
                 continue  # float32 parameters: dW already accumulates in float32
             try:
-                losses, weights, seconds = train(provider, mode, config, stream, args.lr, args.seed, device)
+                losses, weights, seconds = train(provider, mode, stream, args.lr, args.seed, device)
             except Exception as error:  # noqa: BLE001 - record and go on
                 print(f"{mode} {provider}: {type(error).__name__}: {error}", flush=True)
                 continue

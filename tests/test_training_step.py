@@ -334,3 +334,13 @@ def test_training_step_notebook_shows_measured_rows(tmp_path):
     assert html.count("Plotly.newPlot(") >= 4  # and one step chart per model
     assert "Not measured yet" not in html
     assert "largest tokens per step ≥ 1.5× huggingface" in html and "targets met" in html
+
+
+def test_provider_names_carry_the_patch_options():
+    """``kernels_lib[...]`` names a point of the dial (scripts/training_step_bench.py, training_convergence.py)."""
+    assert ts.provider_base("kernels_lib") == ("kernels_lib", {})
+    assert ts.provider_base("kernels_lib[chunk_size=256]") == ("kernels_lib", {"chunk_size": 256})
+    assert ts.provider_base("kernels_lib[accurate=True]") == ("kernels_lib", {"accurate": True})
+    for bad in ("liger[chunk_size=2]", "kernels_lib[accurate=yes]", "kernels_lib[chunk_size=0]", "torch"):
+        with pytest.raises(ValueError):
+            ts.provider_base(bad)

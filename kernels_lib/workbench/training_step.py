@@ -54,6 +54,12 @@ MODEL_SHAPES: dict[str, dict] = {
         "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
         "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
     },
+    # scripts/training_convergence.py: a Llama-3 head (V = 128256, tied) on a small body, 150 steps in a minute
+    "llama-1024x8": {
+        "family": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 128256, "tie_word_embeddings": True,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 1024,
+    },
     "llama-tiny": {
         "family": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1024, "tie_word_embeddings": True,
@@ -132,16 +138,20 @@ def parameter_count(name: str) -> int:
 
 def provider_base(provider: str) -> tuple[str, dict]:
     """``"kernels_lib[chunk_size=256]"`` -> ``("kernels_lib", {"chunk_size": 256})``: a provider of
-    :data:`PROVIDERS`, optionally with integer options for :func:`kernels_lib.hf.patch` (the dial)."""
+    :data:`PROVIDERS`, optionally with options for :func:`kernels_lib.hf.patch` (the dial:
+    ``chunk_size=N``, ``accurate=True``)."""
     name, _, rest = provider.partition("[")
     if name not in PROVIDERS or (rest and (name != "kernels_lib" or not rest.endswith("]"))):
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)} or kernels_lib[chunk_size=N]; got {provider!r}")
     options = {}
     for item in filter(None, rest[:-1].split()):
         key, _, value = item.partition("=")
-        if key != "chunk_size" or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"kernels_lib's options here are chunk_size=N (N >= 1); got {item!r} in {provider!r}")
-        options[key] = int(value)
+        if key == "chunk_size" and value.isdigit() and int(value) >= 1:
+            options[key] = int(value)
+        elif key == "accurate" and value in ("True", "False"):
+            options[key] = value == "True"
+        else:
+            raise ValueError(f"kernels_lib's options here are chunk_size=N (N >= 1) and accurate=True|False; got {item!r} in {provider!r}")
     return name, options
 
 
