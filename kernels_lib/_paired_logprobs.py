@@ -29,7 +29,7 @@ ops on ``n_c`` floats, nothing of size ``T`` or ``V``): the gradient is then by 
 of the very formula the loss evaluates.
 
 A reference model (DPO, KTO) goes through the same chunks first, without gradient
-(:func:`reference_sums`): one matmul and the stats pass per chunk, nothing kept but its sums.
+(:func:`kernels_lib._sequence_logprobs.reference_sums`): one matmul and the stats pass per chunk, nothing kept but its sums.
 """
 
 from __future__ import annotations
@@ -154,26 +154,6 @@ def paired_logprobs(
     return PairedLogprobs(values[:, 0], values[:, 1], nll, grads)
 
 
-def reference_sums(
-    ref_x: torch.Tensor,
-    ref_weight: torch.Tensor,
-    ref_bias: torch.Tensor | None,
-    target: torch.Tensor,
-    *,
-    ignore_index: int,
-    chunk_size: int | None,
-) -> torch.Tensor:
-    """Summed log-probs ``(S,)`` (float32) of ``target`` ``(S, T)`` under the reference head, without gradient."""
-    seq_len = target.shape[1]
-    rows = ref_x.reshape(-1, ref_x.shape[-1])
-    with torch.no_grad():
-        sums, _, _ = sequence_logprobs(
-            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
-        )
-    return sums
-
-
 def validate_pairs(x, weight, target, bias, nll_target=None) -> dict:
     """The checks of every paired loss's inputs: ``x`` ``(2n, T, H)`` (an even batch, the chosen then
     the rejected), the head, ``target``, the optional bias and NLL targets; returns them by name (for
@@ -192,35 +172,4 @@ def validate_pairs(x, weight, target, bias, nll_target=None) -> dict:
         v.require_index_dtype("nll_target", nll_target)
         v.require_shape("nll_target", nll_target, target.shape, "target.shape")
         tensors["nll_target"] = nll_target
-    return tensors
-
-
-def validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch: str = "B") -> dict:
-    """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name.
-
-    ``batch`` names the leading size in the messages (``"B"``, or ``"2n"`` for pairs).
-    """
-    if ref_logps is not None:
-        if ref_x is not None or ref_weight is not None or ref_bias is not None:
-            raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
-        v.require_tensor("ref_logps", ref_logps)
-        if not ref_logps.is_floating_point():
-            raise TypeError(f"ref_logps must be a floating tensor; got {ref_logps.dtype}")
-        v.require_shape("ref_logps", ref_logps, x.shape[:1], f"({batch},)")
-        return {"ref_logps": ref_logps}
-    if ref_x is None or ref_weight is None:
-        raise ValueError("give ref_logps, or the reference model: ref_x and ref_weight (and optionally ref_bias)")
-    v.require_tensor("ref_x", ref_x)
-    v.require_tensor("ref_weight", ref_weight)
-    v.require_float("ref_x", ref_x)
-    v.require_float("ref_weight", ref_weight)
-    v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
-    v.require_ndim("ref_x", ref_x, 3)
-    v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), f"({batch}, T, H_ref) with ({batch}, T) = target.shape")
-    v.require_nonempty("ref_x", ref_x)
-    v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
-    tensors = {"ref_x": ref_x, "ref_weight": ref_weight}
-    if ref_bias is not None:
-        v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
-        tensors["ref_bias"] = ref_bias
     return tensors

@@ -23,6 +23,9 @@ memory.
 A second target ``y'`` per token (ORPO's ``nll_target``) adds its own sums and weights; the kernel
 forms both terms in the same pass.
 
+A frozen reference head (DPO, KTO, GRPO) goes through the same chunks without gradient
+(:func:`reference_sums`); :func:`validate_reference` and :func:`validate_reference_model` check it.
+
 A loss that depends on each token's log-prob, not only on the sequence sums (GRPO: a clipped ratio
 per token, a KL term per token), gives ``token_coefficients`` instead: it turns the chunk's per-token
 log-probs into a weight :math:`w_{kt} = \partial L / \partial \log p_{kt}` per row, and the
@@ -208,3 +211,61 @@ class FusedSequenceLoss(torch.autograd.Function):
             if grad is not None:
                 launch_scale_gradient(grad, grad_output.to(torch.float32).contiguous())
         return (*to_dtypes(grads, ctx.dtypes), None)
+
+
+def reference_sums(
+    ref_x: torch.Tensor,
+    ref_weight: torch.Tensor,
+    ref_bias: torch.Tensor | None,
+    target: torch.Tensor,
+    *,
+    ignore_index: int,
+    chunk_size: int | None,
+) -> torch.Tensor:
+    """Summed log-probs ``(S,)`` (float32) of ``target`` ``(S, T)`` under the reference head, without gradient."""
+    seq_len = target.shape[1]
+    rows = ref_x.reshape(-1, ref_x.shape[-1])
+    with torch.no_grad():
+        sums, _, _ = sequence_logprobs(
+            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
+            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
+        )
+    return sums
+
+
+def validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch: str = "B") -> dict:
+    """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name.
+
+    ``batch`` names the leading size in the messages (``"B"``, or ``"2n"`` for pairs).
+    """
+    if ref_logps is not None:
+        if ref_x is not None or ref_weight is not None or ref_bias is not None:
+            raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
+        v.require_tensor("ref_logps", ref_logps)
+        if not ref_logps.is_floating_point():
+            raise TypeError(f"ref_logps must be a floating tensor; got {ref_logps.dtype}")
+        v.require_shape("ref_logps", ref_logps, x.shape[:1], f"({batch},)")
+        return {"ref_logps": ref_logps}
+    if ref_x is None or ref_weight is None:
+        raise ValueError("give ref_logps, or the reference model: ref_x and ref_weight (and optionally ref_bias)")
+    return validate_reference_model(target, weight, ref_x, ref_weight, ref_bias, batch)
+
+
+def validate_reference_model(target, weight, ref_x, ref_weight, ref_bias, batch: str = "B") -> dict:
+    """A reference head that fits the policy's: ``ref_x`` ``(batch, T, H_ref)`` over ``target``'s
+    tokens, ``ref_weight`` ``(V, H_ref)`` with the policy's ``V``, the optional ``ref_bias``; returns
+    them by name."""
+    v.require_tensor("ref_x", ref_x)
+    v.require_tensor("ref_weight", ref_weight)
+    v.require_float("ref_x", ref_x)
+    v.require_float("ref_weight", ref_weight)
+    v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
+    v.require_ndim("ref_x", ref_x, 3)
+    v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), f"({batch}, T, H_ref) with ({batch}, T) = target.shape")
+    v.require_nonempty("ref_x", ref_x)
+    v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
+    tensors = {"ref_x": ref_x, "ref_weight": ref_weight}
+    if ref_bias is not None:
+        v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
+        tensors["ref_bias"] = ref_bias
+    return tensors

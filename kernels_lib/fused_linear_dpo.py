@@ -66,8 +66,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
-from ._paired_logprobs import autograd_pair_grad, paired_logprobs, reference_sums, validate_pairs, validate_reference
-from ._sequence_logprobs import FusedSequenceLoss, check_targets
+from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
+from ._sequence_logprobs import FusedSequenceLoss, check_targets, reference_sums, validate_reference
 
 #: The per-pair loss types of TRL 1.16's DPOTrainer that are formed here (``sft``: the chosen NLL).
 LOSS_TYPES = (

@@ -75,7 +75,7 @@ from typing import NamedTuple
 import torch
 
 from . import _validate as v
-from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, sequence_logprobs
+from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, sequence_logprobs, validate_reference_model
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 LEVELS = ("token", "sequence")
@@ -316,19 +316,7 @@ def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps,
     if ref_logps is None and (ref_x is not None or ref_weight is not None or ref_bias is not None):
         if ref_x is None or ref_weight is None:
             raise ValueError("the reference model needs ref_x and ref_weight (and optionally ref_bias)")
-        v.require_tensor("ref_x", ref_x)
-        v.require_tensor("ref_weight", ref_weight)
-        v.require_float("ref_x", ref_x)
-        v.require_float("ref_weight", ref_weight)
-        v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
-        v.require_ndim("ref_x", ref_x, 3)
-        v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), "(B, T, H_ref) with (B, T) = target.shape")
-        v.require_nonempty("ref_x", ref_x)
-        v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
-        tensors.update(ref_x=ref_x, ref_weight=ref_weight)
-        if ref_bias is not None:
-            v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")
-            tensors["ref_bias"] = ref_bias
+        tensors.update(validate_reference_model(target, weight, ref_x, ref_weight, ref_bias))
     return tensors
 
 

@@ -52,8 +52,7 @@ from typing import NamedTuple
 import torch
 
 from . import _validate as v
-from ._paired_logprobs import reference_sums, validate_reference
-from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, sequence_logprobs
+from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, reference_sums, sequence_logprobs, validate_reference
 
 
 class KTOOutput(NamedTuple):
