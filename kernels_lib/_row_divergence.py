@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from . import _validate as v
-from .kernels.jsd import num_programs
+from .kernels.row_blocks import num_programs
 from .kernels.kl_div_backward import launch_scale_gradient
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")

@@ -27,13 +27,8 @@ A term whose probability is exactly 0 (log-probability ``-inf``) counts 0 (``0 l
 torch's ``kl_div(log_target=True)`` would give ``0 * inf = NaN``; NaN in either input of a counted
 row still gives NaN (loss and gradient).
 
-Rows whose label equals ``ignore_index`` (``HAS_LABEL``) are not read: their loss, gradient and
-partial sums are 0. The gradient is ``d\ell/dx * scale`` where ``scale`` is read from device memory
-(the reduction's factor, e.g. ``1 / max(valid rows, 1)``, computed on the device: no host sync),
-times the upstream gradient when ``UPSTREAM`` (``reduction="none"``'s backward).
-
-Grid: one program per (row, block of ``BLOCK`` columns), flattened into one axis (so any number of
-rows fits), so the row's label is loaded once per program.
+The grid, the ignored rows, the reduction's partial sums, the gradient's ``scale`` and upstream
+factor are the shared row-divergence stage (:mod:`.row_blocks`); this file is the pointwise formula.
 
 What it costs
 -------------
@@ -50,9 +45,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: Columns per program (at most; the launcher shrinks it to the next power of two of ``n_cols``).
-BLOCK = 4096
-NUM_WARPS = 8
+from .row_blocks import BLOCK, NUM_WARPS, launch_row_kernel, num_programs, row_block, store_row_block
+
+__all__ = ["BLOCK", "NUM_WARPS", "num_programs", "jsd_kernel", "launch_jsd"]
 
 
 @triton.jit
@@ -67,27 +62,17 @@ def jsd_kernel(
     grad_ptr,  # n_rows * n_cols elements: d loss / d x (WRITE_GRAD only), student's dtype
     n_cols,  # classes per row
     blocks_per_row,  # cdiv(n_cols, BLOCK)
-    beta,  # float in (0, 1): the teacher's weight in the mixture (unused when BETA_MODE != 2)
     ignore_index,  # int: rows whose label equals it are skipped (HAS_LABEL only)
-    BETA_MODE: tl.constexpr,  # 0: beta == 0 (KL(p||q)), 1: beta == 1 (KL(q||p)), 2: 0 < beta < 1
+    beta,  # float in (0, 1): the teacher's weight in the mixture (unused when BETA_MODE != 2)
     HAS_LABEL: tl.constexpr,  # label_ptr is given
     REDUCE: tl.constexpr,  # write one partial sum per program
     WRITE_LOSS: tl.constexpr,  # write the pointwise loss
     WRITE_GRAD: tl.constexpr,  # write the gradient
     UPSTREAM: tl.constexpr,  # multiply the gradient by the pointwise upstream gradient
     BLOCK: tl.constexpr,  # columns per program (a power of two)
+    BETA_MODE: tl.constexpr,  # 0: beta == 0 (KL(p||q)), 1: beta == 1 (KL(q||p)), 2: 0 < beta < 1
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // blocks_per_row
-    cols = (pid % blocks_per_row) * BLOCK + tl.arange(0, BLOCK)
-    in_row = cols < n_cols
-    offsets = row * n_cols + cols
-    if HAS_LABEL:
-        # An ignored row keeps no column (a scalar select, then one vector compare).
-        kept_cols = tl.where(tl.load(label_ptr + row) != ignore_index, n_cols, 0)
-        mask = cols < kept_cols
-    else:
-        mask = in_row
+    pid, offsets, in_row, mask = row_block(label_ptr, ignore_index, n_cols, blocks_per_row, HAS_LABEL, BLOCK)
     # Masked lanes (and ignored rows) load x = y = 0: q = p = m = 1 and every term is 0.
     x = tl.load(student_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(teacher_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -110,26 +95,8 @@ def jsd_kernel(
     nan_in = (x != x) | (y != y)
     loss = tl.where(nan_in, x + y, loss)
     dx = tl.where(nan_in, x + y, dx)
-    loss = tl.where(mask, loss, 0.0)
-    if REDUCE:
-        tl.store(partial_ptr + pid, tl.sum(loss, axis=0))
-    if WRITE_LOSS:
-        tl.store(loss_ptr + offsets, loss.to(loss_ptr.dtype.element_ty), mask=in_row)
-    if WRITE_GRAD:
-        grad = tl.where(mask, dx, 0.0) * tl.load(scale_ptr)
-        if UPSTREAM:
-            grad = grad * tl.load(upstream_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=in_row)
-
-
-def block_for(n_cols: int, block: int = BLOCK) -> int:
-    """Columns per program: ``block``, or the next power of two of ``n_cols`` when that is smaller."""
-    return min(block, triton.next_power_of_2(n_cols))
-
-
-def num_programs(n_rows: int, n_cols: int, block: int = BLOCK) -> int:
-    """The grid size (the length of the partial-sum buffer): rows times column blocks."""
-    return n_rows * triton.cdiv(n_cols, block_for(n_cols, block))
+    store_row_block(pid, offsets, in_row, mask, loss, dx, partial_ptr, loss_ptr, grad_ptr, scale_ptr, upstream_ptr,
+                    REDUCE, WRITE_LOSS, WRITE_GRAD, UPSTREAM)
 
 
 def beta_mode(beta: float) -> int:
@@ -154,42 +121,11 @@ def launch_jsd(
 ) -> None:
     """Launch :func:`jsd_kernel` on contiguous (n_rows, n_cols) ``student`` and ``teacher``.
 
-    Any of ``partial`` (float32, ``num_programs(n_rows, n_cols, block)`` elements), ``loss`` and
-    ``grad`` (n_rows * n_cols elements) is written when given; buffers are written, never read (tests
-    pass NaN-poisoned ones). ``scale`` multiplies the gradient (a float, or a one-element tensor on
-    the device: then no host sync); ``upstream`` (n_rows * n_cols) multiplies it pointwise.
-    ``label`` (n_rows integers) marks rows equal to ``ignore_index`` as ignored.
+    The buffers and factors as :func:`.row_blocks.launch_row_kernel` takes them.
     """
-    if partial is None and loss is None and grad is None:
-        raise ValueError("give at least one of partial, loss and grad to write")
-    if upstream is not None and grad is None:
-        raise ValueError("upstream multiplies the gradient: give grad too")
-    n_cols = student.shape[-1]
-    n_rows = student.numel() // n_cols
-    blk = block_for(n_cols, block)
-    if not isinstance(scale, torch.Tensor):
-        scale = torch.tensor([float(scale)], dtype=torch.float32, device=student.device)
-    scale = scale.to(torch.float32).reshape(1)
     beta = float(beta)
-    jsd_kernel[(num_programs(n_rows, n_cols, block),)](
-        student,
-        teacher,
-        label if label is not None else student,
-        upstream if upstream is not None else student,
-        scale,
-        partial if partial is not None else scale,
-        loss if loss is not None else student,
-        grad if grad is not None else student,
-        n_cols,
-        triton.cdiv(n_cols, blk),
-        beta if 0.0 < beta < 1.0 else 0.5,
-        int(ignore_index),
-        BETA_MODE=beta_mode(beta),
-        HAS_LABEL=label is not None,
-        REDUCE=partial is not None,
-        WRITE_LOSS=loss is not None,
-        WRITE_GRAD=grad is not None,
-        UPSTREAM=upstream is not None,
-        BLOCK=blk,
-        num_warps=num_warps,
+    launch_row_kernel(
+        jsd_kernel, student, teacher, (beta if 0.0 < beta < 1.0 else 0.5,), {"BETA_MODE": beta_mode(beta)},
+        label=label, ignore_index=ignore_index, partial=partial, loss=loss, grad=grad, scale=scale,
+        upstream=upstream, block=block, num_warps=num_warps,
     )

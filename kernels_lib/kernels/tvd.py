@@ -12,13 +12,9 @@ For probabilities :math:`p` and :math:`q` in rows of ``n_cols`` classes, element
 where either is NaN, as torch gives). Summed over a row it is the total variation distance
 :math:`\tfrac12 \sum_i |p_i - q_i|` (Liger ``LigerTVDLoss``, ``liger_kernel/ops/tvd.py``).
 
-Rows whose label equals ``ignore_index`` (``HAS_LABEL``) are not read: loss, gradient and partial
-sums are 0 there. The gradient is multiplied by ``scale`` read from device memory (the reduction's
-factor, computed on the device: no host sync) and, when ``UPSTREAM``, by the pointwise upstream
-gradient (``reduction="none"``'s backward). The gradient does not depend on ``|p - q|``, only on its
-sign, so with a reduction it is written here, in forward, and backward has nothing left to read.
-
-Grid: one program per (row, block of ``BLOCK`` columns), flattened into one axis.
+The gradient does not depend on ``|p - q|``, only on its sign, so with a reduction it is written
+here, in forward, and backward has nothing left to read. The grid, the ignored rows, the partial
+sums, the gradient's ``scale`` and upstream factor are the shared stage of :mod:`.row_blocks`.
 
 What it costs
 -------------
@@ -33,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .jsd import BLOCK, NUM_WARPS, block_for, num_programs
+from .row_blocks import BLOCK, NUM_WARPS, launch_row_kernel, num_programs, row_block, store_row_block
 
-__all__ = ["BLOCK", "NUM_WARPS", "block_for", "num_programs", "tvd_kernel", "launch_tvd"]
+__all__ = ["BLOCK", "NUM_WARPS", "num_programs", "tvd_kernel", "launch_tvd"]
 
 
 @triton.jit
@@ -58,32 +54,15 @@ def tvd_kernel(
     UPSTREAM: tl.constexpr,  # multiply the gradient by the pointwise upstream gradient
     BLOCK: tl.constexpr,  # columns per program (a power of two)
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // blocks_per_row
-    cols = (pid % blocks_per_row) * BLOCK + tl.arange(0, BLOCK)
-    in_row = cols < n_cols
-    offsets = row * n_cols + cols
-    if HAS_LABEL:
-        # An ignored row keeps no column (a scalar select, then one vector compare).
-        kept_cols = tl.where(tl.load(label_ptr + row) != ignore_index, n_cols, 0)
-        mask = cols < kept_cols
-    else:
-        mask = in_row
+    pid, offsets, in_row, mask = row_block(label_ptr, ignore_index, n_cols, blocks_per_row, HAS_LABEL, BLOCK)
     p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     q = tl.load(q_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     diff = p - q
-    loss = tl.where(mask, 0.5 * tl.abs(diff), 0.0)
-    if REDUCE:
-        tl.store(partial_ptr + pid, tl.sum(loss, axis=0))
-    if WRITE_LOSS:
-        tl.store(loss_ptr + offsets, loss.to(loss_ptr.dtype.element_ty), mask=in_row)
-    if WRITE_GRAD:
-        # sign(diff) / 2: 0 where p == q, NaN (diff itself) where diff is NaN.
-        half_sign = tl.where(diff > 0.0, 0.5, tl.where(diff < 0.0, -0.5, tl.where(diff == 0.0, 0.0, diff)))
-        grad = tl.where(mask, half_sign, 0.0) * tl.load(scale_ptr)
-        if UPSTREAM:
-            grad = grad * tl.load(upstream_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=in_row)
+    loss = 0.5 * tl.abs(diff)
+    # sign(diff) / 2: 0 where p == q, NaN (diff itself) where diff is NaN.
+    half_sign = tl.where(diff > 0.0, 0.5, tl.where(diff < 0.0, -0.5, tl.where(diff == 0.0, 0.0, diff)))
+    store_row_block(pid, offsets, in_row, mask, loss, half_sign, partial_ptr, loss_ptr, grad_ptr, scale_ptr,
+                    upstream_ptr, REDUCE, WRITE_LOSS, WRITE_GRAD, UPSTREAM)
 
 
 def launch_tvd(
@@ -102,38 +81,10 @@ def launch_tvd(
 ) -> None:
     """Launch :func:`tvd_kernel` on contiguous (n_rows, n_cols) ``p`` and ``q``.
 
-    Any of ``partial`` (float32, ``num_programs(n_rows, n_cols, block)`` elements), ``loss`` and
-    ``grad`` (n_rows * n_cols elements) is written when given; buffers are written, never read.
-    ``scale`` multiplies the gradient (a float or a one-element device tensor); ``upstream``
-    multiplies it pointwise; ``label`` (n_rows integers) marks rows equal to ``ignore_index``.
+    The buffers and factors as :func:`.row_blocks.launch_row_kernel` takes them.
     """
-    if partial is None and loss is None and grad is None:
-        raise ValueError("give at least one of partial, loss and grad to write")
-    if upstream is not None and grad is None:
-        raise ValueError("upstream multiplies the gradient: give grad too")
-    n_cols = p.shape[-1]
-    n_rows = p.numel() // n_cols
-    blk = block_for(n_cols, block)
-    if not isinstance(scale, torch.Tensor):
-        scale = torch.tensor([float(scale)], dtype=torch.float32, device=p.device)
-    scale = scale.to(torch.float32).reshape(1)
-    tvd_kernel[(num_programs(n_rows, n_cols, block),)](
-        p,
-        q,
-        label if label is not None else p,
-        upstream if upstream is not None else p,
-        scale,
-        partial if partial is not None else scale,
-        loss if loss is not None else p,
-        grad if grad is not None else p,
-        n_cols,
-        triton.cdiv(n_cols, blk),
-        int(ignore_index),
-        HAS_LABEL=label is not None,
-        REDUCE=partial is not None,
-        WRITE_LOSS=loss is not None,
-        WRITE_GRAD=grad is not None,
-        UPSTREAM=upstream is not None,
-        BLOCK=blk,
-        num_warps=num_warps,
+    launch_row_kernel(
+        tvd_kernel, p, q, (), {},
+        label=label, ignore_index=ignore_index, partial=partial, loss=loss, grad=grad, scale=scale,
+        upstream=upstream, block=block, num_warps=num_warps,
     )
