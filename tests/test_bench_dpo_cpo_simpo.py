@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import sys
 import types
-from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
 from kernels_lib import default_device
+from kernels_lib.workbench import data
 from kernels_lib.workbench.bench import fused_linear_cpo as cpo
 from kernels_lib.workbench.bench import fused_linear_dpo as dpo
 from kernels_lib.workbench.bench import fused_linear_simpo as simpo
@@ -24,7 +23,6 @@ DEVICE = default_device()
 needs_cpu = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")
 TINY = {"B": 4, "T": 5, "H": 16, "V": 67}
 NAMES = ["fused_linear_dpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss"]
-SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "published" / "liger_all_benchmark_data.csv"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -38,12 +36,11 @@ def test_registered_with_the_published_workload(name):
     assert small["x_name"] == "B" and max(small["x_values"]) * small["sizes"]["T"] * small["sizes"]["V"] < 10**5
 
 
-@pytest.mark.skipif(not SHARED_CSV.exists(), reason="../shared/published not here")
 @pytest.mark.parametrize("name", ["fused_linear_cpo_loss", "fused_linear_simpo_loss"])
 def test_presets_match_the_published_rows(name):
-    """CPO's and SimPO's charts live in ../shared/published (data/published holds the first four losses'
-    only); DPO has none there, hence our own name for it."""
-    rows = pd.read_csv(SHARED_CSV)
+    """CPO's and SimPO's published rows (copied unchanged into data/published); DPO has no published
+    chart, hence our own name for it."""
+    rows = data.load_published()
     assert not rows.kernel_name.str.contains("dpo").any()
     rows = rows[rows.kernel_name == name]
     assert set(rows.kernel_provider) == {"liger", "huggingface"} and set(rows.x_value) == set(get_spec(name).published["x_values"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -528,14 +527,10 @@ def test_fused_linear_grpo_matches_reference(case):
 # --------------------------------------------------------------------------- the bench specs
 
 
-SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "published" / "liger_all_benchmark_data.csv"
-
-
 def test_registered_with_the_published_presets():
     import json
 
-    import pandas as pd
-
+    from kernels_lib.workbench import data
     from kernels_lib.workbench.bench import fused_linear_grpo as bench
     from kernels_lib.workbench.bench.registry import get_spec, registered_losses
 
@@ -546,11 +541,7 @@ def test_registered_with_the_published_presets():
         assert spec.published == {"x_name": "B", "x_label": "B", "x_values": [2, 4, 8, 16],
                                   "sizes": {"T": 1024, "H": 4096, "V": 128256}, "dtype": torch.bfloat16}
         assert spec.default_options["importance_sampling_level"] == level and spec.default_options["beta"] == 0.1
-        # The published rows live in ../shared/published (data/published holds the first four losses' only)
-        if not SHARED_CSV.exists():
-            continue
-        rows = pd.read_csv(SHARED_CSV)
-        rows = rows[rows.kernel_name == name]
+        rows = data.load_published(name)  # copied unchanged from the published CSV
         assert set(rows.kernel_provider) == {"liger", "torch"} and set(rows.x_value) == {2, 4, 8, 16}
         assert set(rows.kernel_operation_mode) == {"forward", "backward", "full"}
         config = json.loads(rows.extra_benchmark_config_str.iloc[0])
