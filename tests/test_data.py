@@ -14,6 +14,7 @@ from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMN
 KERNELS = {
     "fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss",
     "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence",
+    "jsd", "tvd", "fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss", "cross_entropy", "megatron_cross_entropy",
 }
 #: The losses the KernelIndex pages quote (the preference losses added later have no page).
 PAGE_KERNELS = {"fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss"}
@@ -57,6 +58,19 @@ def test_published_preference_rows_are_the_a100_charts():
         for _, group in rows.groupby(["kernel_provider", "kernel_operation_mode", "metric_name"]):
             assert sorted(group.x_value) == [2, 4, 8, 16], name
     assert len(data.load_published("fused_linear_grpo_loss_token")) == 32  # forward, backward, full; speed and memory of full
+
+
+def test_published_distillation_and_cross_entropy_rows():
+    """Issues 11 and 12: the distillation charts and the logits-level cross-entropy charts, unchanged."""
+    jsd = data.load_published("jsd")
+    assert set(jsd.gpu_name) == {"NVIDIA H100 PCIe", "NVIDIA B200"} and set(jsd.x_name) == {"V", "BT"}
+    assert sorted(set(data.load_published("tvd").x_value)) == [4096, 8192, 16384, 32768, 65536, 131072]
+    for name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
+        rows = data.load_published(name)
+        assert len(rows) == 24 and (rows.x_name == "BT").all() and set(rows.kernel_provider) == {"liger", "torch"}, name
+    megatron = data.load_published("megatron_cross_entropy")
+    assert set(megatron.kernel_provider) == {"liger", "megatron-fused", "megatron-unfused"}
+    assert set(data.load_published("cross_entropy").kernel_provider) == {"liger", "huggingface"}
 
 
 def test_published_unknown_kernel_is_empty():

@@ -25,13 +25,15 @@ from .bench.registry import get_spec
 H200 = "NVIDIA H200"
 
 #: Datasheet figures of the GPUs in the published and measured rows (NVIDIA's datasheets: HBM
-#: bandwidth, dense bf16 tensor-core rate without sparsity, SXM parts unless named PCIe).
+#: bandwidth, dense bf16 tensor-core rate without sparsity, SXM parts unless named PCIe; the B200 per GPU
+#: from the HGX B200 sheet: 1.4 TB and 62 TB/s over 8 GPUs, 36 PFLOP/s bf16 with sparsity over 8, halved).
 DATASHEETS = pd.DataFrame(
     [
         ("NVIDIA A100-SXM4-80GB", "80 GB HBM2e", 2.039, 312),
         ("NVIDIA H100 PCIe", "80 GB HBM2e", 2.0, 756),
         ("NVIDIA H100 80GB HBM3", "80 GB HBM3", 3.35, 989),
         (H200, "141 GB HBM3e", 4.8, 989),
+        ("NVIDIA B200", "180 GB HBM3e", 7.7, 2250),
     ],
     columns=["gpu_name", "memory", "bandwidth TB/s", "bf16 dense TFLOP/s"],
 ).set_index("gpu_name")
@@ -165,10 +167,13 @@ class Floor:
 
 def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str = H200) -> Floor | None:
     """The floor of ``workload`` at its published and measured x, with the ceilings of the run of its
-    measured rows (:func:`run_commit`). None when the loss has no bench spec or ``gpu_name`` no ceilings."""
+    measured rows (:func:`run_commit`). None when the loss has no bench spec, the chart sweeps an axis
+    other than the spec's (JSD's B200 token sweep), or ``gpu_name`` has no ceilings."""
     try:
         spec = get_spec(workload.kernel_name)
     except ValueError:
+        return None
+    if workload.x_name != spec.published["x_name"]:
         return None
     measured_on_gpu = ceilings[ceilings.gpu_name == gpu_name]
     if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
