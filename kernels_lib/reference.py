@@ -6,6 +6,8 @@ float64 inputs it is also the reference that kernels are checked against.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 
 import torch
@@ -129,6 +131,44 @@ def _reference_token_logps(logits, target, ignore_index):
     valid = target != ignore_index
     logps = torch.log_softmax(logits, -1).gather(-1, torch.where(valid, target, 0).long().unsqueeze(-1))
     return logps.squeeze(-1) * valid, valid
+
+
+def head_token_logps(hidden, weight, bias, target, ignore_index: int, temperature: float = 1.0, entropy: bool = False):
+    r"""An LM head's per-token log-probabilities on materialized logits, as the trainers' heads give them:
+    ``log_softmax((hidden @ weight.T + bias) / temperature)[target]`` in float32 (float64 stays), 0 at
+    ``ignore_index``; with ``entropy``, also the per-token entropy :math:`\log Z - \sum_v p_v z_v`
+    (0 at ignored positions), else None. Any leading shape; returns ``(logps, entropy)``."""
+    logits = _reference_logits(hidden, weight, bias)
+    if temperature != 1.0:
+        logits = logits / temperature
+    valid = target != ignore_index
+    logp = torch.log_softmax(logits, -1)
+    per_token = logp.gather(-1, torch.where(valid, target, 0).long().unsqueeze(-1)).squeeze(-1).masked_fill(~valid, 0)
+    if not entropy:
+        return per_token, None
+    return per_token, (torch.logsumexp(logits, -1) - (logp.exp() * logits).sum(-1)).masked_fill(~valid, 0)
+
+
+#: The head the preference references (DPO, CPO, SimPO, GRPO) take their per-token log-probs from.
+_TOKEN_LOGPS_HEAD = contextvars.ContextVar("token_logps_head", default=head_token_logps)
+
+
+@contextlib.contextmanager
+def token_logps_from(head):
+    """Within the block, the DPO, CPO, SimPO and GRPO references take their per-token log-probs (and
+    GRPO its entropy) from ``head``, a function with :func:`head_token_logps`'s signature, and run
+    their trainer's loss on them unchanged: TRL's own path is its fused head (``ChunkedLogProbFunction``)
+    followed by the trainer's loss, which is this with TRL's head (the workbench's ``trl`` providers)."""
+    token = _TOKEN_LOGPS_HEAD.set(head)
+    try:
+        yield
+    finally:
+        _TOKEN_LOGPS_HEAD.reset(token)
+
+
+def _token_logps(hidden, weight, bias, target, ignore_index: int, temperature: float = 1.0, entropy: bool = False):
+    """Per-token log-probs (and entropy) from the head in effect (:func:`token_logps_from`)."""
+    return _TOKEN_LOGPS_HEAD.get()(hidden, weight, bias, target, ignore_index, temperature, entropy)
 
 
 def fused_linear_orpo(
@@ -291,19 +331,12 @@ def fused_linear_grpo(
     del chunk_size, accurate
     valid = target != ignore_index
 
-    def head(hidden, head_weight, head_bias):
-        logits = _reference_logits(hidden, head_weight, head_bias) / temperature
-        logp = torch.log_softmax(logits, -1)
-        per_token = logp.gather(-1, torch.where(valid, target, 0).long().unsqueeze(-1)).squeeze(-1)
-        entropy = torch.logsumexp(logits, -1) - (logp.exp() * logits).sum(-1)
-        return per_token.masked_fill(~valid, 0), entropy.masked_fill(~valid, 0)
-
-    per_token_logps, entropies = head(x, weight, bias)
+    per_token_logps, entropies = _token_logps(x, weight, bias, target, ignore_index, temperature, return_entropy)
     dtype = per_token_logps.dtype
     mask = valid.to(dtype) if completion_mask is None else valid.to(dtype) * completion_mask.to(dtype)
     if ref_logps is None and ref_x is not None:
         with torch.no_grad():
-            ref_logps = head(ref_x, ref_weight, ref_bias)[0]
+            ref_logps = _token_logps(ref_x, ref_weight, ref_bias, target, ignore_index, temperature)[0]
     advantages = advantages.detach().to(dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
@@ -422,7 +455,7 @@ def fused_linear_dpo(
     completion_lengths = valid.sum(-1).clamp(min=1)  # completion_mask.sum(dim=1).clamp(min=1.0), 1400-1401 and 1506-1507
 
     def sequence_logps(hidden, head, head_bias):
-        per_token_logps, _ = _reference_token_logps(_reference_logits(hidden, head, head_bias), target, ignore_index)
+        per_token_logps = _token_logps(hidden, head, head_bias, target, ignore_index)[0]
         logps = per_token_logps.sum(-1)
         return (logps / valid.sum(-1) if average_log_prob else logps), per_token_logps
 
@@ -533,8 +566,8 @@ def fused_linear_cpo(
     del chunk_size, accurate
     opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, None, False)
     n = x.shape[0] // 2
-    logits = _reference_logits(x, weight, bias)
-    per_token_logps, valid = _reference_token_logps(logits, target, ignore_index)
+    per_token_logps = _token_logps(x, weight, bias, target, ignore_index)[0]
+    valid = target != ignore_index
     all_logps = per_token_logps.sum(-1)
     if loss_type in ("ipo", "simpo"):
         all_logps = all_logps / valid.sum(-1)
@@ -554,10 +587,11 @@ def fused_linear_cpo(
     else:  # ipo
         losses = (logratios - 1 / (2 * beta)) ** 2
     if cpo_alpha == 0:
-        nll = torch.zeros((), dtype=logits.dtype, device=logits.device)
-    else:
+        nll = torch.zeros((), dtype=per_token_logps.dtype, device=per_token_logps.device)
+    else:  # nn.CrossEntropyLoss (mean over the valid labels) as the mean of the labels' negative log-probs
         nll_labels = (target if nll_target is None else nll_target)[:n]
-        nll = F.cross_entropy(logits[:n].flatten(0, 1), nll_labels.flatten().long(), ignore_index=ignore_index)
+        nll_logps = per_token_logps[:n] if nll_target is None else _token_logps(x[:n], weight, bias, nll_labels, ignore_index)[0]
+        nll = -nll_logps.sum() / (nll_labels != ignore_index).sum()
     loss = losses.mean() + cpo_alpha * nll
     chosen_rewards, rejected_rewards = beta * chosen_u.detach(), beta * rejected_u.detach()
     return CPOOutput(

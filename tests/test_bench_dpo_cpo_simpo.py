@@ -29,7 +29,7 @@ NAMES = ["fused_linear_dpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_l
 def test_registered_with_the_published_workload(name):
     assert name in registered_losses()
     spec = get_spec(name)
-    assert list(spec.providers) == ["kernels_lib", "huggingface", "liger"] and spec.baseline == "huggingface"
+    assert list(spec.providers) == ["kernels_lib", "huggingface", "liger", "trl"] and spec.baseline == "huggingface"
     assert spec.published == {"x_name": "B", "x_label": "B", "x_values": [2, 4, 8, 16],
                               "sizes": {"T": 1024, "H": 4096, "V": 128256}, "dtype": torch.bfloat16}
     small = spec.small
@@ -154,8 +154,8 @@ def test_liger_dpo_adapter(fake_liger):
 def test_tiny_sweep(name):
     rows = run_sweep(name, x_name="B", x_values=[2], sizes={"T": 4, "H": 16, "V": 67}, dtype=torch.float32,
                      device=DEVICE, modes=["forward", "full"])
-    assert list(rows.columns) == MEASURED_COLUMNS and len(rows) == 2 * 2  # 2 providers x 2 modes, speed only
-    assert set(rows.kernel_provider) == {"kernels_lib", "huggingface"} and rows.y_value_50.notna().all()
+    assert list(rows.columns) == MEASURED_COLUMNS and len(rows) == 3 * 2  # 3 providers (TRL's head runs on CPU) x 2 modes
+    assert set(rows.kernel_provider) == {"kernels_lib", "huggingface", "trl"} and rows.y_value_50.notna().all()
     assert rows.note.str.contains("liger skipped").all() and (rows.kernel_name == name).all()
 
 

@@ -27,7 +27,7 @@ from kernels_lib.workbench.check import assert_checks_pass, check_against_refere
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
 needs_cpu = pytest.mark.skipif(not ON_CPU, reason="CPU-machine behaviour (no CUDA: Liger cannot run)")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "preference_sweeps.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "published_sweeps.py"
 TINY = {"B": 4, "T": 5, "H": 16, "V": 67}
 
 
@@ -259,10 +259,11 @@ def test_h200_script_small_path(tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location("h200_preference", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert script.PARTS == {"orpo": "fused_linear_orpo_loss", "kto": "kto_loss"} and script.MODES == "forward,full"
+    assert script.PARTS["orpo"] == ("fused_linear_orpo_loss", "published") and script.MODES == "forward,full"
+    assert {kernel for kernel, _ in script.PARTS.values()} <= set(registered_losses())
     assert script.main(["--out", str(tmp_path / "out"), "--size", "small", "--parts", "kto"]) == 0
     printed = capsys.readouterr().out
     assert "kernels_lib" in printed and "huggingface" in printed
     assert not (tmp_path / "measured").exists() and list((tmp_path / "out").iterdir()) == []  # a dry run
     with pytest.raises(SystemExit):
-        script.main(["--out", str(tmp_path / "out"), "--parts", "dpo"])
+        script.main(["--out", str(tmp_path / "out"), "--parts", "no_such_part"])

@@ -537,7 +537,7 @@ def test_registered_with_the_published_presets():
     for level, name in bench.KERNEL_NAMES.items():
         assert name in registered_losses()
         spec = get_spec(name)
-        assert list(spec.providers) == ["kernels_lib", "torch", "liger"] and spec.baseline == "torch"
+        assert list(spec.providers) == ["kernels_lib", "torch", "liger", "trl"] and spec.baseline == "torch"
         assert spec.published == {"x_name": "B", "x_label": "B", "x_values": [2, 4, 8, 16],
                                   "sizes": {"T": 1024, "H": 4096, "V": 128256}, "dtype": torch.bfloat16}
         assert spec.default_options["importance_sampling_level"] == level and spec.default_options["beta"] == 0.1
@@ -577,8 +577,8 @@ def test_tiny_sweep_both_charts():
     for name in ("fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence"):
         rows = run_sweep(name, x_name="B", x_values=[2], sizes={"T": 4, "H": 16, "V": 67}, dtype=torch.float32,
                          device=DEVICE, modes=["forward", "full"])
-        assert list(rows.columns) == MEASURED_COLUMNS and len(rows) == 2 * 2
-        assert set(rows.kernel_provider) == {"kernels_lib", "torch"} and rows.y_value_50.notna().all()
+        assert list(rows.columns) == MEASURED_COLUMNS and len(rows) == 3 * 2  # TRL's head runs on CPU too
+        assert set(rows.kernel_provider) == {"kernels_lib", "torch", "trl"} and rows.y_value_50.notna().all()
         assert rows.note.str.contains("liger skipped").all()
 
 

@@ -174,27 +174,41 @@ KTO_TARGETS = {
 }
 
 
-def preference_targets(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib") -> pd.DataFrame:
-    """Issue 4's targets per batch size, from rows of one GPU: ``provider``'s median time of
-    ``forward`` and ``full`` and its ``full`` memory, their ratios to ``huggingface``'s and Liger's
-    (NaN where a peer was not measured or failed), and one True / False / NaN column per ``targets``
-    entry (:data:`ORPO_TARGETS` or :data:`KTO_TARGETS`)."""
+def preference_targets(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib", baseline: str = "huggingface") -> pd.DataFrame:
+    """The targets of a preference chart per batch size, from rows of one GPU: ``provider``'s median
+    time of ``forward`` and ``full`` and its ``full`` memory, their ratios to the ``baseline``'s, Liger's
+    and (where measured) TRL's fused-head path's (NaN where a peer was not measured or failed), and one
+    True / False / NaN column per ``targets`` entry (:data:`ORPO_TARGETS`, :data:`KTO_TARGETS`,
+    :func:`issue13_targets`)."""
     speed = {mode: medians(rows, "speed", mode) for mode in ("forward", "full")}
     index = speed["full"].index
     memory = medians(rows, "memory", "full").reindex(index)
+    peers = {baseline: baseline, "Liger": "liger", "TRL head": "trl"}
     table = pd.DataFrame(index=index)
     for mode, times in speed.items():
         times = times.reindex(index)
         ours = _provider(times, provider)
         table[f"{mode} ms"] = ours
-        table[f"{mode} / huggingface"] = ours / _provider(times, "huggingface")
-        table[f"{mode} / Liger"] = ours / _provider(times, "liger")
+        for label, peer in peers.items():
+            if label != "TRL head" or "trl" in times:
+                table[f"{mode} / {label}"] = ours / _provider(times, peer)
     table["memory MB"] = _provider(memory, provider)
-    table["memory / huggingface"] = table["memory MB"] / _provider(memory, "huggingface")
-    table["memory / Liger"] = table["memory MB"] / _provider(memory, "liger")
+    for label, peer in peers.items():
+        if label != "TRL head" or "trl" in memory:
+            table[f"memory / {label}"] = table["memory MB"] / _provider(memory, peer)
     for label, (column, bound) in targets.items():
         table[label] = (table[column] <= bound).where(table[column].notna())
     return table
+
+
+def issue13_targets(baseline: str) -> dict:
+    """Issue 13's targets (DPO, CPO, SimPO, GRPO; one GPU, same run): ``full`` ≤ 0.8× Liger's and
+    ≤ 0.85× the baseline's (``huggingface``, or ``torch`` for GRPO) at every B, ``full`` memory ≤ Liger's."""
+    return {
+        "full ≤ 0.8× Liger": ("full / Liger", 0.8),
+        f"full ≤ 0.85× {baseline}": (f"full / {baseline}", 0.85),
+        "memory full ≤ Liger": ("memory / Liger", 1.0),
+    }
 
 
 def orpo_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
@@ -209,7 +223,7 @@ def kto_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
     return preference_targets(rows, KTO_TARGETS, provider)
 
 
-def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib") -> pd.DataFrame:
+def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib", baseline: str = "huggingface") -> pd.DataFrame:
     """:func:`target_verdicts` of each run in ``rows`` (all rows of one GPU, not only the newest: a
     run is the rows of one ``kernels_lib_commit``, every provider measured in it), oldest run first.
     One row per (run, target): the run's commit and date, the bound, worst and best ratio over x,
@@ -217,7 +231,7 @@ def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_
     the next; this table shows by how much they move."""
     tables = []
     for commit, run in rows.groupby("kernels_lib_commit", sort=False):
-        verdicts = target_verdicts(preference_targets(run, targets, provider), targets)
+        verdicts = target_verdicts(preference_targets(run, targets, provider, baseline), targets)
         tables.append(verdicts.assign(commit=commit, date=run.timestamp.min()).reset_index())
     if not tables:
         return pd.DataFrame(columns=["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"])

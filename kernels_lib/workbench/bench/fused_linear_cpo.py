@@ -26,6 +26,7 @@ from ...fused_linear_cpo import fused_linear_cpo as kernels_lib_cpo
 from .. import data
 from .fused_linear_orpo import bytes_moved, flops, make_inputs
 from .spec import LossSpec, Provider, preference_sweep, require_cuda
+from .trl_head import trl_provider
 
 __all__ = ["KERNEL_NAME", "PROVIDERS", "SPEC", "bytes_moved", "flops", "make_inputs", "published_rows"]
 
@@ -59,6 +60,7 @@ PROVIDERS = {
     "kernels_lib": Provider("kernels_lib", lambda: kernels_lib_cpo, "kernels_lib.fused_linear_cpo (Triton)"),
     "huggingface": Provider("huggingface", lambda: reference.fused_linear_cpo, "TRL 1.16's CPO on fp32 logits (the baseline)"),
     "liger": Provider("liger", _load_liger, "liger_kernel.chunked_loss LigerFusedLinearCPOLoss"),
+    "trl": trl_provider(reference.fused_linear_cpo, "CPO"),
 }
 
 

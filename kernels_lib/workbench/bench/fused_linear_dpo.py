@@ -30,6 +30,7 @@ from ... import reference
 from ...fused_linear_dpo import fused_linear_dpo as kernels_lib_dpo
 from .fused_linear_orpo import ignore_tokens
 from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
+from .trl_head import trl_provider
 
 KERNEL_NAME = "fused_linear_dpo_loss"
 
@@ -73,6 +74,7 @@ PROVIDERS = {
     "kernels_lib": Provider("kernels_lib", lambda: kernels_lib_dpo, "kernels_lib.fused_linear_dpo (Triton)"),
     "huggingface": Provider("huggingface", lambda: reference.fused_linear_dpo, "TRL 1.16's DPO on fp32 logits (the baseline)"),
     "liger": Provider("liger", _load_liger, "liger_kernel.chunked_loss LigerFusedLinearDPOLoss"),
+    "trl": trl_provider(reference.fused_linear_dpo, "DPO"),
 }
 
 

@@ -34,6 +34,7 @@ from ...fused_linear_grpo import fused_linear_grpo as kernels_lib_grpo
 from .. import data
 from .fused_linear_orpo import ignore_tokens
 from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
+from .trl_head import trl_provider
 
 KERNEL_NAMES = {"token": "fused_linear_grpo_loss_token", "sequence": "fused_linear_grpo_loss_sequence"}
 
@@ -78,6 +79,7 @@ PROVIDERS = {
     "kernels_lib": Provider("kernels_lib", lambda: kernels_lib_grpo, "kernels_lib.fused_linear_grpo (Triton)"),
     "torch": Provider("torch", lambda: reference.fused_linear_grpo, "TRL 1.16's GRPO loss on fp32 logits (the baseline)"),
     "liger": Provider("liger", _load_liger, "liger_kernel.chunked_loss LigerFusedLinearGRPOLoss"),
+    "trl": trl_provider(reference.fused_linear_grpo, "GRPO"),
 }
 
 

@@ -26,6 +26,7 @@ from ...fused_linear_cpo import fused_linear_simpo as kernels_lib_simpo
 from .. import data
 from .fused_linear_orpo import bytes_moved, flops, make_inputs
 from .spec import LossSpec, Provider, preference_sweep, require_cuda
+from .trl_head import trl_provider
 
 __all__ = ["KERNEL_NAME", "PROVIDERS", "SPEC", "bytes_moved", "flops", "make_inputs", "published_rows"]
 
@@ -61,6 +62,7 @@ PROVIDERS = {
         "huggingface", lambda: reference.fused_linear_simpo, "TRL 1.16's CPOTrainer(loss_type='simpo') on fp32 logits (the baseline)"
     ),
     "liger": Provider("liger", _load_liger, "liger_kernel.chunked_loss LigerFusedLinearSimPOLoss"),
+    "trl": trl_provider(reference.fused_linear_simpo, "SimPO"),
 }
 
 
