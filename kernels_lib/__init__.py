@@ -16,6 +16,8 @@ from .fused_linear_grpo import FusedLinearGRPOLoss, GRPOOutput, fused_linear_grp
 from .fused_linear_kto import FusedLinearKTOLoss, fused_linear_kto
 from .fused_linear_orpo import FusedLinearORPOLoss, fused_linear_orpo
 from .jsd import JSDLoss, jsd
+from .fused_linear_jsd import FusedLinearJSDLoss, fused_linear_jsd
+from .distillation import DistillCosineLoss, DistillJSDLoss, DistillationOutput, distill_cosine_loss, distill_jsd_loss
 from .kl_div import KLDivLoss, kl_div
 from .tvd import TVDLoss, tvd
 
@@ -44,6 +46,13 @@ __all__ = [
     "fused_linear_grpo",
     "FusedLinearGRPOLoss",
     "GRPOOutput",
+    "fused_linear_jsd",
+    "FusedLinearJSDLoss",
+    "distill_jsd_loss",
+    "distill_cosine_loss",
+    "DistillJSDLoss",
+    "DistillCosineLoss",
+    "DistillationOutput",
     "INTERPRETED",
     "KERNEL_DEVICE",
     "default_device",

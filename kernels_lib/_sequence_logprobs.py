@@ -32,6 +32,13 @@ log-probs into a weight :math:`w_{kt} = \partial L / \partial \log p_{kt}` per r
 gradient pass reads one weight per row. ``token_logps`` (and ``token_entropy``) keep the per-token
 values for the caller; ``logit_scale`` multiplies the logits as they are formed (``1/temperature``),
 and the pipeline applies the same factor to the weights (the chain rule through the scaled logits).
+
+Vocabulary-parallel (``shard``, :mod:`kernels_lib._vocab_parallel`): the head is this rank's rows of
+``W``. Per chunk the stats pass gives the shard's lse and, where the rank owns the target, the
+log-prob under the shard's softmax; :meth:`~kernels_lib._vocab_parallel.VocabShard.merge_token_logprobs`
+makes them global (per row 1 float all-reduced MAX and 2, or 3 with a second target, SUM), so the
+sums, hence the weights, are the same on every rank; the gradient pass writes this rank's ``dz``,
+``dW``/``db`` stay local, and ``dx`` is summed over the ranks once after the last chunk (``N × H``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from collections.abc import Callable
 import torch
 
 from . import _validate as v
+from ._vocab_parallel import VocabShard
 from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
@@ -81,6 +89,7 @@ def sequence_logprobs(
     token_coefficients: TokenCoefficients | None = None,
     token_logps: torch.Tensor | None = None,
     token_entropy: torch.Tensor | None = None,
+    shard: VocabShard | None = None,
 ):
     """Per-sequence summed log-probs of ``target`` (and ``target2``), and the fused gradients.
 
@@ -100,6 +109,8 @@ def sequence_logprobs(
             from the chunk's per-token log-probs, one weight per row in the gradient pass.
         token_logps, token_entropy: optional float32 ``(S·T,)`` outputs: each row's log-prob of
             ``target`` (0 at ignored rows) and its softmax's entropy (0 at ignored rows).
+        shard: this rank's slice of a vocabulary split over a process group (module docstring);
+            ``weight``/``bias`` are then the shard's rows, the targets global. No ``token_entropy``.
 
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
@@ -110,6 +121,9 @@ def sequence_logprobs(
     """
     if token_coefficients is not None and (coefficients is not None or target2 is not None):
         raise ValueError("token_coefficients replaces coefficients and takes no target2")
+    if shard is not None and token_entropy is not None:
+        raise NotImplementedError("token_entropy on a vocabulary shard (process_group): not implemented")
+    col_offset = 0 if shard is None else shard.offset
     n_rows = x.shape[0]
     n_seqs = n_rows // seq_len
     ops = _Operands(x, weight, bias, rows_per_chunk, pre=logit_scale)
@@ -125,8 +139,11 @@ def sequence_logprobs(
         launch_token_logprobs(
             logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
             target2=y2, logp2=None if y2 is None else logp2[:n],
-            entropy=None if token_entropy is None else token_entropy[rows],
+            entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
         )
+        if shard is not None:
+            pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
+            shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
         sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
         if sums2 is not None:
             sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
@@ -147,8 +164,11 @@ def sequence_logprobs(
         launch_token_logprobs_grad(
             logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=rows_per_weight,
             ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
+            col_offset=col_offset,
         )
         grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+    if shard is not None and grads is not None and grads.dx is not None:
+        shard.sum_(grads.dx)
     return sums, sums2, None if grads is None else grads.result()
 
 
@@ -221,14 +241,16 @@ def reference_sums(
     *,
     ignore_index: int,
     chunk_size: int | None,
+    shard: VocabShard | None = None,
 ) -> torch.Tensor:
-    """Summed log-probs ``(S,)`` (float32) of ``target`` ``(S, T)`` under the reference head, without gradient."""
+    """Summed log-probs ``(S,)`` (float32) of ``target`` ``(S, T)`` under the reference head, without
+    gradient (``shard``: the reference head is this rank's slice of a vocabulary-parallel head)."""
     seq_len = target.shape[1]
     rows = ref_x.reshape(-1, ref_x.shape[-1])
     with torch.no_grad():
         sums, _, _ = sequence_logprobs(
             rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
+            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]), shard=shard,
         )
     return sums
 

@@ -76,6 +76,19 @@ rides on the logits matmul's alpha, the cap is divided by ``T``, and the gradien
 once more, so the kernel is unchanged); ``return_token_stats`` for the per-token entropy and top-1
 hit, read in the same pass as the log-sum-exp; and ``torch.autocast``, whose dtype the matmuls take.
 
+Vocabulary-parallel (``process_group``, or a DTensor ``weight`` sharded on dim 0): each rank holds
+rows ``[o_r, o_r + V_r)`` of ``W`` and ``b``, of any sizes (:mod:`kernels_lib._vocab_parallel`). Per
+chunk, pass 1 of the kernel writes this rank's partial sums (row max :math:`m_r`, :math:`\log s_r`,
+the target's capped logit where this rank owns it, :math:`\sum_j w_j c_j`, and for the token stats
+:math:`\sum_j c_j` and the entropy's sums); they are merged over the ranks
+(:math:`\mathrm{lse} = M + \log \sum_r s_r e^{m_r - M}`, :math:`M = \max_r m_r`; the target's logit
+from its owner; the smoothing term's sum of the logits, the z-loss of the merged lse: all exact);
+the loss follows from the merged values, and pass 2 writes this rank's ``dz`` with the global lse.
+``dW``/``db`` stay local; ``dx = Σ_r dz_r W_r`` is one all-reduce per call. On the wire per row and
+chunk: 1 float (all-reduce MAX) and 2 (SUM), +1 with label smoothing, +3 with token stats; per call
+``dx`` (``N × H``) and the 13-int64 check of :func:`~kernels_lib._vocab_parallel.establish`.
+Without a process group nothing of this runs: the same kernel launches as before, no extra pass.
+
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
 fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
@@ -90,8 +103,9 @@ from typing import NamedTuple
 import torch
 
 from . import _validate as v
+from . import _vocab_parallel as vp
 from ._runtime import INTERPRETED
-from .kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -325,7 +339,8 @@ def _factor_tensor(pre: float, normalizer, reduction: str, device) -> torch.Tens
 
 class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, target, class_weight, shape, counts, opts: _Options, needs, compute_dtype):
+    def forward(ctx, x, weight, bias, target, class_weight, shape, counts, opts: _Options, needs, compute_dtype,
+                shard: vp.VocabShard | None = None):
         normalizer, weight_sum = counts
         with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
             ops = _Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
@@ -344,8 +359,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             else:
                 unscale = 1.0
             kernel_args = opts.kernel_args(class_weight, weight_sum)
+            chunk = launch_cross_entropy_chunk if shard is None else _vocab_parallel_chunk(shard)
             for rows, x_c, logits in ops:
-                launch_cross_entropy_chunk(
+                chunk(
                     logits,
                     target[rows],
                     lse=lse[rows],
@@ -358,7 +374,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 )
                 if fuse_grad:
                     grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+            if fuse_grad and shard is not None and grads.dx is not None:
+                shard.sum_(grads.dx)
         ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
+        ctx.shard = shard
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if fuse_grad:
             ctx.save_for_backward(*grads.result())
@@ -381,7 +400,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if ctx.opts.reduction == "none":
             dx, dw, db = _backward_recompute(ctx, grad_output, grad_entropy)
         elif grad_output is None:
-            return (None,) * 10
+            return (None,) * 11
         else:
             dx, dw, db = ctx.saved_tensors
             # With host checks: one host sync to skip a pass over dx and dW in the common case
@@ -389,7 +408,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             if not ctx.opts.host_checks or not bool(grad_output == 1):
                 dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
         dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
-        return dx, dw, db, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 def _max_weight(class_weight: torch.Tensor | None):
@@ -422,6 +441,8 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
             scale = scale / unscale
             entropy_scale = None if entropy_scale is None else entropy_scale / unscale
         kernel_args = opts.kernel_args(class_weight, ctx.weight_sum)
+        if ctx.shard is not None:  # the saved lse and entropy are the merged ones: pass 2 needs nothing more
+            kernel_args.update(ctx.shard.kernel_args())
         for rows, x_c, logits in ops:
             launch_cross_entropy_chunk(
                 logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
@@ -430,10 +451,83 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
                 **kernel_args,
             )
             grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+        if ctx.shard is not None and grads.dx is not None:
+            ctx.shard.sum_(grads.dx)
     return to_dtypes(grads.result(), ctx.dtypes)
 
 
-def _validate_tensors(x, weight, target, bias, class_weight) -> None:
+def _vocab_parallel_chunk(shard: vp.VocabShard):
+    r"""The per-chunk stage on one vocabulary shard, with :func:`launch_cross_entropy_chunk`'s arguments.
+
+    Pass 1 writes this rank's partial sums (:data:`~kernels_lib.kernels.cross_entropy_chunk.PARTIAL_COLUMNS`);
+    :meth:`~kernels_lib._vocab_parallel.VocabShard.merge_logsumexp` merges them into the global
+    :math:`M` and :math:`\log S` (``lse = M + log S``) and sums, in the same all-reduce, the target's
+    capped logit :math:`c_y` (from the rank that owns it, 0 elsewhere), with label smoothing
+    :math:`\sum_j w_j c_j`, and with token stats :math:`\sum_j c_j`,
+    :math:`D = \sum_r e^{m_r - M}(d_r + (M - m_r) s_r)` and :math:`Q = \sum_r e^{2(m_r - M)} q_r`
+    (``d``, ``q`` rescaled from each rank's maximum to the global one). The loss terms are then the
+    kernel's pass-1 formulas on the merged values,
+
+    .. math::
+
+        \ell = (1-\varepsilon)\,r\,((M - c_y) + \log S)
+               + \tfrac{\varepsilon}{V}\big((W M - \textstyle\sum_j w_j c_j) + W \log S\big) + r\lambda\,\mathrm{lse}^2,
+        \quad H = D/S + \log S, \quad \log\textstyle\sum_j p_j^2 = \log Q - 2\log S,
+
+    top-1 is :math:`c_y \ge M`; and pass 2 writes this rank's ``dz`` with the global lse. Wire per
+    row: 1 float (MAX) and 2 floats (SUM: :math:`S`, :math:`c_y`), +1 with label smoothing, +3 with
+    token stats; float32.
+    """
+
+    def chunk(logits, target, *, lse, loss, z_loss, grad_scale, stats, top1, ignore_index, label_smoothing,
+              z_loss_scale, softcap, class_weight, weight_sum):
+        partial = torch.empty((logits.shape[0], len(PARTIAL_COLUMNS)), dtype=torch.float32, device=logits.device)
+        launch_cross_entropy_partials(
+            logits, target, partial, col_offset=shard.offset, ignore_index=ignore_index, softcap=softcap,
+            class_weight=class_weight, with_stats=stats is not None,
+        )
+        m, log_s, c_y, sum_wc, sum_c, d, q = partial.unbind(1)
+
+        def extra(shift):
+            columns = [c_y] + ([sum_wc] if label_smoothing else [])
+            if stats is not None:
+                decay = torch.exp(shift)
+                columns += [sum_c, decay * (d - shift * torch.exp(log_s)), decay.square() * q]
+            return columns
+
+        big_m, log_big_s, sums = shard.merge_logsumexp(m, log_s, extra)
+        c_y, sums = sums[0], list(sums[1:])
+        n_classes = shard.n_classes
+        valid = target != ignore_index
+        r = 1.0 if class_weight is None else class_weight[torch.where(valid, target, 0).long()]
+        total = n_classes if class_weight is None else weight_sum
+        lse.copy_(big_m + log_big_s)
+        z_term = r * z_loss_scale * lse.square()
+        ce = (1.0 - label_smoothing) * r * ((big_m - c_y) + log_big_s)
+        if label_smoothing:
+            ce = ce + (label_smoothing / n_classes) * ((total * big_m - sums.pop(0)) + total * log_big_s)
+        loss.copy_(torch.where(valid, ce + z_term, 0.0))
+        z_loss.copy_(torch.where(valid, z_term, 0.0))
+        if stats is not None:
+            sum_c, big_d, big_q = sums
+            entropy = big_d * torch.exp(-log_big_s) + log_big_s
+            columns = (entropy, sum_c / n_classes, torch.log(big_q) - 2.0 * log_big_s)
+            stats.copy_(torch.where(valid.unsqueeze(1), torch.stack(columns, 1), 0.0))
+            top1.copy_(valid & (c_y >= big_m))
+        if grad_scale is not None:
+            launch_cross_entropy_chunk(
+                logits, target, lse=lse, loss=None, z_loss=None, grad_scale=grad_scale, ignore_index=ignore_index,
+                label_smoothing=label_smoothing, z_loss_scale=z_loss_scale, softcap=softcap,
+                class_weight=class_weight, weight_sum=weight_sum, **shard.kernel_args(),
+            )
+
+    return chunk
+
+
+def _validate_tensors(x, weight, target, bias, class_weight, vocab_parallel: bool = False) -> None:
+    """The tensors' checks; ``vocab_parallel``: ``weight`` and ``bias`` are this rank's shard, and
+    ``class_weight``'s length (the global ``V``) is checked over the ranks
+    (:func:`kernels_lib._vocab_parallel.establish`)."""
     v.require_linear_loss_inputs(x, weight, target)
     tensors = {"x": x, "weight": weight, "target": target}
     if bias is not None:
@@ -442,7 +536,7 @@ def _validate_tensors(x, weight, target, bias, class_weight) -> None:
     if class_weight is not None:
         v.require_tensor("class_weight", class_weight)
         v.require_float("class_weight", class_weight)
-        if class_weight.shape != weight.shape[:1]:
+        if class_weight.dim() != 1 or (not vocab_parallel and class_weight.shape != weight.shape[:1]):
             raise ValueError(
                 f"class_weight must have shape (V,) = ({weight.shape[0]},), one weight per class; got {tuple(class_weight.shape)}"
             )
@@ -558,6 +652,7 @@ def fused_linear_cross_entropy(
     temperature: float = 1.0,
     return_token_stats: bool = False,
     host_checks: bool = True,
+    process_group=None,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -601,7 +696,23 @@ def fused_linear_cross_entropy(
             CPU must run ahead of the GPU (small steps are launch-bound): the valid-token count stays
             on the device, the range is asserted there (``torch._assert_async``: a device-side assert
             on CUDA, as torch's ``cross_entropy`` gives), and backward always scales by
-            ``grad_output``. :func:`kernels_lib.hf.patch` uses False.
+            ``grad_output``. :func:`kernels_lib.hf.patch` uses False. (With a process group the
+            call's one check over the ranks reads the targets' range on the host in any case.)
+        process_group: a ``torch.distributed`` group over which the vocabulary is split
+            (:mod:`kernels_lib._vocab_parallel`): ``weight`` (``V_r × H``) and ``bias`` (``V_r``) are
+            this rank's rows ``[o_r, o_r + V_r)`` of the head, in group-rank order, of any sizes;
+            ``x``, ``target`` (global class indices), ``class_weight`` (global, ``(V,)``) and every
+            option are the same on every rank, and so is the returned loss. Or None with a DTensor
+            ``weight`` (and ``bias``) sharded ``(Shard(0),)`` over a 1-D device mesh: the mesh's group.
+            Every option works; the result equals the single-process one up to float rounding. The
+            gradient of ``x`` is complete on every rank (summed over the ranks inside; do not reduce
+            it again); those of ``weight`` and ``bias`` are the local shard's. Every rank of the group
+            must make the call (and, with ``reduction="none"``, the backward). Wire: once per call an
+            all_gather of 13 int64 per rank (the check) and, when ``x`` needs a gradient, one
+            all-reduce of ``dx`` (``N × H``, in ``dx``'s dtype: float32 for float16 inputs); per chunk
+            and row, float32: 1 (max) + 2 (sum-exp, the target's logit from its owner), +1 with
+            label smoothing (the sum of the logits), +3 with ``return_token_stats`` (the entropy's
+            and ``Σ p²``'s sums, the sum of the logits). Nothing of size ``V`` crosses.
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
@@ -629,20 +740,48 @@ def fused_linear_cross_entropy(
         ValueError: shapes that do not fit (naming the argument), empty ``x``, tensors on different
             devices or one the kernels cannot run on, targets outside ``[0, V)`` other than
             ``ignore_index``, an option out of range, ``num_items_in_batch`` with a reduction other
-            than ``mean``.
+            than ``mean``. With a process group, on every rank: any of these on any rank (the
+            others raise the same type, naming it), ranks that disagree on ``x``'s shape, the
+            targets or the options, targets outside the global ``[0, V)``, a DTensor not sharded
+            ``(Shard(0),)`` over a 1-D mesh or on another group than ``process_group``.
     """
-    _validate_tensors(x, weight, target, bias, class_weight)
-    _validate_options(
-        ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
-        logit_scale, temperature, return_token_stats,
-    )
-    _validate_num_items(num_items_in_batch, reduction)
-    if not isinstance(host_checks, bool):
-        raise TypeError(f"host_checks must be a bool; got {host_checks!r}")
-    float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
-    valid_weight, weight_sum = _valid_totals(target, weight.shape[0], ignore_index, float_weight, host_checks)
-    normalizer = _normalizer(num_items_in_batch, valid_weight)
+    group = vp.find_group(process_group, {"weight": weight, "bias": bias})
     grad_on = torch.is_grad_enabled()
+
+    def check():
+        _validate_tensors(x, weight, target, bias, class_weight, vocab_parallel=group is not None)
+        _validate_options(
+            ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
+            logit_scale, temperature, return_token_stats,
+        )
+        _validate_num_items(num_items_in_batch, reduction)
+        if not isinstance(host_checks, bool):
+            raise TypeError(f"host_checks must be a bool; got {host_checks!r}")
+
+    shard = None
+    if group is None:
+        check()
+    else:
+        dtensor_vocab = weight.shape[0] if vp.is_dtensor(weight) else None
+        weight, bias = vp.local(weight), vp.local(bias)
+
+        def options():
+            return (
+                ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
+                logit_scale, temperature, return_token_stats, host_checks, bias is None, x.dtype,
+                num_items_in_batch if not isinstance(num_items_in_batch, torch.Tensor) else "tensor",
+                tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)),
+            )
+
+        shard = vp.establish(
+            group, weight, check, rows=lambda: x.numel() // x.shape[-1], targets=lambda: {"target": target},
+            ignore_index=ignore_index, options=options, class_weight=lambda: class_weight,
+            dtensor_vocab=dtensor_vocab,
+        )
+    n_classes = weight.shape[0] if shard is None else shard.n_classes
+    float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
+    valid_weight, weight_sum = _valid_totals(target, n_classes, ignore_index, float_weight, host_checks)
+    normalizer = _normalizer(num_items_in_batch, valid_weight)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
@@ -651,7 +790,7 @@ def fused_linear_cross_entropy(
     )
     outputs = _FusedLinearCrossEntropyFunction.apply(
         x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
-        float_weight, target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x),
+        float_weight, target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard,
     )
     if return_token_stats:
         return CrossEntropyOutput(*outputs)

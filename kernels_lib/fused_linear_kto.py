@@ -40,6 +40,13 @@ on that sequence alone, so it is known inside its chunk, where ``dz`` is formed 
 ``grad_output``, with no host sync). The reference model goes through the same chunks first with
 no gradient: one matmul and the stats pass per chunk, nothing stored but its ``B`` sums.
 
+Vocabulary-parallel (``process_group``, or a DTensor head): each rank holds rows of the policy's
+``W`` (and ``b``) and the same rows of the reference head; per chunk the per-token log-probs are
+merged over the ranks (:mod:`kernels_lib._vocab_parallel`: the shards' log-sum-exps, the target's
+logit from the rank that owns it), so the sums, the weights and the loss are the same on every
+rank; each rank forms its own ``dz`` and keeps its ``dW``/``db`` slice, and ``dx`` is summed over
+the ranks once.
+
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
 fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
@@ -52,6 +59,7 @@ from typing import NamedTuple
 import torch
 
 from . import _validate as v
+from . import _vocab_parallel as vp
 from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, reference_sums, sequence_logprobs, validate_reference
 
 
@@ -69,16 +77,18 @@ def _sequence_logps(sums, counts, average: bool):
     return sums / counts if average else sums
 
 
-def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opts):
+def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opts, shard=None):
     """The reference log-probs ``(B,)``: given, or the reference head run without gradient."""
     ignore_index, average, chunk_size = opts
     if ref_logps is not None:
         return ref_logps.detach().to(torch.float32)
-    sums = reference_sums(ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size)
+    sums = reference_sums(
+        ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size, shard=shard
+    )
     return _sequence_logps(sums, counts, average)
 
 
-def _run(x, weight, bias, target, labels, kl, ref, counts, opts):
+def _run(x, weight, bias, target, labels, kl, ref, counts, opts, shard=None):
     """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss."""
     beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate, needs = opts
     n_seqs, seq_len = target.shape
@@ -95,7 +105,7 @@ def _run(x, weight, bias, target, labels, kl, ref, counts, opts):
     sums, _, grads = sequence_logprobs(
         rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
         rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], weight.shape[1]),
-        coefficients=coefficients, needs=needs, accurate=accurate,
+        coefficients=coefficients, needs=needs, accurate=accurate, shard=shard,
     )
     logps = _sequence_logps(sums, counts, average)
     r = logps - ref
@@ -158,6 +168,7 @@ def fused_linear_kto(
     undesirable_weight: float = 1.0,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> KTOOutput:
     """KTO loss of the head ``x @ weight.T + bias`` against a reference (SPEC §2.4), never materializing logits.
 
@@ -184,6 +195,16 @@ def fused_linear_kto(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the cross-entropy default (H / 8 rows, at least 256).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        process_group: split the vocabulary over this ``torch.distributed`` group (or None with
+            DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
+            ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
+            both heads), in group-rank order, of any sizes; ``x``, ``target`` (global ids), the
+            labels, the reference inputs and the options are the same on every rank, and so are the
+            outputs. ``dx`` comes back complete on every rank, ``dW``/``db`` as the local slices.
+            Every option works. Wire: once per call an all_gather of 13 int64 per rank (the checks
+            over the ranks); per chunk and row 3 float32 (the shards' lse max, sum-exp, the
+            target's logit from its owner), for the policy and again for a reference head; once
+            ``dx`` (``B·T × H``).
 
     Returns:
         :class:`KTOOutput`: the float32 loss (mean over the B examples) and the auxiliaries, which
@@ -194,19 +215,42 @@ def fused_linear_kto(
         TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
         ValueError: shapes that do not fit (labels not of length B, a reference of other shapes),
             tensors on different devices, targets out of range, a sequence with no valid target,
-            both or neither of ``ref_logps`` and the reference model.
+            both or neither of ``ref_logps`` and the reference model. With a process group: on every
+            rank, as ``fused_linear_cross_entropy`` says.
     """
     options = (beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
-    tensors = _validate(x, weight, target, preference_labels, kl, bias, options)
-    tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
-    v.require_same_device(tensors)
-    counts = check_targets("target", target, weight.shape[0], ignore_index)
+    heads = {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}
+    group = vp.find_group(process_group, heads)
+    grad_on = torch.is_grad_enabled()
+
+    def check():
+        tensors = _validate(x, weight, target, preference_labels, kl, bias, options)
+        tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
+        v.require_same_device(tensors)
+
+    shard = None
+    if group is None:
+        check()
+    else:
+        dtensor_vocab = weight.shape[0] if vp.is_dtensor(weight) else None
+        weight, bias, ref_weight, ref_bias = (vp.local(t) for t in heads.values())
+
+        def call_options():
+            wants = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+            return (*options, bias is None, ref_logps is None, ref_bias is None, x.dtype, wants)
+
+        shard = vp.establish(
+            group, weight, check, rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target},
+            ignore_index=ignore_index, options=call_options, dtensor_vocab=dtensor_vocab,
+        )
+    n_cols = weight.shape[0] if shard is None else shard.n_classes
+    # With a process group every rank passed the check above on the same targets: this decides alike.
+    counts = check_targets("target", target, n_cols, ignore_index)
     ref = _reference_logps(
-        target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size)
+        target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
     )
     kl = torch.zeros((), device=x.device) if kl is None else torch.as_tensor(kl, device=x.device)
     kl = kl.detach().to(torch.float32).reshape(())
-    grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = (
         float(beta), ignore_index, average_log_prob, float(desirable_weight), float(undesirable_weight),
@@ -214,7 +258,7 @@ def fused_linear_kto(
     )
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, preference_labels, kl, ref, counts, opts)
+        return _run(x_, w_, b_, target, preference_labels, kl, ref, counts, opts, shard)
 
     return KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
 

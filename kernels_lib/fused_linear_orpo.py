@@ -38,6 +38,12 @@ finite when :math:`a_c` rounds to 0 (every chosen token certain: :math:`o = \inf
 plain form gives 0·∞). These per-token weights times :math:`\mathrm{onehot}(y) - \mathrm{softmax}`
 are ``dz``.
 
+Vocabulary-parallel (``process_group``, or a DTensor head): each rank holds rows of ``W`` (and
+``b``); the per-token log-probs are merged over the ranks chunk by chunk
+(:mod:`kernels_lib._vocab_parallel`: the shards' log-sum-exps, the target's logit from the rank
+that owns it), so the averages, the pair weights and the loss are the same on every rank, each
+rank forms its own ``dz``, keeps its ``dW``/``db`` slice, and ``dx`` is summed over the ranks once.
+
 Design
 ------
 :mod:`kernels_lib._paired_logprobs` (the paired layer of :mod:`kernels_lib._sequence_logprobs`,
@@ -63,6 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
+from . import _vocab_parallel as vp
 from ._paired_logprobs import paired_logprobs, validate_pairs
 from ._sequence_logprobs import FusedSequenceLoss, check_targets
 
@@ -98,13 +105,13 @@ def _pair_weights(chosen, rejected, beta: float):
     return d_chosen, d_rejected
 
 
-def _run(x, weight, bias, target, nll_target, counts, opts):
+def _run(x, weight, bias, target, nll_target, counts, opts, shard=None):
     """The forward of :class:`FusedSequenceLoss`: sums chunk by chunk, weights, gradients, then the loss."""
     beta, ignore_index, chunk_size, accurate, needs = opts
     chosen, rejected, nll, grads = paired_logprobs(
         x, weight, bias, target, counts, pair_grad=lambda c, r, _pairs: _pair_weights(c, r, beta), average=True,
         nll_weight=1.0, nll_target=nll_target, ignore_index=ignore_index, chunk_size=chunk_size,
-        accurate=accurate, needs=needs,
+        accurate=accurate, needs=needs, shard=shard,
     )
     o = log_odds(chosen, rejected)
     ratio = F.logsigmoid(o)
@@ -132,6 +139,7 @@ def fused_linear_orpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> ORPOOutput:
     """ORPO loss of the head ``x @ weight.T + bias`` (SPEC §2.3), never materializing the logits.
 
@@ -150,6 +158,14 @@ def fused_linear_orpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the cross-entropy default (H / 8 rows, at least 256). The speed/memory dial.
         accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
+        process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
+            DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
+            ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
+            sizes; ``x``, the targets (global ids) and the options are the same on every rank, and
+            so are the outputs. ``dx`` comes back complete on every rank, ``dW``/``db`` as the local
+            slices. Every option works. Wire: once per call an all_gather of 13 int64 per rank (the
+            checks over the ranks); per chunk and row 3 float32 (4 with ``nll_target``: the
+            shards' lse max, sum-exp, the target's logit from its owner); once ``dx`` (``2n·T × H``).
 
     Returns:
         :class:`ORPOOutput`: the float32 ``loss`` (= TRL's ``policy_nll_loss - losses.mean()``) and
@@ -158,19 +174,44 @@ def fused_linear_orpo(
     Raises:
         TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
         ValueError: an odd batch, shapes that do not fit, tensors on different devices, targets out
-            of range, a sequence with no valid target, an NLL with no valid token.
+            of range, a sequence with no valid target, an NLL with no valid token. With a process
+            group: on every rank, as ``fused_linear_cross_entropy`` says.
     """
-    _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate)
-    n_cols = weight.shape[0]
+    group = vp.find_group(process_group, {"weight": weight, "bias": bias})
+    grad_on = torch.is_grad_enabled()
+
+    def check():
+        _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate)
+
+    shard = None
+    if group is None:
+        check()
+    else:
+        dtensor_vocab = weight.shape[0] if vp.is_dtensor(weight) else None
+        weight, bias = vp.local(weight), vp.local(bias)
+
+        def targets():
+            named = {"target": target}
+            return named if nll_target is None else {**named, "nll_target": nll_target[: x.shape[0] // 2]}
+
+        def options():
+            wants = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
+            return beta, ignore_index, chunk_size, accurate, bias is None, x.dtype, wants
+
+        shard = vp.establish(
+            group, weight, check, rows=lambda: x.shape[0] * x.shape[1], targets=targets, ignore_index=ignore_index,
+            options=options, dtensor_vocab=dtensor_vocab,
+        )
+    n_cols = weight.shape[0] if shard is None else shard.n_classes
+    # With a process group every rank passed the check above on the same targets: these decide alike.
     counts = check_targets("target", target, n_cols, ignore_index)
     if nll_target is not None:
         check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False)
-    grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = (float(beta), ignore_index, chunk_size, accurate, needs)
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, nll_target, counts, opts)
+        return _run(x_, w_, b_, target, nll_target, counts, opts, shard)
 
     return ORPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
 

@@ -625,6 +625,123 @@ def fused_linear_simpo(
     )
 
 
+def _two_head_logits(student_x, student_weight, student_bias, teacher_x, teacher_weight, teacher_bias):
+    """Both heads' materialized logits, ``(N, V)`` each (:func:`_reference_logits`); the teacher's
+    without gradient (a constant, as in distillation)."""
+    n_cols = student_weight.shape[0]
+    student = _reference_logits(student_x, student_weight, student_bias).reshape(-1, n_cols)
+    with torch.no_grad():
+        teacher = _reference_logits(teacher_x, teacher_weight, teacher_bias).reshape(-1, n_cols)
+    return student, teacher
+
+
+def fused_linear_jsd(
+    student_x: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_x: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    target: torch.Tensor | None = None,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+    chunk_size: int | None = None,
+    accurate: bool = False,
+) -> torch.Tensor:
+    """Both heads' logits materialized (:func:`_two_head_logits`), divided by ``temperature``,
+    ``log_softmax``, then :func:`jsd` (TRL's ``generalized_jsd_loss`` composition) with the rows of
+    ``target == ignore_index`` skipped: the published "torch" provider of ``fused_linear_jsd``.
+    ``chunk_size`` and ``accurate`` are accepted and ignored."""
+    del chunk_size, accurate
+    student, teacher = _two_head_logits(student_x, student_weight, student_bias, teacher_x, teacher_weight, teacher_bias)
+    student_logp = torch.log_softmax(student / temperature, -1)
+    teacher_logp = torch.log_softmax(teacher / temperature, -1)
+    flat = None if target is None else target.reshape(-1)
+    return jsd(student_logp, teacher_logp, beta=beta, ignore_index=ignore_index, target=flat, reduction=reduction)
+
+
+def _distillation(soft_rows, student_x, student_weight, teacher_x, teacher_weight, target, student_bias, teacher_bias,
+                  weight_hard_loss, weight_soft_loss, temperature, ignore_index):
+    """Liger's chunked distillation (``LigerFusedLinearDistillationBase._compute_loss``) on whole logits:
+    hard = ``F.cross_entropy`` of the raw student logits (sum) / n, soft = ``soft_rows(z_s / T, z_t / T)``
+    summed over kept rows / n, with n the non-ignored targets clamped to at least 1;
+    ``loss = weight_hard_loss · hard + weight_soft_loss · soft``."""
+    from .distillation import DistillationOutput
+
+    student, teacher = _two_head_logits(student_x, student_weight, student_bias, teacher_x, teacher_weight, teacher_bias)
+    flat = target.reshape(-1)
+    kept = flat != ignore_index
+    count = kept.sum().clamp_min(1)
+    hard = F.cross_entropy(student, flat.long(), ignore_index=ignore_index, reduction="sum") / count
+    rows = soft_rows(student / temperature, teacher / temperature)
+    soft = torch.where(kept, rows, torch.zeros((), dtype=rows.dtype, device=rows.device)).sum() / count
+    return DistillationOutput(weight_hard_loss * hard + weight_soft_loss * soft, hard, soft)
+
+
+def distill_jsd_loss(
+    student_x: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_x: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    weight_hard_loss: float = 0.5,
+    weight_soft_loss: float = 0.5,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """Liger's ``LigerFusedLinearJSDLoss`` semantics on materialized logits (:func:`_distillation`), the
+    soft loss per row being TRL's generalized JSD (:func:`jsd` on the two ``log_softmax``, summed over
+    the vocabulary): the published "torch" provider of ``distill_jsd_loss``. Returns
+    :class:`kernels_lib.distillation.DistillationOutput`; ``chunk_size``/``accurate`` are ignored."""
+    del chunk_size, accurate
+
+    def soft_rows(student, teacher):
+        return jsd(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1), beta=beta, reduction="none").sum(-1)
+
+    return _distillation(soft_rows, student_x, student_weight, teacher_x, teacher_weight, target, student_bias,
+                         teacher_bias, weight_hard_loss, weight_soft_loss, temperature, ignore_index)
+
+
+def distill_cosine_loss(
+    student_x: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_x: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    weight_hard_loss: float = 0.5,
+    weight_soft_loss: float = 0.5,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """Liger's ``LigerFusedLinearCosineSimilarityLoss`` semantics on materialized logits
+    (:func:`_distillation`), the soft loss per row ``beta · (1 − cos)`` of ``F.normalize``-d logits
+    (``F.cosine_similarity``, as Liger's ``distillation_loss_fn``): the published "torch" provider of
+    ``distill_cosine_loss``. Returns :class:`kernels_lib.distillation.DistillationOutput`."""
+    del chunk_size, accurate
+
+    def soft_rows(student, teacher):
+        cosine = F.cosine_similarity(F.normalize(student, p=2, dim=-1), F.normalize(teacher, p=2, dim=-1), dim=-1)
+        return beta * (1 - cosine)
+
+    return _distillation(soft_rows, student_x, student_weight, teacher_x, teacher_weight, target, student_bias,
+                         teacher_bias, weight_hard_loss, weight_soft_loss, temperature, ignore_index)
+
+
 def _kept_rows(n_rows: int, target, ignore_index: int, device) -> torch.Tensor:
     """The (N,) bool mask of rows that count: ``target != ignore_index``, or all rows without a target."""
     if target is None:
@@ -692,3 +809,4 @@ def tvd(
     pointwise = 0.5 * (p - q).abs()
     kept = _kept_rows(p.shape[0], target, ignore_index, p.device)
     return _reduce_rows(pointwise, kept, reduction)
+

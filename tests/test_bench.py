@@ -313,6 +313,96 @@ def test_cli_sweeps_another_axis_given_the_fixed_sizes(measured_dir, capsys):
     assert not measured_dir.exists()
 
 
+def test_named_presets_and_their_axes():
+    spec = get_spec("jsd")
+    tokens = spec.preset("published_tokens")
+    assert tokens["x_name"] == "BT" and tokens["sizes"] == {"V": 128256} and tokens["x_values"] == [1024, 2048, 4096, 8192]
+    assert spec.preset("published") is spec.published and spec.preset("small") is spec.small
+    assert spec.published_preset("BT") is tokens and spec.published_preset("V") is spec.published
+    assert spec.published_preset("H") is None
+    with pytest.raises(ValueError, match="published_tokens"):
+        spec.preset("nope")
+    # The token chart counts rows as BT: the same inputs and bytes as N rows.
+    assert spec.bytes_moved({"BT": 3, "V": 64}, torch.float32, "full") == spec.bytes_moved({"N": 3, "V": 64}, torch.float32, "full") == 12 * 3 * 64
+    inputs = spec.make_inputs({"BT": 3, "V": 64}, torch.float32, "cpu", dict(spec.default_options))
+    assert inputs.args[0].shape == (3, 64) and "target" not in inputs.kwargs
+    ignoring = spec.make_inputs({"N": 40, "V": 8}, torch.float32, "cpu", {"ignore_fraction": 0.5})
+    ignored = ignoring.kwargs["target"] == -100
+    assert 0 < int(ignored.sum()) < 40 and not ignored[0]
+
+
+@needs_cpu
+def test_cli_runs_the_token_preset_with_the_published_axis(measured_dir, capsys):
+    args = ["jsd", "--preset", "published_tokens", "--values", "2,3", "--size", "V=64", "--providers", "kernels_lib,torch", "--modes", "forward"]
+    assert cli.main(args) == 0
+    rows = data.read_rows(measured_dir / "jsd.csv")
+    assert len(rows) == 2 * 2 and set(rows.x_value) == {2, 3}
+    assert (rows.x_name == "BT").all() and (rows.x_label == "total tokens").all()
+    for _, row in rows.iterrows():
+        config = json.loads(row.extra_benchmark_config_str)
+        assert config == {"V": 64, "BT": row.x_value, "dtype": "torch.float32", "beta": 0.5, "reduction": "batchmean"}
+
+
+@pytest.mark.parametrize("loss,preset", [("kl_div", "published_tokens"), ("jsd", "tokens")])
+def test_cli_rejects_a_preset_the_loss_lacks(loss, preset, measured_dir, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([loss, "--preset", preset, "--dry-run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert preset in err and "published, small" in err
+    assert not measured_dir.exists()
+
+
+@needs_cpu
+def test_token_preset_rows_land_on_the_b200_chart_only(measured_dir, capsys):
+    """The CLI's rows at the published V, relabelled as an H200 run (the overview reads CUDA rows only): they join
+    the B200 token chart, not the H100 vocabulary chart, and give it a floor of 12 B per element."""
+    from kernels_lib.workbench import overview
+
+    assert cli.main(["jsd", "--preset", "published_tokens", "--values", "1", "--providers", "kernels_lib", "--modes", "forward"]) == 0
+    path = measured_dir / "jsd.csv"
+    rows = data.read_rows(path).assign(gpu_name=overview.H200, device="cuda")
+    rows.to_csv(path, index=False)
+    charts = {w.x_name: w for w in overview.workloads() if w.kernel_name == "jsd"}
+    assert set(charts) == {"V", "BT"}
+    assert len(charts["BT"].measured) == 1 and charts["BT"].measured.x_value.tolist() == [1]
+    assert len(charts["V"].measured) == 0
+    assert charts["BT"].title == "jsd (V = 128256)"
+    ceilings = pd.DataFrame([{"kernel_name": name, "gpu_name": overview.H200, "kernels_lib_commit": rows.kernels_lib_commit.iloc[0],
+                              "timestamp": "2026-01-01 00:00:00", "y_value_50": value} for name, value in (("copy", 4000.0), ("matmul", 700.0))])
+    floor = overview.workload_floor(charts["BT"], ceilings)
+    assert list(floor.ms.index) == [1, 1024, 2048, 4096, 8192]
+    assert floor.ms.loc[8192, "full"] == pytest.approx(12 * 8192 * 128256 / 4000e9 * 1e3)
+    assert floor.copy_gbps == 4000.0 and set(floor.bound) == {"bytes"}
+
+
+def test_row_divergence_targets_and_lower_bounds():
+    """Synthetic rows of one run: the ratios, the bandwidth fraction and the verdicts (a lower bound for the bandwidth)."""
+    copy = 4000.0
+    rows = []
+    for v, share, liger_ratio in ((64, 0.95, 0.5), (128, 0.85, 0.7)):
+        ours = 12 * 8 * v / (copy * 1e9) * 1e3 / share  # ms at `share` of the copy bandwidth
+        for provider, ms, mb in (("kernels_lib", ours, 1.0), ("liger", ours / liger_ratio, 2.0)):
+            for mode in ("forward", "full"):
+                for metric, value in (("speed", ms), ("memory", mb)):
+                    rows.append({"kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric, "x_value": v,
+                                 "y_value_50": value, "extra_benchmark_config_str": json.dumps({"N": 8, "V": v, "dtype": "torch.float32"})})
+    table = analysis.row_divergence_targets(pd.DataFrame(rows), "tvd", copy)
+    assert table["forward / copy"].to_numpy() == pytest.approx([0.95, 0.85])
+    assert table["full / Liger"].to_numpy() == pytest.approx([0.5, 0.7])
+    assert table["memory / Liger"].to_numpy() == pytest.approx([0.5, 0.5])
+    assert table["forward_no_grad GB/s"].isna().all()  # not measured
+    assert table["forward ≥ 0.9× copy bandwidth"].tolist() == [True, False]
+    assert table["full ≤ 0.6× Liger"].tolist() == [True, False]
+    verdicts = analysis.target_verdicts(table, analysis.DIVERGENCE_TARGETS)
+    bandwidth = verdicts.loc["forward ≥ 0.9× copy bandwidth"]
+    assert bandwidth.status == "missed" and bandwidth["worst at x"] == 128
+    assert bandwidth["worst ratio"] == pytest.approx(0.85) and bandwidth["best ratio"] == pytest.approx(0.95)
+    assert verdicts.loc["full ≤ 0.6× Liger", "worst ratio"] == pytest.approx(0.7)
+    unjudged = analysis.row_divergence_targets(pd.DataFrame(rows).query("kernel_provider != 'liger'"), "tvd", copy)
+    assert analysis.target_verdicts(unjudged, analysis.DIVERGENCE_TARGETS).loc["full ≤ 0.6× Liger", "status"] == "not measured"
+
+
 def test_cli_rejects_unknown_loss(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["nope_loss", "--dry-run"])

@@ -65,6 +65,26 @@ def test_belongs_compares_sizes_and_dtype_only():
     assert overview.belongs({"N": 16384, "V": 4096}, {"B": 8, "T": 2048}, "V")  # no size in common
 
 
+def test_workloads_match_measured_rows_by_axis_and_sizes(tmp_path, monkeypatch):
+    """JSD's two charts: the V sweep (B = 4, T = 2048) and the B200 token sweep, whose config names V
+    ``vocab_size``. Rows join the chart of their axis, and the token chart only at its V."""
+    from kernels_lib.workbench import data
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    vocab = _rows(overview.H200, "kernels_lib", 1.0, config={"N": 8192, "dtype": "torch.float32"}).assign(kernel_name="jsd")
+    tokens = _rows(overview.H200, "kernels_lib", 1.0, x_values=(1024, 2048))
+    other_v = _rows(overview.H200, "kernels_lib", 1.0, x_values=(4096,))
+    for frame, v in ((tokens, 128256), (other_v, 32000)):
+        frame["kernel_name"], frame["x_name"], frame["x_label"] = "jsd", "BT", "total tokens"
+        frame["extra_benchmark_config_str"] = [json.dumps({"V": v, "BT": int(x), "dtype": "torch.float32"}) for x in frame.x_value]
+    pd.concat([vocab, tokens, other_v]).to_csv(tmp_path / "jsd.csv", index=False)
+    charts_of_jsd = {w.x_name: w for w in overview.workloads() if w.kernel_name == "jsd"}
+    assert charts_of_jsd["BT"].config["V"] == 128256 and charts_of_jsd["BT"].title == "jsd (V = 128256)"
+    assert sorted(charts_of_jsd["BT"].measured.x_value.unique()) == [1024, 2048]
+    assert sorted(charts_of_jsd["V"].measured.x_value.unique()) == [4096, 8192]
+    assert (charts_of_jsd["V"].measured.x_name == "V").all()
+
+
 def test_floor_is_the_longer_of_bytes_and_matmuls():
     ms, bound = overview.floor_ms("kl_div", {"N": 16384, "V": 4096}, torch.float32, "full", 4000.0, 700.0)
     assert bound == "bytes"

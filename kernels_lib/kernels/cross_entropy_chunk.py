@@ -40,6 +40,16 @@ log-sum-exp of ``row_logsumexp`` (a running maximum :math:`m` and sum :math:`s =
 merged block by block), which also sums the logits for smoothing. Pass 2 (only when the gradient is wanted) re-reads the row and writes ``dz``.
 When ``lse`` is already known (backward of ``reduction="none"``) pass 1 is skipped.
 
+Vocabulary-parallel (one shard of the classes per rank, :mod:`kernels_lib._vocab_parallel`): the
+chunk holds the logits of this rank's classes ``[offset, offset + V_r)`` only. ``col_offset`` maps
+the global target to the row (``y - offset``; a row whose target another rank owns has no
+:math:`\delta_{jy}` here), the class weights are read at ``offset + j`` of the global vector, and
+``n_classes`` is the global ``V`` of the smoothing term :math:`\varepsilon/V`. Pass 1 then writes
+the row's partial sums (``PARTIAL``: :math:`m_r, \log s_r`, the target's logit where owned, else 0,
+:math:`\sum_j w_j c_j`, :math:`\sum_j c_j`, and the entropy's :math:`d_r, q_r`) instead of the loss:
+the caller merges them over the ranks into the global lse and loss, and runs pass 2 with that lse.
+Single-process, ``col_offset = 0`` and ``n_classes = V``: the same arithmetic as before.
+
 What it costs
 -------------
 Per logit: pass 1 reads it (2 or 4 bytes), pass 2 reads and writes it; one ``exp`` per pass (two
@@ -73,6 +83,7 @@ def cross_entropy_chunk_kernel(
     lse_ptr,  # float32 [rows]: written when COMPUTE_LSE, else read (the forward's lse)
     loss_ptr,  # float32 [rows]: per-row loss incl. the z-loss term, 0 at ignored rows (COMPUTE_LSE)
     z_loss_ptr,  # float32 [rows]: per-row z-loss term r*lambda*lse^2, 0 at ignored rows (COMPUTE_LSE)
+    partial_ptr,  # float32 [rows, 7]: the row's partial sums over this shard, PARTIAL_COLUMNS (PARTIAL)
     stats_ptr,  # float32 [rows, 3]: entropy H, mean logit, log sum p^2; 0 at ignored rows (written when
     #             COMPUTE_LSE and WITH_STATS; H read when HAS_ENTROPY_GRAD)
     top1_ptr,  # int8 [rows]: 1 where c_y is the row's largest logit, 0 elsewhere and at ignored rows (idem)
@@ -81,7 +92,9 @@ def cross_entropy_chunk_kernel(
     scale_stride,  # 0 for one factor shared by all rows, 1 for a per-row factor
     class_weight_ptr,  # float32 [V]: class weights w_j (read only when HAS_WEIGHT)
     weight_sum_ptr,  # float32[1]: W = sum_j w_j (read only when HAS_WEIGHT; on the device: no host sync)
-    n_cols,  # V, the vocabulary size
+    n_cols,  # the row's length: V, or this rank's V_r when vocabulary-parallel
+    n_classes,  # V, the whole vocabulary (= n_cols on one process): the smoothing's eps / V and the mean logit
+    col_offset,  # global class index of the row's first logit (0 on one process); targets are global
     ignore_index,  # target value of rows that contribute nothing
     label_smoothing,  # epsilon in [0, 1]
     z_loss_scale,  # lambda >= 0
@@ -89,6 +102,7 @@ def cross_entropy_chunk_kernel(
     HAS_SOFTCAP: tl.constexpr,  # apply c = s * tanh(z / s)
     HAS_WEIGHT: tl.constexpr,  # torch's per-class weights
     COMPUTE_LSE: tl.constexpr,  # pass 1: compute lse and the loss; else read lse from lse_ptr
+    PARTIAL: tl.constexpr,  # pass 1 writes the shard's partial sums (partial_ptr) instead of lse and the loss
     WITH_STATS: tl.constexpr,  # pass 1 also writes the entropy, the mean logit, log sum p^2 and the top-1 hit
     HAS_ENTROPY_GRAD: tl.constexpr,  # pass 2 adds the entropy's gradient
     WRITE_GRAD: tl.constexpr,  # pass 2: overwrite the logits with dz
@@ -100,25 +114,38 @@ def cross_entropy_chunk_kernel(
     y = tl.load(target_ptr + row).to(tl.int64)
     valid = y != ignore_index
     y_safe = tl.where(valid, y, 0)
+    # The target's column in this row: y itself on one process; y - offset on the rank that owns it.
+    y_local = y - col_offset
+    owned = valid & (y_local >= 0) & (y_local < n_cols)
     # r: the row's weight w_y (1 without class weights); the smoothing term's total weight W (V without).
     if HAS_WEIGHT:
         r = tl.load(class_weight_ptr + y_safe).to(tl.float32)
         total = tl.load(weight_sum_ptr)
     else:
         r = 1.0
-        total = n_cols * 1.0
+        total = n_classes * 1.0
 
     if COMPUTE_LSE:
         m, log_s, sum_c, sum_wc, d, q = row_logsumexp(
-            row_ptr, n_cols, softcap, class_weight_ptr, HAS_SOFTCAP, HAS_WEIGHT, WITH_STATS, BLOCK_V
+            row_ptr, n_cols, softcap, class_weight_ptr + col_offset, HAS_SOFTCAP, HAS_WEIGHT, WITH_STATS, BLOCK_V
         )
+        c_y = apply_softcap(tl.load(row_ptr + tl.where(owned, y_local, 0)).to(tl.float32), softcap, HAS_SOFTCAP)
+    if PARTIAL:
+        out = partial_ptr + row * 7  # the 7 columns of PARTIAL_COLUMNS
+        tl.store(out, m)
+        tl.store(out + 1, log_s)
+        tl.store(out + 2, tl.where(owned, c_y, 0.0))
+        tl.store(out + 3, sum_wc)
+        tl.store(out + 4, sum_c)
+        tl.store(out + 5, d)
+        tl.store(out + 6, q)
+    elif COMPUTE_LSE:
         lse = m + log_s
-        c_y = apply_softcap(tl.load(row_ptr + y_safe).to(tl.float32), softcap, HAS_SOFTCAP)
         z_term = r * z_loss_scale * lse * lse
         # lse - c_y as (m - c_y) + log s: a confident row's loss is small next to m, and rounding
         # m + log s first would cost an absolute u·|m| (the float32 reference's: u·|loss|).
         # Smoothing: (eps / V) sum_j w_j (lse - c_j) = (eps / V) (W (m + log s) - sum_j w_j c_j).
-        ce = (1.0 - label_smoothing) * r * ((m - c_y) + log_s) + (label_smoothing / n_cols) * (
+        ce = (1.0 - label_smoothing) * r * ((m - c_y) + log_s) + (label_smoothing / n_classes) * (
             (total * m - sum_wc) + total * log_s
         )
         tl.store(lse_ptr + row, lse)
@@ -126,7 +153,7 @@ def cross_entropy_chunk_kernel(
         tl.store(z_loss_ptr + row, tl.where(valid, z_term, 0.0))
         if WITH_STATS:
             tl.store(stats_ptr + row * 3, tl.where(valid, d / tl.exp(log_s) + log_s, 0.0))
-            tl.store(stats_ptr + row * 3 + 1, tl.where(valid, sum_c / n_cols, 0.0))
+            tl.store(stats_ptr + row * 3 + 1, tl.where(valid, sum_c / n_classes, 0.0))
             tl.store(stats_ptr + row * 3 + 2, tl.where(valid, tl.log(q) - 2.0 * log_s, 0.0))
             tl.store(top1_ptr + row, (valid & (c_y >= m)).to(tl.int8))
     else:
@@ -144,18 +171,19 @@ def cross_entropy_chunk_kernel(
             g_h = tl.load(entropy_grad_ptr + row).to(tl.float32)
             h = tl.load(stats_ptr + row * 3)
         if HAS_WEIGHT:
-            a = (1.0 - label_smoothing) * r + label_smoothing * total / n_cols
+            a = (1.0 - label_smoothing) * r + label_smoothing * total / n_classes
         else:
             a = 1.0
         for start in range(0, n_cols, BLOCK_V):
             offs = start + cols
             mask = offs < n_cols
             z = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            hit = tl.where(offs == y, (1.0 - label_smoothing) * r, 0.0)
+            hit = tl.where(offs == y_local, (1.0 - label_smoothing) * r, 0.0)
             if HAS_WEIGHT:
-                smooth = (label_smoothing / n_cols) * tl.load(class_weight_ptr + offs, mask=mask, other=0.0)
+                w_j = tl.load(class_weight_ptr + col_offset + offs, mask=mask, other=0.0)
+                smooth = (label_smoothing / n_classes) * w_j
             else:
-                smooth = label_smoothing / n_cols
+                smooth = label_smoothing / n_classes
             if HAS_SOFTCAP:
                 c, slope = softcap_and_slope(z, softcap)
             else:
@@ -175,6 +203,14 @@ def block_v(n_cols: int) -> int:
     return min(triton.next_power_of_2(n_cols), MAX_BLOCK_V)
 
 
+#: The columns of the partial sums the vocabulary-parallel pass 1 writes per row (``PARTIAL``), over
+#: this shard's classes ``j``: ``m`` = max_j c_j; ``log_s`` = log Σ_j e^{c_j - m}; ``target_logit`` = c_y
+#: where this shard owns the target, else 0; ``sum_wc`` = Σ_j w_j c_j (= ``sum_c`` without class
+#: weights); ``sum_c`` = Σ_j c_j; ``d`` = Σ_j e^{c_j - m}(m - c_j), ``q`` = Σ_j e^{2(c_j - m)} (0 unless
+#: ``with_stats``).
+PARTIAL_COLUMNS = ("m", "log_s", "target_logit", "sum_wc", "sum_c", "d", "q")
+
+
 def launch_cross_entropy_chunk(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -192,6 +228,8 @@ def launch_cross_entropy_chunk(
     stats: torch.Tensor | None = None,
     top1: torch.Tensor | None = None,
     entropy_grad: torch.Tensor | None = None,
+    col_offset: int = 0,
+    n_classes: int | None = None,
 ) -> None:
     """Launch the kernel on a ``rows × V`` logits chunk (unit stride along V) and ``rows`` targets.
 
@@ -211,6 +249,11 @@ def launch_cross_entropy_chunk(
     ``class_weight`` (float32, ``V``) weighs each row by ``w_y`` and the smoothing term by ``w_j``
     (torch's ``weight``); ``weight_sum`` (float32, 1 element, required with it) is ``Σ_j w_j``. Output buffers are written, never read, so
     callers may pass ``torch.empty`` (tests pass NaN-poisoned ones).
+
+    Vocabulary-parallel (the second mode only; the first is :func:`launch_cross_entropy_partials`
+    there): ``logits`` holds the global classes ``[col_offset, col_offset + rows' length)``, ``target``
+    and ``class_weight`` are global, ``lse`` (and ``stats``) hold the merged values, and ``n_classes``
+    is the global ``V`` (default: the row's length, one process).
     """
     compute_lse = loss is not None
     if compute_lse != (z_loss is not None):
@@ -222,6 +265,46 @@ def launch_cross_entropy_chunk(
         raise ValueError("give stats and top1 together (with loss and z_loss)")
     if entropy_grad is not None and (compute_lse or stats is None or grad_scale is None):
         raise ValueError("entropy_grad goes with the forward's stats, grad_scale and no loss (the backward mode)")
+    if compute_lse and (col_offset != 0 or (n_classes is not None and n_classes != logits.shape[1])):
+        raise ValueError("a vocabulary shard's pass 1 is launch_cross_entropy_partials (its loss needs every shard)")
+    _launch(
+        logits, target, lse=lse, loss=loss, z_loss=z_loss, partial=None, stats=stats, top1=top1 if with_stats else None,
+        entropy_grad=entropy_grad, grad_scale=grad_scale, class_weight=class_weight, weight_sum=weight_sum,
+        n_classes=n_classes, col_offset=col_offset, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        z_loss_scale=z_loss_scale, softcap=softcap, with_stats=with_stats,
+    )
+
+
+def launch_cross_entropy_partials(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    partial: torch.Tensor,
+    *,
+    col_offset: int,
+    ignore_index: int,
+    softcap: float | None,
+    class_weight: torch.Tensor | None = None,
+    with_stats: bool = False,
+) -> None:
+    """Pass 1 on one vocabulary shard: write each row's partial sums, :data:`PARTIAL_COLUMNS`.
+
+    ``logits``: ``rows × V_r``, the classes ``[col_offset, col_offset + V_r)``; ``target``: ``rows``
+    global class indices (or ``ignore_index``); ``partial``: float32 ``rows × 7``, written;
+    ``class_weight``: the global float32 ``(V,)`` vector; ``with_stats``: also the entropy's sums
+    ``d`` and ``q``. Nothing else is written; the caller merges the partials over the ranks.
+    """
+    if partial.dtype != torch.float32 or partial.shape != (logits.shape[0], len(PARTIAL_COLUMNS)):
+        raise ValueError(f"partial must be a float32 ({logits.shape[0]}, {len(PARTIAL_COLUMNS)}) tensor")
+    _launch(
+        logits, target, lse=partial, loss=None, z_loss=None, partial=partial, stats=None, top1=None,
+        entropy_grad=None, grad_scale=None, class_weight=class_weight, weight_sum=None, n_classes=None,
+        col_offset=col_offset, ignore_index=ignore_index, label_smoothing=0.0, z_loss_scale=0.0, softcap=softcap,
+        with_stats=with_stats,
+    )
+
+
+def _launch(logits, target, *, lse, loss, z_loss, partial, stats, top1, entropy_grad, grad_scale, class_weight,
+            weight_sum, n_classes, col_offset, ignore_index, label_smoothing, z_loss_scale, softcap, with_stats):
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_chunk_kernel[(rows,)](
@@ -229,23 +312,27 @@ def launch_cross_entropy_chunk(
         logits.stride(0),
         target,
         lse,
-        loss if compute_lse else lse,
-        z_loss if compute_lse else lse,
+        loss if loss is not None else lse,
+        z_loss if z_loss is not None else lse,
+        partial if partial is not None else lse,
         stats if stats is not None else lse,
-        top1 if with_stats else lse,
+        top1 if top1 is not None else lse,
         entropy_grad if entropy_grad is not None else lse,
         grad_scale if grad_scale is not None else lse,
         0 if grad_scale is None or grad_scale.numel() == 1 else 1,
         class_weight if class_weight is not None else lse,
         weight_sum if weight_sum is not None else lse,
         n_cols,
+        n_cols if n_classes is None else int(n_classes),
+        int(col_offset),
         int(ignore_index),
         float(label_smoothing),
         float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
         HAS_SOFTCAP=softcap is not None,
         HAS_WEIGHT=class_weight is not None,
-        COMPUTE_LSE=compute_lse,
+        COMPUTE_LSE=loss is not None or partial is not None,
+        PARTIAL=partial is not None,
         WITH_STATS=with_stats,
         HAS_ENTROPY_GRAD=entropy_grad is not None,
         WRITE_GRAD=grad_scale is not None,

@@ -47,7 +47,32 @@ import triton.language as tl
 
 from .row_blocks import BLOCK, NUM_WARPS, launch_row_kernel, num_programs, row_block, store_row_block
 
-__all__ = ["BLOCK", "NUM_WARPS", "num_programs", "jsd_kernel", "launch_jsd"]
+__all__ = ["BLOCK", "NUM_WARPS", "num_programs", "jsd_kernel", "jsd_pointwise", "launch_jsd", "beta_mode"]
+
+
+@triton.jit
+def jsd_pointwise(x, y, beta, BETA_MODE: tl.constexpr):
+    """``(loss, d loss / d x)`` elementwise, float32, for student log-probs ``x`` and teacher log-probs
+    ``y`` (the module's formulas; ``BETA_MODE`` as in :func:`jsd_kernel`). Shared with the fused
+    two-head stage (:mod:`.distill_chunk`), which applies it to log-softmaxed logits."""
+    q = tl.exp(x)
+    p = tl.exp(y)
+    if BETA_MODE == 0:
+        loss = tl.where(p == 0.0, 0.0, p * (y - x))
+        dx = -p
+    elif BETA_MODE == 1:
+        loss = tl.where(q == 0.0, 0.0, q * (x - y))
+        dx = tl.where(q == 0.0, 0.0, q * (x - y + 1.0))
+    else:
+        top = tl.maximum(x, y)
+        top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
+        log_m = top + tl.log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top))
+        teacher_term = tl.where(p == 0.0, 0.0, beta * p * (y - log_m))
+        dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
+        loss = teacher_term + dx
+    # The zero guards above must not hide a NaN input: NaN in x or y gives NaN (x + y is then NaN).
+    nan_in = (x != x) | (y != y)
+    return tl.where(nan_in, x + y, loss), tl.where(nan_in, x + y, dx)
 
 
 @triton.jit
@@ -76,25 +101,7 @@ def jsd_kernel(
     # Masked lanes (and ignored rows) load x = y = 0: q = p = m = 1 and every term is 0.
     x = tl.load(student_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(teacher_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    q = tl.exp(x)
-    p = tl.exp(y)
-    if BETA_MODE == 0:
-        loss = tl.where(p == 0.0, 0.0, p * (y - x))
-        dx = -p
-    elif BETA_MODE == 1:
-        loss = tl.where(q == 0.0, 0.0, q * (x - y))
-        dx = tl.where(q == 0.0, 0.0, q * (x - y + 1.0))
-    else:
-        top = tl.maximum(x, y)
-        top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
-        log_m = top + tl.log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top))
-        teacher_term = tl.where(p == 0.0, 0.0, beta * p * (y - log_m))
-        dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
-        loss = teacher_term + dx
-    # The zero guards above must not hide a NaN input: NaN in x or y gives NaN (x + y is then NaN).
-    nan_in = (x != x) | (y != y)
-    loss = tl.where(nan_in, x + y, loss)
-    dx = tl.where(nan_in, x + y, dx)
+    loss, dx = jsd_pointwise(x, y, beta, BETA_MODE)
     store_row_block(pid, offsets, in_row, mask, loss, dx, partial_ptr, loss_ptr, grad_ptr, scale_ptr, upstream_ptr,
                     REDUCE, WRITE_LOSS, WRITE_GRAD, UPSTREAM)
 

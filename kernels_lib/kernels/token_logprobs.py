@@ -39,6 +39,13 @@ taken as :math:`-\operatorname{expm1}(\log p(y))` from the stats pass (exact whe
 where :math:`1 - e^{z_y - \mathrm{lse}}` would cancel). It overwrites the logits in place, so the
 chunk's buffer holds ``dz`` afterwards and the caller's three matmuls read it from there.
 
+Vocabulary-parallel (:mod:`kernels_lib._vocab_parallel`): the chunk holds this rank's classes
+``[col_offset, col_offset + V_r)`` and the targets stay global. The stats pass then gives the
+shard's own :math:`\mathrm{lse}_r` and, only where this shard owns the target, the log-prob under
+the shard's softmax :math:`z_y - \mathrm{lse}_r` (0 elsewhere); the caller merges them over the
+ranks and runs the gradient pass with the global lse and log-probs, whose :math:`\delta_{jy}` lands
+on the owner only. On one process ``col_offset = 0``: owned = valid.
+
 How
 ---
 One program per row loops over the vocabulary in blocks of ``BLOCK_V``. The stats pass is the
@@ -76,7 +83,8 @@ def token_logprobs_kernel(
     weight_ptr,  # float32: w of row i at weight_ptr[i // rows_per_weight] (gradient pass)
     weight2_ptr,  # float32: w' of row i at weight2_ptr[i // rows_per_weight] (gradient pass, HAS_SECOND)
     rows_per_weight,  # T: consecutive rows sharing one weight (the tokens of one sequence); 1: a weight per row
-    n_cols,  # V, the vocabulary size
+    n_cols,  # the row's length: V, or this rank's V_r when vocabulary-parallel
+    col_offset,  # global class index of the row's first logit (0 on one process); targets are global
     ignore_index,  # target value of rows that contribute nothing
     HAS_SECOND: tl.constexpr,  # a second target y' with its own log-prob and weight
     WRITE_GRAD: tl.constexpr,  # False: stats pass (lse, log-probs); True: gradient pass (dz in place)
@@ -87,11 +95,17 @@ def token_logprobs_kernel(
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
     cols = tl.arange(0, BLOCK_V)
+    # Targets are global; y (y') below is the target's column in this row, in [0, n_cols) where this
+    # shard owns it (always, for a valid target, on one process).
     y = tl.load(target_ptr + row).to(tl.int64)
     valid = y != ignore_index
+    y -= col_offset
+    owned = valid & (y >= 0) & (y < n_cols)
     if HAS_SECOND:
         y2 = tl.load(target2_ptr + row).to(tl.int64)
         valid2 = y2 != ignore_index
+        y2 -= col_offset
+        owned2 = valid2 & (y2 >= 0) & (y2 < n_cols)
 
     if not WRITE_GRAD:
         m, log_s, _, _, d, _ = row_logsumexp(row_ptr, n_cols, 1.0, row_ptr, False, False, WITH_ENTROPY, BLOCK_V)
@@ -101,11 +115,11 @@ def token_logprobs_kernel(
             tl.store(entropy_ptr + row, tl.where(valid, d * tl.exp(-log_s) + log_s, 0.0))
         # (z_y - m) - log s, not z_y - (m + log s): for a likely token log p is small next to m,
         # and rounding m + log s first would cost an absolute u·|m| (the float32 reference's: u·|log p|).
-        z_y = tl.load(row_ptr + tl.where(valid, y, 0)).to(tl.float32)
-        tl.store(logp_ptr + row, tl.where(valid, (z_y - m) - log_s, 0.0))
+        z_y = tl.load(row_ptr + tl.where(owned, y, 0)).to(tl.float32)
+        tl.store(logp_ptr + row, tl.where(owned, (z_y - m) - log_s, 0.0))
         if HAS_SECOND:
-            z_y2 = tl.load(row_ptr + tl.where(valid2, y2, 0)).to(tl.float32)
-            tl.store(logp2_ptr + row, tl.where(valid2, (z_y2 - m) - log_s, 0.0))
+            z_y2 = tl.load(row_ptr + tl.where(owned2, y2, 0)).to(tl.float32)
+            tl.store(logp2_ptr + row, tl.where(owned2, (z_y2 - m) - log_s, 0.0))
     else:
         lse = tl.load(lse_ptr + row)
         seq = row // rows_per_weight
@@ -142,21 +156,26 @@ def launch_token_logprobs(
     target2: torch.Tensor | None = None,
     logp2: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    col_offset: int = 0,
 ) -> None:
     """Stats pass on a ``rows × V`` chunk (unit stride along V): write ``lse``, ``logp`` (and ``logp2``).
 
     ``target`` (and ``target2``, given together with ``logp2``): ``rows`` class indices, each in
     ``[0, V)`` or ``ignore_index`` (the caller checks). ``lse``, ``logp``, ``logp2``: float32
     ``rows`` output buffers, written, never read (``torch.empty`` is fine). ``entropy``: optional
-    float32 ``rows`` buffer for each row's softmax entropy (0 at ignored rows).
+    float32 ``rows`` buffer for each row's softmax entropy (0 at ignored rows). ``col_offset``: the
+    global class of the chunk's first column (a vocabulary shard; module docstring): ``lse`` and
+    ``logp`` are then the shard's, ``logp`` 0 where another shard owns the target; no ``entropy`` there.
     """
     if (target2 is None) != (logp2 is None):
         raise ValueError("give target2 and logp2 together")
+    if entropy is not None and col_offset != 0:
+        raise ValueError("entropy is the whole row's: not on a vocabulary shard")
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     token_logprobs_kernel[(rows,)](
         logits, logits.stride(0), target, target if target2 is None else target2,
-        lse, logp, logp if logp2 is None else logp2, lse, lse, lse, 1, n_cols, int(ignore_index),
+        lse, logp, logp if logp2 is None else logp2, lse, lse, lse, 1, n_cols, int(col_offset), int(ignore_index),
         HAS_SECOND=target2 is not None, WRITE_GRAD=False, BLOCK_V=block_v(n_cols),
         entropy_ptr=lse if entropy is None else entropy, WITH_ENTROPY=entropy is not None, num_warps=NUM_WARPS,
     )
@@ -173,6 +192,7 @@ def launch_token_logprobs_grad(
     ignore_index: int,
     target2: torch.Tensor | None = None,
     weight2: torch.Tensor | None = None,
+    col_offset: int = 0,
 ) -> None:
     """Gradient pass: overwrite the chunk ``logits`` with ``dz = w (onehot(y) - p) + w' (onehot(y') - p)``.
 
@@ -180,7 +200,8 @@ def launch_token_logprobs_grad(
     gives the target's ``1 - p(y) = -expm1(log p(y))`` without cancellation). ``weight`` (and
     ``weight2``, given together with ``target2``): float32, one weight per ``rows_per_weight``
     consecutive rows (per sequence), ``rows / rows_per_weight`` of them; ``rows_per_weight=1``
-    gives every row (token) its own weight.
+    gives every row (token) its own weight. On a vocabulary shard (``col_offset``), ``lse`` and
+    ``logp`` are the merged, global values.
     """
     if (target2 is None) != (weight2 is None):
         raise ValueError("give target2 and weight2 together")
@@ -189,7 +210,7 @@ def launch_token_logprobs_grad(
     token_logprobs_kernel[(rows,)](
         logits, logits.stride(0), target, target if target2 is None else target2,
         lse, lse, lse, one_minus_p, weight, weight if weight2 is None else weight2, int(rows_per_weight), n_cols,
-        int(ignore_index),
+        int(col_offset), int(ignore_index),
         HAS_SECOND=target2 is not None, WRITE_GRAD=True, BLOCK_V=block_v(n_cols), entropy_ptr=lse,
         num_warps=NUM_WARPS,
     )

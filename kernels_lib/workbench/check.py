@@ -15,6 +15,7 @@ gradient that the dtype cannot represent fails both alike and the table shows it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pandas as pd
 import torch
@@ -77,16 +78,19 @@ def _run(fn, inputs: Inputs, upstream: torch.Tensor) -> tuple[torch.Tensor, list
 
 
 def check_against_reference(
-    kernel_name: str, cases: list[dict], sizes: dict, device: torch.device | str, seed: int = 0
+    kernel_name: str, cases: list[dict], sizes: dict, device: torch.device | str, seed: int = 0,
+    *, kernel: Callable | None = None, baseline: Callable | None = None,
 ) -> pd.DataFrame:
     """One row per case: the errors of kernels_lib and of the baseline against the float64 reference.
 
     ``cases``: dicts with ``dtype`` and any of the loss's options (e.g. ``reduction``, ``log_target``).
-    The upstream gradient is 1 for a scalar loss (as in training) and random otherwise.
+    The upstream gradient is 1 for a scalar loss (as in training) and random otherwise. ``kernel`` and
+    ``baseline`` (callables with the provider signature of the loss's spec) replace the spec's
+    ``kernels_lib`` provider and its baseline, e.g. to check against a peer's own function.
     """
     spec = get_spec(kernel_name)
-    kernel = spec.providers["kernels_lib"].load()
-    baseline = spec.providers[spec.baseline].load()
+    kernel = kernel or spec.providers["kernels_lib"].load()
+    baseline = baseline or spec.providers[spec.baseline].load()
     rows = []
     for number, case in enumerate(cases):
         options = {k: v for k, v in case.items() if k != "dtype"}

@@ -2,10 +2,12 @@
 agreement of our re-measurement of a peer with its published figure, and the environment of the runs.
 
 A *workload* is one published chart: the rows of one ``kernel_name`` and one benchmark
-configuration (ORPO was published at two sequence lengths, so it makes two). Measured rows belong to
-a workload when their configuration has the same sizes (the configs' upper-case keys: ``H``, ``V``,
-``T``, ...) and dtype. Everything here reads ``data/`` only: it works for any loss that has
-published rows, and picks up ``data/measured/<kernel_name>.csv`` as soon as it exists.
+configuration (ORPO was published at two sequence lengths, so it makes two; JSD on two axes). Measured
+rows belong to a workload when they sweep the same axis (``x_name``) and their configuration has the
+same sizes (the configs' upper-case keys: ``H``, ``V``, ``T``, ...; :data:`SIZE_ALIASES` for the
+lower-case ones of Liger's model-config benchmarks) and dtype. Everything here reads ``data/`` only:
+it works for any loss that has published rows, and picks up ``data/measured/<kernel_name>.csv`` as
+soon as it exists.
 """
 
 from __future__ import annotations
@@ -70,8 +72,13 @@ class Workload:
         return str(self.published.gpu_name.iloc[0])
 
 
+#: Sizes that Liger's model-config benchmarks name in lower case, by our specs' names (their ``bsz``
+#: and ``seq_len`` describe the model configuration's largest batch, not the chart's points).
+SIZE_ALIASES = {"vocab_size": "V"}
+
+
 def _config(text: str) -> dict:
-    return {k: v for k, v in json.loads(text).items() if k != "mode"}
+    return {SIZE_ALIASES.get(k, k): v for k, v in json.loads(text).items() if k != "mode"}
 
 
 def _match_keys(config: dict) -> set[str]:
@@ -96,7 +103,7 @@ def _spec_baseline(kernel_name: str) -> str | None:
 
 def workloads(gpu_name: str = H200) -> list[Workload]:
     """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs,
-    newest row per point) for the same configuration. The published "huggingface" provider is renamed
+    newest row per point) for the same axis and configuration. The published "huggingface" provider is renamed
     as the spec names its baseline (``torch`` for fused linear cross-entropy)."""
     published = data.load_published()
     result = []
@@ -111,8 +118,12 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
         configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
         for key in configs.unique():
             config = json.loads(key)
-            x_name = rows.x_name.iloc[0]
-            mine = measured[measured.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))] if len(measured) else measured
+            x_name = rows[configs == key].x_name.iloc[0]
+            if len(measured):
+                same_axis = measured[measured.x_name == x_name]
+                mine = same_axis[same_axis.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))]
+            else:
+                mine = measured
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
             result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
     return result
@@ -167,13 +178,16 @@ class Floor:
 
 def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str = H200) -> Floor | None:
     """The floor of ``workload`` at its published and measured x, with the ceilings of the run of its
-    measured rows (:func:`run_commit`). None when the loss has no bench spec, the chart sweeps an axis
-    other than the spec's (JSD's B200 token sweep), or ``gpu_name`` has no ceilings."""
+    measured rows (:func:`run_commit`), at the sizes of the spec's published preset of the chart's axis
+    (:meth:`~.bench.spec.LossSpec.published_preset`: JSD's token sweep is its ``published_tokens``). None
+    when the loss has no bench spec, the spec has no preset on the chart's axis, or ``gpu_name`` has
+    no ceilings."""
     try:
         spec = get_spec(workload.kernel_name)
     except ValueError:
         return None
-    if workload.x_name != spec.published["x_name"]:
+    preset = spec.published_preset(workload.x_name)
+    if preset is None:
         return None
     measured_on_gpu = ceilings[ceilings.gpu_name == gpu_name]
     if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
@@ -181,9 +195,9 @@ def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward",
     commit = run_commit(workload.measured)
     copy_gbps = ceiling(ceilings, "copy", gpu_name, commit)
     matmul_tflops = ceiling(ceilings, "matmul", gpu_name, commit)
-    dtype_name = workload.config.get("dtype", str(spec.published["dtype"]))
+    dtype_name = workload.config.get("dtype", str(preset["dtype"]))
     dtype = getattr(torch, dtype_name.replace("torch.", ""))
-    base = {**spec.published["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
+    base = {**preset["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
     xs = sorted(set(workload.published.x_value) | set(workload.measured.get("x_value", [])))
     ms, bound = {}, {}
     for mode in modes:
@@ -228,6 +242,7 @@ def agreement_table(workload: Workload, floor: Floor | None, tolerance: float = 
         return pd.DataFrame(columns=columns)
     speed = lambda rows: rows[rows.metric_name == "speed"].set_index(["kernel_provider", "kernel_operation_mode", "x_value"]).y_value_50  # noqa: E731
     both = pd.concat({"published ms": speed(published), "measured ms": speed(measured)}, axis=1, join="inner")
+    both = both[both["measured ms"].notna()]  # a point that failed in our run (its note says why) has nothing to compare
     sheet_ours, sheet_theirs = DATASHEETS.loc[gpu_name], DATASHEETS.loc[workload.published_gpu]
     rate = {"bytes": "bandwidth TB/s", "matmul": "bf16 dense TFLOP/s"}
     rows = []

@@ -48,24 +48,50 @@ def achieved_bandwidth(rows: pd.DataFrame, kernel_name: str, provider: str, mode
     return pd.Series(result, name=f"{provider} {mode} GB/s").sort_index()
 
 
-def kl_div_targets(rows: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
-    """The KL issue's targets per V, from rows of one GPU: forward bandwidth ≥ 90% of the copy
-    bandwidth; ``full`` time ≤ 0.6× Liger's; ``full`` memory ≤ Liger's."""
+#: The KL issue's targets (one GPU, same run): label → (ratio column of :func:`row_divergence_targets`,
+#: bound); ``"at least"`` as a third element makes the bound a lower one.
+KL_DIV_TARGETS = {
+    "bandwidth ≥ 0.9": ("forward / copy", 0.9, "at least"),
+    "full ≤ 0.6× Liger": ("full / Liger", 0.6),
+    "memory ≤ Liger": ("memory / Liger", 1.0),
+}
+#: Issue 12's targets for the logits-level JSD and TVD, at every point of a chart.
+DIVERGENCE_TARGETS = {
+    "full ≤ 0.6× Liger": ("full / Liger", 0.6),
+    "forward ≥ 0.9× copy bandwidth": ("forward / copy", 0.9, "at least"),
+}
+
+
+def _meets(values: pd.Series, bound: float, kind: tuple) -> pd.Series:
+    """Whether each value meets ``bound`` (an upper bound, or a lower one when ``kind`` is ``("at least",)``)."""
+    return values >= bound if kind == ("at least",) else values <= bound
+
+
+def row_divergence_targets(rows: pd.DataFrame, kernel_name: str, copy_gbps: float, targets: dict = DIVERGENCE_TARGETS) -> pd.DataFrame:
+    """A row divergence's targets (KL, JSD, TVD) per x, from rows of one GPU: the bandwidth that
+    kernels_lib's ``forward`` and ``forward_no_grad`` achieve and its fraction of ``copy_gbps`` (the
+    copy measured in the same run), its ``full`` time and memory over Liger's (NaN where Liger was
+    not measured), and one True / False / NaN column per ``targets`` entry."""
     speed_full = medians(rows, "speed", "full")
-    memory_full = medians(rows, "memory", "full")
+    memory_full = medians(rows, "memory", "full").reindex(speed_full.index)
     table = pd.DataFrame(index=speed_full.index)
     for mode in ("forward", "forward_no_grad"):
-        bandwidth = achieved_bandwidth(rows, "kl_div", "kernels_lib", mode)
+        bandwidth = achieved_bandwidth(rows, kernel_name, "kernels_lib", mode).reindex(speed_full.index)
         table[f"{mode} GB/s"] = bandwidth
         table[f"{mode} / copy"] = bandwidth / copy_gbps
     table["full ms"] = speed_full["kernels_lib"]
-    table["Liger full ms"] = speed_full.get("liger")
-    table["full / Liger"] = speed_full["kernels_lib"] / speed_full.get("liger")
-    table["memory / Liger"] = memory_full["kernels_lib"] / memory_full.get("liger")
-    table["bandwidth ≥ 0.9"] = table["forward / copy"] >= 0.9
-    table["full ≤ 0.6× Liger"] = table["full / Liger"] <= 0.6
-    table["memory ≤ Liger"] = table["memory / Liger"] <= 1.0
+    table["Liger full ms"] = _provider(speed_full, "liger")
+    table["full / Liger"] = table["full ms"] / table["Liger full ms"]
+    table["memory / Liger"] = _provider(memory_full, "kernels_lib") / _provider(memory_full, "liger")
+    for label, (column, bound, *kind) in targets.items():
+        table[label] = _meets(table[column], bound, tuple(kind)).where(table[column].notna())
     return table
+
+
+def kl_div_targets(rows: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
+    """The KL issue's targets per V (:data:`KL_DIV_TARGETS`): forward bandwidth ≥ 90% of the copy
+    bandwidth; ``full`` time ≤ 0.6× Liger's; ``full`` memory ≤ Liger's."""
+    return row_divergence_targets(rows, "kl_div", copy_gbps, KL_DIV_TARGETS)
 
 
 def achieved_tflops(rows: pd.DataFrame, provider: str, mode: str) -> pd.Series:
@@ -137,23 +163,27 @@ def fused_linear_cross_entropy_targets(
 
 
 def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
-    """One row per ``targets`` entry (label → (ratio column, bound); :data:`FLCE_TARGETS` by default)
-    of a targets table: the bound, the worst (largest) and best ratio over x, and ``met`` (at every
-    x), ``missed`` (at some x) or ``not measured`` (no ratio at any x)."""
+    """One row per ``targets`` entry (label → (ratio column, bound), an upper bound unless a third
+    element ``"at least"`` makes it a lower one; :data:`FLCE_TARGETS` by default) of a targets table:
+    the bound, the worst and best ratio over x (the largest and smallest for an upper bound, the other
+    way round for a lower one), and ``met`` (at every x), ``missed`` (at some x) or ``not measured``
+    (no ratio at any x)."""
     rows = []
-    for label, (column, bound) in targets.items():
+    for label, (column, bound, *kind) in targets.items():
         ratios = table[column].dropna()
+        lower = tuple(kind) == ("at least",)
         if not len(ratios):
             status = "not measured"
         else:
-            status = "met" if (ratios <= bound).all() else "missed"
+            status = "met" if _meets(ratios, bound, tuple(kind)).all() else "missed"
+        worst_at = (ratios.idxmin() if lower else ratios.idxmax()) if len(ratios) else None
         rows.append(
             {
                 "target": label,
                 "bound": bound,
-                "worst ratio": ratios.max() if len(ratios) else float("nan"),
-                "best ratio": ratios.min() if len(ratios) else float("nan"),
-                "worst at x": ratios.idxmax() if len(ratios) else None,
+                "worst ratio": ratios[worst_at] if len(ratios) else float("nan"),
+                "best ratio": (ratios.max() if lower else ratios.min()) if len(ratios) else float("nan"),
+                "worst at x": worst_at,
                 "status": status,
             }
         )
@@ -209,6 +239,14 @@ def issue13_targets(baseline: str) -> dict:
         f"full ≤ 0.85× {baseline}": (f"full / {baseline}", 0.85),
         "memory full ≤ Liger": ("memory / Liger", 1.0),
     }
+
+
+def distillation_targets(baseline: str = "torch") -> dict:
+    """Issue 12's targets for the fused two-head losses (``fused_linear_jsd``, ``distill_jsd_loss``,
+    ``distill_cosine_loss``; one GPU, same run), for :func:`preference_targets`: ``full`` ≤ 0.8× Liger's
+    and ≤ 0.85× the ``baseline``'s (``torch``: both heads' logits materialized) at every BT, ``full``
+    memory ≤ Liger's: the bounds of :func:`issue13_targets`."""
+    return issue13_targets(baseline)
 
 
 def orpo_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:

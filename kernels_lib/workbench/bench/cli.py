@@ -4,6 +4,7 @@ Examples::
 
     ./workbench bench kl_div --preset published          # the published workload (on a GPU)
     ./workbench bench kl_div --preset small              # the CPU-sized version
+    ./workbench bench jsd --preset published_tokens      # a loss's second published chart (JSD's token sweep)
     ./workbench bench kl_div --x V --values 4096,50257 --size N=1024 --dtype bfloat16 \\
         --providers kernels_lib,torch --modes forward,full --dry-run
 
@@ -55,7 +56,10 @@ def _device(text: str) -> torch.device:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernels-bench", description=__doc__.split("\n")[0])
     p.add_argument("loss", choices=registered_losses(), help="the loss, named as in the published CSV")
-    p.add_argument("--preset", choices=("published", "small"), help="the published workload or its CPU-sized version")
+    p.add_argument(
+        "--preset", help="published (the default on CUDA), small (its CPU-sized version, the default on CPU) "
+        "or another published workload of the loss (jsd: published_tokens, the B200 token sweep)"
+    )
     p.add_argument("--x", dest="x_name", help="the swept axis (default: the preset's)")
     p.add_argument("--values", type=_positive_ints, help="comma-separated points of the swept axis")
     p.add_argument("--size", type=_size, action="append", default=[], help="a fixed size, NAME=INT (repeatable)")
@@ -71,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     spec = get_spec(args.loss)
-    preset = spec.published if args.preset == "published" or (args.preset is None and args.device.type == "cuda") else spec.small
+    try:
+        preset = spec.preset(args.preset or ("published" if args.device.type == "cuda" else "small"))
+    except ValueError as error:
+        cli.error(str(error))
     providers = args.providers.split(",") if args.providers else None
     modes = args.modes.split(",")
     from .ceilings import measure_ceilings

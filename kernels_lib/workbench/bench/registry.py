@@ -11,12 +11,14 @@ from . import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, k
 from . import fused_linear_grpo
 from . import fused_linear_cpo, fused_linear_dpo, fused_linear_simpo
 from . import jsd, tvd
+from . import distillation, fused_linear_jsd
 from .spec import LossSpec
 
 #: The per-loss bench modules, in display order.
 LOSS_MODULES = (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto, kl_div, fused_linear_grpo)
 LOSS_MODULES += (fused_linear_dpo, fused_linear_cpo, fused_linear_simpo)
 LOSS_MODULES += (jsd, tvd)
+LOSS_MODULES += (fused_linear_jsd, distillation)
 
 SPECS: dict[str, LossSpec] = {
     spec.kernel_name: spec for module in LOSS_MODULES for spec in getattr(module, "SPECS", (module.SPEC,))

@@ -49,6 +49,8 @@ class LossSpec:
         bytes_moved: ``(sizes, dtype, mode) -> bytes`` at least read and written by a fused kernel.
         baseline: the provider that is the published baseline (and, on float64 inputs, the reference).
         default_options: the loss's options as the published workload sets them.
+        presets: the loss's other published workloads by name, each a dict like ``published`` (a
+            second chart on another axis: JSD's B200 token sweep); the CLI runs them with ``--preset NAME``.
     """
 
     kernel_name: str
@@ -59,6 +61,18 @@ class LossSpec:
     bytes_moved: Callable[[dict, torch.dtype, str], int]
     baseline: str
     default_options: dict = field(default_factory=dict)
+    presets: dict[str, dict] = field(default_factory=dict)
+
+    def preset(self, name: str) -> dict:
+        """The workload named ``name``: ``published``, ``small`` or one of :attr:`presets`."""
+        named = {"published": self.published, "small": self.small, **self.presets}
+        if name not in named:
+            raise ValueError(f"{self.kernel_name} has the presets {', '.join(named)}; got {name!r}")
+        return named[name]
+
+    def published_preset(self, x_name: str) -> dict | None:
+        """The published workload (``published`` or one of :attr:`presets`) that sweeps ``x_name``, or None."""
+        return next((p for p in (self.published, *self.presets.values()) if p["x_name"] == x_name), None)
 
 
 def vocab_sweep(n_rows: int) -> dict:

@@ -96,6 +96,8 @@ def run_sweep(
     skipped_note = "; ".join(f"{n} skipped ({why})" for n, why in skipped.items())
     stamp = provenance(device)
     total, done = len(x_values) * len(callables) * len(modes), 0
+    axis = spec.published_preset(x_name)
+    x_label = axis["x_label"] if axis else x_name
     rows = []
     for x in x_values:
         point = {**sizes, x_name: int(x)}
@@ -108,7 +110,7 @@ def run_sweep(
                     "kernel_provider": provider,
                     "kernel_operation_mode": mode,
                     "x_name": x_name,
-                    "x_label": spec.published["x_label"] if spec.published["x_name"] == x_name else x_name,
+                    "x_label": x_label,
                     "x_value": int(x),
                     "extra_benchmark_config_str": config,
                     **stamp,

@@ -6,6 +6,7 @@ import torch
 
 from ... import reference
 from ...tvd import tvd as kernels_lib_tvd
+from .jsd import ignored_rows
 from .kl_div import bytes_moved  # the same traffic: read two (N, V) inputs, write the gradient
 from .spec import Inputs, LossSpec, Provider, require_cuda, vocab_sweep
 
@@ -33,14 +34,16 @@ PROVIDERS = {
 
 
 def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: int = 0) -> Inputs:
-    """Probabilities p (requires grad) and q, (N, V)."""
+    """Probabilities p (requires grad) and q, (N, V); with the option ``ignore_fraction`` > 0, a
+    ``target`` ignoring about that fraction of the rows (:func:`.jsd.ignored_rows`)."""
     device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     n, v = int(sizes["N"]), int(sizes["V"])
     p = torch.randn(n, v, generator=generator, device=device).softmax(-1)
     q = torch.randn(n, v, generator=generator, device=device).softmax(-1)
     p = p.to(dtype).requires_grad_()
-    return Inputs(args=(p, q.to(dtype)), kwargs={"reduction": options.get("reduction", "batchmean")}, grad_inputs=[p])
+    kwargs = {"reduction": options.get("reduction", "batchmean"), **ignored_rows(n, options.get("ignore_fraction", 0.0), generator, device)}
+    return Inputs(args=(p, q.to(dtype)), kwargs=kwargs, grad_inputs=[p])
 
 
 SPEC = LossSpec(
