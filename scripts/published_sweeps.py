@@ -15,7 +15,10 @@ to ``data/measured/<kernel_name>.csv``:
 - ``dpo``, ``cpo``, ``simpo``, ``grpo_token``, ``grpo_sequence``: issue 13's charts (B = 2 … 16 at
   T = 1024, H = 4096, V = 128256, bf16; DPO and GRPO with a reference model);
 - ``jsd``, ``jsd_tokens``, ``tvd``: the logits-level divergences (V = 4096 … 131072 at 8192 or 16384
-  rows, fp32; JSD's token sweep at V = 128256).
+  rows, fp32; JSD's token sweep at V = 128256);
+- ``fused_linear_jsd``, ``distill_jsd``, ``distill_cosine``: issue 12's fused student-teacher losses
+  (BT = 1024 … 8192, H = 4096, V = 128256, bf16; TRL's ``ChunkedDivergenceFunction`` beside
+  fused linear JSD).
 
 Each sweep measures the copy and matmul ceilings too (appended to ``data/measured/ceilings.csv``).
 After each part its CSV and the ceilings are copied to ``--out`` (copy them into ``data/measured/``
@@ -54,6 +57,9 @@ PARTS = {
     "jsd": ("jsd", "published"),
     "jsd_tokens": ("jsd", "published_tokens"),
     "tvd": ("tvd", "published"),
+    "fused_linear_jsd": ("fused_linear_jsd", "published"),
+    "distill_jsd": ("distill_jsd_loss", "published"),
+    "distill_cosine": ("distill_cosine_loss", "published"),
 }
 MODES = "forward,full"
 

@@ -34,8 +34,9 @@ def read_rows(path: Path | str, required: list[str] = _REQUIRED) -> pd.DataFrame
     numeric = [c for c in ("x_value", "y_value_50", "y_value_20", "y_value_80") if c in frame.columns]
     for column in numeric:
         converted = pd.to_numeric(frame[column], errors="coerce")
-        if converted.isna().any() and not frame[column].isna().all():
-            bad = frame.loc[converted.isna() & frame[column].notna(), column].iloc[0]
+        unreadable = converted.isna() & frame[column].notna()  # an empty cell is a failed point, not an error
+        if unreadable.any():
+            bad = frame.loc[unreadable, column].iloc[0]
             raise ValueError(f"benchmark data file {path}: column {column} holds a non-number ({bad!r})")
         frame[column] = converted
     return frame
