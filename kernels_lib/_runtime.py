@@ -5,7 +5,9 @@ The choice is made once, when ``kernels_lib`` is imported and before any kernel 
 the kernel modules are imported. On a machine without CUDA we set it; the kernels then take CPU
 tensors and run as NumPy code (slow, exact enough to test against a float64 reference). On a CUDA
 machine they are compiled and take CUDA tensors only. Nothing here is for the user to set; an
-explicit ``TRITON_INTERPRET`` in the environment is respected.
+explicit ``TRITON_INTERPRET`` in the environment is respected. Triton reads the variable for its own
+``tl`` functions when *it* is first imported: on a CPU, import ``kernels_lib`` before ``triton`` (or
+anything that imports it, such as TRL), or export ``TRITON_INTERPRET=1`` (``./workbench lab`` does).
 """
 
 from __future__ import annotations
