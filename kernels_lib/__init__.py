@@ -9,6 +9,7 @@ Triton's interpreter otherwise) before any kernel module is imported.
 
 from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU machines)
 from ._runtime import INTERPRETED, KERNEL_DEVICE, default_device
+from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fused_linear_cross_entropy import CrossEntropyOutput, FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .fused_linear_cpo import CPOOutput, FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
 from .fused_linear_dpo import DPOOutput, FusedLinearDPOLoss, fused_linear_dpo
@@ -24,6 +25,8 @@ from .tvd import TVDLoss, tvd
 __all__ = [
     "kl_div",
     "KLDivLoss",
+    "cross_entropy",
+    "CrossEntropyLoss",
     "jsd",
     "JSDLoss",
     "tvd",

@@ -810,3 +810,27 @@ def tvd(
     kept = _kept_rows(p.shape[0], target, ignore_index, p.device)
     return _reduce_rows(pointwise, kept, reduction)
 
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    inplace: bool = False,
+    host_checks: bool = True,
+) -> torch.Tensor:
+    """``torch.nn.functional.cross_entropy`` on the logits upcast to float32 (float64 stays float64),
+    the loss in that dtype: both published baselines (``nn.CrossEntropyLoss`` on float32 logits in
+    the ``cross_entropy`` chart, ``F.cross_entropy(logits.float())`` in ``megatron_cross_entropy``).
+    It materializes the log-softmax and its gradient. With ``mean`` and every target ignored the
+    result is NaN, as torch gives. ``inplace`` and ``host_checks`` are accepted and ignored."""
+    del inplace, host_checks
+    upcast = logits if logits.dtype == torch.float64 else logits.float()
+    weight = None if weight is None else weight.to(upcast.dtype)
+    return F.cross_entropy(
+        upcast, target.long(), weight=weight, ignore_index=ignore_index, reduction=reduction,
+        label_smoothing=label_smoothing,
+    )

@@ -12,6 +12,7 @@ from . import fused_linear_grpo
 from . import fused_linear_cpo, fused_linear_dpo, fused_linear_simpo
 from . import jsd, tvd
 from . import distillation, fused_linear_jsd
+from . import cross_entropy, megatron_cross_entropy
 from .spec import LossSpec
 
 #: The per-loss bench modules, in display order.
@@ -19,6 +20,7 @@ LOSS_MODULES = (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto,
 LOSS_MODULES += (fused_linear_dpo, fused_linear_cpo, fused_linear_simpo)
 LOSS_MODULES += (jsd, tvd)
 LOSS_MODULES += (fused_linear_jsd, distillation)
+LOSS_MODULES += (cross_entropy, megatron_cross_entropy)
 
 SPECS: dict[str, LossSpec] = {
     spec.kernel_name: spec for module in LOSS_MODULES for spec in getattr(module, "SPECS", (module.SPEC,))
