@@ -706,9 +706,13 @@ class Run:
         axis = spec.published_preset("V")
         stamp = {**provenance(self.world.device), "device": self.world.device.type}
         rows, published = [], []
-        for v in sizes["V"]:
-            point = {**sizes["sizes"], "V": v, "dtype": sizes["dtype"]}
-            for tp in self.tps:
+        # TP outermost: Megatron's parallel_state (releases without ``tp_group``) is re-initialized only
+        # when TP changes. Each initialization creates NCCL communicators that destroy_model_parallel
+        # leaves alive; with TP inside the V loop, the run of commit 32bd3a1 held 127 GiB outside
+        # PyTorch's allocator by V = 65536 (fp32) and ran out of memory: the likely cause.
+        for tp in self.tps:
+            for v in sizes["V"]:
+                point = {**sizes["sizes"], "V": v, "dtype": sizes["dtype"]}
                 for provider in LOGITS_PROVIDERS:
                     if tp > 1 and provider in TP1_ONLY:
                         continue
@@ -744,9 +748,11 @@ def run(args) -> None:
         preset = PRESETS["small" if args.small else "full"]
         bench = Run(world, preset, Path(args.out), args.budget_s)
         bench.log(f"{world.size} ranks on {world.device.type}; TP in {bench.tps}; writing to {args.out}")
-        bench.flce()
+        if "flce" in args.workloads:
+            bench.flce()
         for workload in ("megatron_cross_entropy", "cross_entropy"):
-            bench.logits(workload)
+            if workload in args.workloads:
+                bench.logits(workload)
         bench.log("done")
     finally:
         dist.destroy_process_group()
@@ -764,6 +770,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "measured"),
                         help="folder of the CSVs (appended)")
     parser.add_argument("--small", action="store_true", help="tiny sizes on CPU with gloo (CI)")
+    parser.add_argument("--workloads", type=lambda t: t.split(","), default=["flce", "megatron_cross_entropy", "cross_entropy"],
+                        help="comma-separated, among flce, megatron_cross_entropy, cross_entropy (default: all)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop measuring after this many seconds")
     args = parser.parse_args(argv)
     if "RANK" in os.environ:
