@@ -179,8 +179,8 @@ TARGETS = {
 
 
 def load_runs(gpu_name: str = "NVIDIA H200") -> pd.DataFrame:
-    """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA), newest run (commit) only;
-    empty when none."""
+    """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA), per workload (``kernel_name``)
+    the newest run (commit) only, as its targets compare rows of one run; empty when none."""
     path = data.measured_path("tensor_parallel")
     if not path.exists():
         return pd.DataFrame()
@@ -188,8 +188,8 @@ def load_runs(gpu_name: str = "NVIDIA H200") -> pd.DataFrame:
     rows = rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")]
     if not len(rows):
         return rows
-    commit = rows.sort_values("timestamp").kernels_lib_commit.iloc[-1]
-    return rows[rows.kernels_lib_commit == commit].reset_index(drop=True)
+    newest = rows.sort_values("timestamp").groupby("kernel_name").kernels_lib_commit.last()
+    return rows[rows.kernels_lib_commit == rows.kernel_name.map(newest)].reset_index(drop=True)
 
 
 def pivot(rows: pd.DataFrame, kernel_name: str, metric: str, mode: str) -> pd.DataFrame:
