@@ -65,6 +65,16 @@ SCRIPT = textwrap.dedent(
     fused_linear_dpo(x, w, y, ref_x=ref_x, ref_weight=ref_w).loss.backward()
     fused_linear_cpo(x, w, y).loss.backward()
     fused_linear_simpo(x, w, y).loss.backward()
+    # GRPO, cross-entropy on logits, the fused student-teacher losses
+    kernels_lib.fused_linear_grpo(x, w, y, advantages=torch.randn(4, generator=g).to(dev)).loss.backward()
+    logits = leaf(6, 67)
+    kernels_lib.cross_entropy(logits, torch.randint(0, 67, (6,), generator=g).to(dev)).backward()
+    sx, sw, tx, tw = leaf(6, 16), leaf(67, 16), torch.randn(6, 24, generator=g).to(dev), torch.randn(67, 24, generator=g).to(dev)
+    tgt = torch.randint(0, 67, (6,), generator=g).to(dev)
+    kernels_lib.fused_linear_jsd(sx, sw, tx, tw, tgt).backward()
+    kernels_lib.distill_jsd_loss(sx, sw, tx, tw, tgt).loss.backward()
+    kernels_lib.distill_cosine_loss(sx, sw, tx, tw, tgt).loss.backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (logits, sx, sw))
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (x, w, inp))
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED and sys.modules[m] is not None)
     assert not loaded, loaded
