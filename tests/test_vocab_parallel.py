@@ -14,7 +14,6 @@ deadline), and the group must still work after them.
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -23,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from process_groups import spawn_group
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, reference
 
@@ -32,8 +31,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 V, H = 1031, 32
 SPLITS = {2: (700, 331), 3: (400, 231, 400)}
-#: Wall-clock budget of one spawned group; a hang in a collective would exceed it.
-GROUP_DEADLINE_S = 240
 #: A bad input must be refused on every rank well within this (gloo's own timeout is 60 s).
 ERROR_WITHIN_S = 20
 #: float32: the shards change only summation orders (observed ≤ 2e-7 against one process).
@@ -265,23 +262,7 @@ def _worker(rank, world, init_file, out_dir):
 @functools.cache
 def group_run(world: int) -> list[dict]:
     """Spawn ``world`` ranks running :func:`_worker`; their saved results, rank by rank."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        init_file = Path(out_dir) / "init"
-        context = mp.start_processes(
-            _worker, args=(world, str(init_file), out_dir), nprocs=world, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + GROUP_DEADLINE_S
-        try:
-            while not context.join(timeout=1):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the {world}-process group did not finish within {GROUP_DEADLINE_S} s (a hang?)")
-        except mp.ProcessRaisedException as error:
-            pytest.fail(f"a rank of the {world}-process group raised:\n{error}")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return spawn_group(_worker, world)
 
 
 @functools.cache

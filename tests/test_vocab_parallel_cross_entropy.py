@@ -11,7 +11,6 @@ seconds, and the group must still work afterwards.
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from process_groups import spawn_group
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import CrossEntropyLoss, cross_entropy, reference
 
@@ -28,7 +27,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 V, ROWS = 1031, 6
 SPLITS = {2: (700, 331), 3: (400, 231, 400)}
-GROUP_DEADLINE_S = 180
 ERROR_WITHIN_S = 20
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
@@ -155,23 +153,8 @@ def _worker(rank, world, init_file, out_dir):
 
 @functools.cache
 def group_run(world: int) -> list[dict]:
-    with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(
-            _worker, args=(world, str(Path(out_dir) / "init"), out_dir), nprocs=world, join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + GROUP_DEADLINE_S
-        try:
-            while not context.join(timeout=1):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the {world}-process group did not finish within {GROUP_DEADLINE_S} s (a hang?)")
-        except mp.ProcessRaisedException as error:
-            pytest.fail(f"a rank of the {world}-process group raised:\n{error}")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    """Spawn ``world`` ranks running :func:`_worker`; their saved results, rank by rank."""
+    return spawn_group(_worker, world)
 
 
 @functools.cache

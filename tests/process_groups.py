@@ -1,0 +1,36 @@
+"""Spawning a CPU process group for the vocab-parallel tests: each rank runs ``worker(rank, world,
+init_file, out_dir)`` and saves its results to ``out_dir/rank{rank}.pt``; a group that does not
+finish in time fails the test (a hang), as does a rank that raises."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+#: Seconds a spawned group may take before the test calls it a hang.
+GROUP_DEADLINE_S = 240
+
+
+def spawn_group(worker, world: int) -> list:
+    """Spawn ``world`` ranks running ``worker``; their saved results, rank by rank."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(
+            worker, args=(world, str(Path(out_dir) / "init"), out_dir), nprocs=world, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + GROUP_DEADLINE_S
+        try:
+            while not context.join(timeout=1):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the {world}-process group did not finish within {GROUP_DEADLINE_S} s (a hang?)")
+        except mp.ProcessRaisedException as error:
+            pytest.fail(f"a rank of the {world}-process group raised:\n{error}")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
