@@ -3,6 +3,8 @@
 - The exported HTML: the runner executes every notebook at CPU size once; each report is opened from
   disk with the network cut off, and every plotly chart must have rendered with the number of traces
   its figure has in the executed notebook, without a page error; a screenshot is written next to it.
+- The index: a card per report, with the H200 dashboard of :mod:`kernels_lib.workbench.dashboard`;
+  every number it shows must equal the dashboard's, offline.
 - JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
   panel appears, a sweep runs, the swept axis is changed, a second sweep runs, and the chart and the
   table must have changed. The server is stopped whatever happens.
@@ -25,9 +27,10 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 
-from kernels_lib.workbench import report
+from kernels_lib.workbench import dashboard, report
 from kernels_lib.workbench.mathml import markdown_math_to_mathml
 
 pytestmark = pytest.mark.browser
@@ -103,6 +106,42 @@ def test_index_links_every_report(browser, reports):
         assert page.locator("li small").count() == len(links)
     finally:
         page.close()
+
+
+def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
+    """The index's cards in the browser, network cut off: a card per report, a section with a sparkline
+    per measured chart, a badge per target with the dashboard's status, and every number shown (ratios,
+    worst ratios, x) equal to :func:`kernels_lib.workbench.dashboard.dashboard`'s, to two decimals."""
+    out, _ = reports
+    board = dashboard.dashboard()
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
+    try:
+        page.goto((out / "index.html").as_uri())
+        cards = page.locator("li.card").count()
+        sections = page.eval_on_selector_all("section.chart", "s => s.map(e => [e.dataset.chart, e.querySelectorAll('svg polyline').length])")
+        badges = page.eval_on_selector_all(".badge", "bs => bs.map(b => [b.dataset.key, b.dataset.status, b.getBoundingClientRect().width])")
+        numbers = page.eval_on_selector_all(".num", "ns => ns.map(n => [n.dataset.key, n.dataset.col, n.innerText])")
+        font = page.evaluate("getComputedStyle(document.body).fontFamily")
+    finally:
+        page.close()
+    assert errors == []
+    assert cards == len(list(NOTEBOOKS.glob("*.ipynb")))
+    assert len(sections) == board.chart.nunique() and all(lines >= 2 for _, lines in sections)
+    targets = board[board.kind == "target"].set_index("key")
+    assert sorted(key for key, _, _ in badges) == sorted(targets.index)
+    assert all(status == targets.loc[key, "status"] and width > 0 for key, status, width in badges)
+    rows = board.set_index("key")
+    assert len(numbers) >= 2 * (board.kind == "ratio").sum() + len(targets)
+    for key, column, text in numbers:
+        value = rows.loc[key, column]
+        if column in ("time ratio", "memory ratio", "worst ratio"):
+            assert text == ("–" if pd.isna(value) else f"{value:.2f}"), (key, column, text, value)
+        else:
+            assert text == (value if isinstance(value, str) else f"{value:g}"), (key, column, text, value)
+    assert "system-ui" in font
 
 
 def test_every_report_renders_its_charts_offline(browser, reports):

@@ -11,7 +11,7 @@ from kernels_lib import default_device
 from kernels_lib.workbench import data
 from kernels_lib.workbench.bench.spec import Provider
 from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.charts import PANELS, line_traces, scaling_chart
+from kernels_lib.workbench.charts import LABEL_POSITIONS, PANELS, label_positions, line_traces, scaling_chart, speed_memory_chart
 from kernels_lib.workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
 from kernels_lib.kl_div import kl_div
 
@@ -111,6 +111,30 @@ def test_chart_of_the_committed_kl_data():
     measured_lines = [line for line in lines if line.name.endswith("(measured)")]
     assert all("NVIDIA H200" in line.name and line.line.dash == "solid" for line in measured_lines)
     assert {x for line in lines for x in line.x} == {4096, 8192, 16384, 32768, 65536, 131072}
+
+
+# --------------------------------------------------------------------------- speed_memory_chart labels
+
+
+def test_label_positions_separate_close_markers_only():
+    # three markers within 1% of each other (memory on a log axis, time linear), one far away
+    positions = label_positions([1000.0, 1010.0, 1005.0, 90000.0], [10.0, 10.05, 9.98, 40.0])
+    assert len(set(positions[:3])) == 3
+    assert positions[3] == LABEL_POSITIONS[0]
+    # far-apart markers all keep the preferred position
+    assert label_positions([10.0, 1000.0, 100000.0], [1.0, 5.0, 9.0]) == [LABEL_POSITIONS[0]] * 3
+
+
+def test_speed_memory_chart_gives_close_providers_different_label_sides():
+    rows = pd.DataFrame([
+        {"kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": metric, "x_value": 8, "y_value_50": value}
+        for provider, ms, mb in (("kernels_lib", 20.0, 500.0), ("kernels_lib[chunk_size=1024]", 20.1, 505.0), ("torch", 60.0, 9000.0))
+        for metric, value in (("speed", ms), ("memory", mb))
+    ])
+    figure = speed_memory_chart(rows, 8)
+    sides = {trace.name: trace.textposition for trace in figure.data}
+    assert sides["kernels_lib"] != sides["kernels_lib[chunk_size=1024]"]
+    assert {trace.text[0] for trace in figure.data} == set(sides)
 
 
 # --------------------------------------------------------------------------- SweepPanel

@@ -8,6 +8,8 @@ scale for these workloads (powers of two) and y linear; so do we. Each trace is 
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -108,12 +110,33 @@ def _base_provider(provider: str) -> str:
     return provider.split("[", 1)[0]
 
 
+#: Where a marker's label may go, in order of preference (plotly's ``textposition`` values).
+LABEL_POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left", "top left", "bottom right")
+
+
+def label_positions(x: list[float], y: list[float], *, log_x: bool = True, near: float = 0.08) -> list[str]:
+    """A ``textposition`` per marker such that markers closer than ``near`` (a fraction of each axis's
+    span; x in log₁₀ when ``log_x``) never share one: each marker, in order, takes the first of
+    :data:`LABEL_POSITIONS` that no nearer-than-``near`` earlier marker took, so two labels of close
+    markers go to different sides instead of overlapping."""
+    xs = pd.Series(x, dtype=float).pipe(lambda s: s.clip(lower=1e-12).map(math.log10) if log_x else s)
+    ys = pd.Series(y, dtype=float)
+    span = lambda s: (s.max() - s.min()) or 1.0  # noqa: E731
+    xs, ys = (xs - xs.min()) / span(xs), (ys - ys.min()) / span(ys)
+    chosen: list[str] = []
+    for i in range(len(xs)):
+        taken = {chosen[j] for j in range(i) if abs(xs[i] - xs[j]) < near and abs(ys[i] - ys[j]) < near}
+        chosen.append(next((p for p in LABEL_POSITIONS if p not in taken), LABEL_POSITIONS[i % len(LABEL_POSITIONS)]))
+    return chosen
+
+
 def speed_memory_chart(
     rows: pd.DataFrame, x_value: int, mode: str = "full", *, title: str | None = None, floor_ms: float | None = None
 ) -> go.Figure:
     """Speed against memory at one point of the swept axis: one marker per provider (points of a
     dial such as ``kernels_lib[chunk_size=…]`` are providers too), the ``mode``'s peak memory on x
-    and its median time on y; lower-left is better. ``floor_ms``, when given, draws the arithmetic
+    and its median time on y; lower-left is better. Each marker is labelled with its provider, on the side
+    :func:`label_positions` picks so that close markers' labels do not overlap. ``floor_ms``, when given, draws the arithmetic
     floor (e.g. the matmuls at the measured ceiling) as a horizontal line.
 
     ``rows``: measured rows of one GPU holding ``speed`` and ``memory`` rows of ``mode``.
@@ -124,7 +147,9 @@ def speed_memory_chart(
     ms = speed.groupby("kernel_provider", sort=False).y_value_50.median()
     mb = memory.groupby("kernel_provider", sort=False).y_value_50.median()
     figure = go.Figure()
-    for provider in ms.index.intersection(mb.index):
+    providers = ms.index.intersection(mb.index)
+    positions = label_positions(mb[providers].tolist(), ms[providers].tolist())
+    for provider, position in zip(providers, positions):
         color = COLORS.get(_base_provider(provider), "#7f7f7f")
         figure.add_trace(
             go.Scatter(
@@ -133,7 +158,7 @@ def speed_memory_chart(
                 mode="markers+text",
                 name=provider,
                 text=[provider],
-                textposition="top center",
+                textposition=position,
                 marker={"color": color, "size": 11, "symbol": "circle" if provider == _base_provider(provider) else "diamond"},
                 hovertemplate=f"{provider}<br>%{{x:.0f}} MB<br>%{{y:.3g}} ms<extra></extra>",
             )
