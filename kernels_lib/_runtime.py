@@ -8,16 +8,25 @@ machine they are compiled and take CUDA tensors only. Nothing here is for the us
 explicit ``TRITON_INTERPRET`` in the environment is respected. Triton reads the variable for its own
 ``tl`` functions when *it* is first imported: on a CPU, import ``kernels_lib`` before ``triton`` (or
 anything that imports it, such as TRL), or export ``TRITON_INTERPRET=1`` (``./workbench lab`` does).
+Otherwise every kernel would fail when called ("Cannot call @triton.jit'd outside of the scope of a
+kernel"), so the import fails instead, saying so.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None:
+    if "triton" in sys.modules:
+        raise ImportError(
+            "kernels_lib runs its kernels in Triton's interpreter on this machine (no CUDA), which Triton reads "
+            "when it is first imported, and triton was imported before kernels_lib: import kernels_lib first "
+            "(before triton or anything that imports it, such as trl), or set TRITON_INTERPRET=1 in the environment"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
 
 #: True when the kernels run through Triton's interpreter (CPU tensors), False when compiled (CUDA).
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
