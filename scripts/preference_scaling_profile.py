@@ -19,7 +19,6 @@ to ``--out``.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +26,7 @@ import torch
 from triton.testing import do_bench
 
 from kernels_lib._sequence_logprobs import reference_sums
+from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 
 LOSSES = {"dpo": "fused_linear_dpo_loss", "grpo": "fused_linear_grpo_loss_token"}
@@ -52,7 +52,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     times, kernels = [], []
-    commit = os.environ.get("KERNELS_LIB_COMMIT", "unknown")
     for short, name in LOSSES.items():
         for batch in (8, 16):
             loss, inputs = _inputs(name, batch)
@@ -80,7 +79,7 @@ def main() -> None:
                 kernels.append({"loss": name, "B": batch, "kernel": key[:120], "cuda_ms": ms, "calls": count})
             del inputs, loss
             torch.cuda.empty_cache()
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit}
+    meta = provenance("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(times).assign(**meta).to_csv(args.out / "preference_scaling_profile.csv", index=False)
     pd.DataFrame(kernels).assign(**meta).to_csv(args.out / "preference_scaling_kernels.csv", index=False)

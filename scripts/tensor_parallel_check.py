@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import kernels_lib
 from kernels_lib import reference
+from kernels_lib.workbench.bench.environment import provenance
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -109,8 +110,7 @@ def main() -> int:
         record("ce loss vs float64", _rel(ce.cpu(), ce64), 1e-5)
         record("ce dlogits vs float64", _rel(dl.cpu(), l64.grad), 1e-5)
         frame = pd.DataFrame(rows).assign(world=world, shards="/".join(map(str, sizes)), backend=dist.get_backend(),
-                                          device=torch.cuda.get_device_name() if cuda else "cpu",
-                                          commit=os.environ.get("KERNELS_LIB_COMMIT", "unknown"))
+                                          **provenance(device))
         args.out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(args.out / "tensor_parallel_check.csv", index=False)
         print(frame.to_string(index=False))

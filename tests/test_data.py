@@ -255,3 +255,12 @@ def test_committed_measured_files_read():
         frame = data.read_rows(data.DATA_DIR / "measured" / f"{name}.csv")
         assert list(frame.columns) == MEASURED_COLUMNS, name
         assert len(frame) > 0 and (frame.y_value_50 > 0).all(), name
+
+
+@pytest.mark.parametrize("path", sorted(data.MEASURED_DIR.rglob("*.csv")), ids=lambda p: str(p.relative_to(data.MEASURED_DIR)))
+def test_every_measured_row_names_its_gpu_versions_and_commit(path):
+    """The project's convention: each measured row carries the GPU, the torch and triton versions and the commit."""
+    frame = pd.read_csv(path)
+    required = ["gpu_name", "torch_version", "triton_version", "kernels_lib_commit"]
+    assert [c for c in required if c not in frame.columns] == [], path
+    assert frame[required].notna().all().all(), path
