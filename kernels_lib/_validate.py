@@ -106,6 +106,18 @@ def require_real(name: str, value) -> None:
         raise TypeError(f"{name} must be a finite real number; got {value!r}")
 
 
+def require_probability(name: str, value) -> None:
+    """A finite real number in [0, 1] (label smoothing)."""
+    require_real(name, value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1]; got {value!r}")
+
+
+def require_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+
+
 def require_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int; got {value!r}")
@@ -115,8 +127,7 @@ def require_chunk_options(chunk_size, accurate) -> None:
     """``chunk_size``: None or a positive int; ``accurate``: a bool (the fused linear losses' dials)."""
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int; got {chunk_size!r}")
-    if not isinstance(accurate, bool):
-        raise TypeError(f"accurate must be a bool; got {accurate!r}")
+    require_bool("accurate", accurate)
 
 
 def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> None:

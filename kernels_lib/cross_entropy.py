@@ -206,12 +206,9 @@ def _validate(logits, target, weight, ignore_index, reduction, label_smoothing, 
     v.require_same_device(tensors)
     v.require_int("ignore_index", ignore_index)
     v.require_choice("reduction", reduction, REDUCTIONS)
-    v.require_real("label_smoothing", label_smoothing)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing!r}")
-    for name, flag in (("inplace", inplace), ("host_checks", host_checks)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool; got {flag!r}")
+    v.require_probability("label_smoothing", label_smoothing)
+    v.require_bool("inplace", inplace)
+    v.require_bool("host_checks", host_checks)
 
 
 @torch.compiler.disable
@@ -317,11 +314,8 @@ class CrossEntropyLoss(torch.nn.Module):
         super().__init__()
         v.require_choice("reduction", reduction, REDUCTIONS)
         v.require_int("ignore_index", ignore_index)
-        v.require_real("label_smoothing", label_smoothing)
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing!r}")
-        if not isinstance(inplace, bool):
-            raise TypeError(f"inplace must be a bool; got {inplace!r}")
+        v.require_probability("label_smoothing", label_smoothing)
+        v.require_bool("inplace", inplace)
         self.register_buffer("weight", weight)
         self.ignore_index, self.reduction, self.label_smoothing, self.inplace = ignore_index, reduction, label_smoothing, inplace
         self.process_group = process_group

@@ -138,9 +138,7 @@ def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ig
             "loss_type 'alphapo' is TRL's shorthand for loss_type='simpo' with cpo_alpha=0.0 and alpha != 0: give those"
         )
     v.require_choice("loss_type", loss_type, LOSS_TYPES)
-    v.require_real("label_smoothing", label_smoothing)
-    if not 0 <= label_smoothing <= 1:
-        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing!r}")
+    v.require_probability("label_smoothing", label_smoothing)
     if label_smoothing != 0 and loss_type in ("hinge", "ipo"):
         raise ValueError(
             f"label_smoothing={label_smoothing!r} is read only by loss_type 'sigmoid' and 'simpo'; TRL 1.16's CPOTrainer"

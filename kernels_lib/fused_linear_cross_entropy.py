@@ -550,9 +550,7 @@ def _validate_options(
 ) -> None:
     v.require_int("ignore_index", ignore_index)
     v.require_choice("reduction", reduction, REDUCTIONS)
-    v.require_real("label_smoothing", label_smoothing)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
+    v.require_probability("label_smoothing", label_smoothing)
     v.require_real("z_loss_scale", z_loss_scale)
     if z_loss_scale < 0:
         raise ValueError(f"z_loss_scale must be >= 0; got {z_loss_scale}")
@@ -564,9 +562,8 @@ def _validate_options(
     v.require_real("temperature", temperature)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
-    for name, value in (("return_z_loss", return_z_loss), ("return_token_stats", return_token_stats)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool; got {value!r}")
+    v.require_bool("return_z_loss", return_z_loss)
+    v.require_bool("return_token_stats", return_token_stats)
     v.require_chunk_options(chunk_size, accurate)
 
 
@@ -755,8 +752,7 @@ def fused_linear_cross_entropy(
             logit_scale, temperature, return_token_stats,
         )
         _validate_num_items(num_items_in_batch, reduction)
-        if not isinstance(host_checks, bool):
-            raise TypeError(f"host_checks must be a bool; got {host_checks!r}")
+        v.require_bool("host_checks", host_checks)
 
     shard = None
     if group is None:

@@ -245,8 +245,7 @@ def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_div
             f" (as in TRL 1.16); got {', '.join(types)}"
         )
     v.require_int("ignore_index", ignore_index)
-    if not isinstance(average_log_prob, bool):
-        raise TypeError(f"average_log_prob must be a bool; got {average_log_prob!r}")
+    v.require_bool("average_log_prob", average_log_prob)
     normalized = [t for t in types if t in LENGTH_NORMALIZED_LOSS_TYPES]
     if average_log_prob and normalized:
         raise ValueError(

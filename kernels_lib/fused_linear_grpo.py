@@ -331,8 +331,7 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch) -> None:
         raise ValueError(f"temperature must be > 0; got {opts['temperature']}")
     v.require_int("ignore_index", opts["ignore_index"])
     v.require_chunk_options(opts["chunk_size"], opts["accurate"])
-    if not isinstance(opts["return_entropy"], bool):
-        raise TypeError(f"return_entropy must be a bool; got {opts['return_entropy']!r}")
+    v.require_bool("return_entropy", opts["return_entropy"])
     length = opts["max_completion_length"]
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"max_completion_length must be None or a positive int; got {length!r}")

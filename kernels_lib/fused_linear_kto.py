@@ -141,8 +141,7 @@ def _validate(x, weight, target, labels, kl, bias, options) -> dict:
     beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate = options
     v.require_real("beta", beta)
     v.require_int("ignore_index", ignore_index)
-    if not isinstance(average, bool):
-        raise TypeError(f"average_log_prob must be a bool; got {average!r}")
+    v.require_bool("average_log_prob", average)
     for name, value in (("desirable_weight", desirable_weight), ("undesirable_weight", undesirable_weight)):
         v.require_real(name, value)
     v.require_chunk_options(chunk_size, accurate)
@@ -283,8 +282,7 @@ class FusedLinearKTOLoss(torch.nn.Module):
         super().__init__()
         v.require_real("beta", beta)
         v.require_int("ignore_index", ignore_index)
-        if not isinstance(average_log_prob, bool):
-            raise TypeError(f"average_log_prob must be a bool; got {average_log_prob!r}")
+        v.require_bool("average_log_prob", average_log_prob)
         v.require_real("desirable_weight", desirable_weight)
         v.require_real("undesirable_weight", undesirable_weight)
         v.require_chunk_options(chunk_size, accurate)
