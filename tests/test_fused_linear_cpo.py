@@ -25,6 +25,7 @@ from kernels_lib.fused_linear_cpo import (
     fused_linear_cpo,
     fused_linear_simpo,
 )
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 cpo_trainer = pytest.importorskip("trl.experimental.cpo.cpo_trainer")
@@ -59,16 +60,6 @@ def make_inputs(n=2, seq=7, hidden=40, vocab=1031, dtype=torch.float32, bias=Tru
     return (*leaves, target.to(DEVICE))
 
 
-def grads_of(loss, tensors, grad_output):
-    present = [t for t in tensors if t is not None]
-    got = iter(torch.autograd.grad(loss, present, grad_output))
-    return [next(got) if t is not None else None for t in tensors]
-
-
-def double_leaves(*tensors):
-    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
-
-
 def check_against_reference(x, w, b, target, tol, grad_output=0.7, simpo=False, **options):
     """Loss, auxiliaries and every gradient of the kernel vs the float64 reference."""
     kernel, ref_fn = (fused_linear_simpo, reference.fused_linear_simpo) if simpo else (fused_linear_cpo, reference.fused_linear_cpo)
@@ -77,14 +68,7 @@ def check_against_reference(x, w, b, target, tol, grad_output=0.7, simpo=False, 
     want = ref_fn(*ref_inputs[:2], target, ref_inputs[2], **options)
     assert isinstance(out, CPOOutput) and out.loss.dtype == torch.float32 and out.loss.shape == ()
     errors = {name: rel_err(getattr(out, name), getattr(want, name)) for name in ("loss", *AUX)}
-    g = torch.tensor(grad_output, device=DEVICE)
-    got = grads_of(out.loss, (x, w, b), g)
-    expected = grads_of(want.loss, ref_inputs, g.double())
-    for name, gx, r, t in zip(("dx", "dW", "db"), got, expected, (x, w, b)):
-        if t is not None:
-            assert gx.dtype == t.dtype and gx.shape == t.shape
-            errors[name] = rel_err(gx, r)
-    assert all(e < tol for e in errors.values()), errors
+    assert_errors_below(out.loss, want.loss, (x, w, b), ref_inputs, errors, tol, grad_output, rel_err)
     return out
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib.fused_linear_dpo import LOSS_TYPES, DPOOutput, FusedLinearDPOLoss, fused_linear_dpo
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 dpo_trainer = pytest.importorskip("trl.trainer.dpo_trainer")
 
@@ -60,16 +61,6 @@ def make_inputs(n=2, seq=7, hidden=40, ref_hidden=24, vocab=1031, dtype=torch.fl
     return (*leaves, target.to(DEVICE), ref)
 
 
-def grads_of(loss, tensors, grad_output):
-    present = [t for t in tensors if t is not None]
-    got = iter(torch.autograd.grad(loss, present, grad_output))
-    return [next(got) if t is not None else None for t in tensors]
-
-
-def double_leaves(*tensors):
-    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
-
-
 def check_against_reference(x, w, b, target, ref, tol, grad_output=0.7, **options):
     """Loss, auxiliaries and every gradient of the kernel vs the float64 reference."""
     out = fused_linear_dpo(x, w, target, b, **ref, **options)
@@ -79,14 +70,7 @@ def check_against_reference(x, w, b, target, ref, tol, grad_output=0.7, **option
     assert isinstance(out, DPOOutput) and out.loss.dtype == torch.float32 and out.loss.shape == ()
     assert all(getattr(out, name).shape == (x.shape[0] // 2,) for name in AUX)
     errors = {name: rel_err(getattr(out, name), getattr(want, name)) for name in ("loss", *AUX)}
-    g = torch.tensor(grad_output, device=DEVICE)
-    got = grads_of(out.loss, (x, w, b), g)
-    expected = grads_of(want.loss, ref_inputs, g.double())
-    for name, gx, r, t in zip(("dx", "dW", "db"), got, expected, (x, w, b)):
-        if t is not None:
-            assert gx.dtype == t.dtype and gx.shape == t.shape
-            errors[name] = rel_err(gx, r)
-    assert all(e < tol for e in errors.values()), errors
+    assert_errors_below(out.loss, want.loss, (x, w, b), ref_inputs, errors, tol, grad_output, rel_err)
     return out
 
 

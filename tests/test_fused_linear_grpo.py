@@ -31,6 +31,7 @@ from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
 from kernels_lib.fused_linear_grpo import LOSS_TYPES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from kernels_lib.workbench.check import TOLERANCE
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 DEVICE = default_device()
 
@@ -87,16 +88,6 @@ def make_inputs(batch=4, seq=6, hidden=40, ref_hidden=24, vocab=1031, dtype=torc
     return (*leaves, target.to(DEVICE), {k: t.to(DEVICE) for k, t in tensors.items()}, model)
 
 
-def grads_of(loss, tensors, grad_output):
-    present = [t for t in tensors if t is not None]
-    got = iter(torch.autograd.grad(loss, present, torch.as_tensor(grad_output, dtype=loss.dtype, device=loss.device)))
-    return [next(got) if t is not None else None for t in tensors]
-
-
-def double_leaves(*tensors):
-    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
-
-
 def as_double(tensors: dict) -> dict:
     """Floating tensors in float64 (the reference's inputs); the rest as they are."""
     return {k: t.double() if torch.is_tensor(t) and t.is_floating_point() else t for k, t in tensors.items()}
@@ -116,14 +107,7 @@ def check_against_reference(x, w, b, target, tensors, tol, grad_output=0.7, **op
         if got is not None:
             assert got.dtype == torch.float32, name
             errors[name] = rel_err(got, expected)
-    g = torch.tensor(grad_output, device=DEVICE)
-    got = grads_of(out.loss, (x, w, b), g)
-    expected = grads_of(want.loss, ref_inputs, g.double())
-    for name, gx, r, t in zip(("dx", "dW", "db"), got, expected, (x, w, b)):
-        if t is not None:
-            assert gx.dtype == t.dtype and gx.shape == t.shape
-            errors[name] = rel_err(gx, r)
-    assert all(e < tol for e in errors.values()), errors
+    assert_errors_below(out.loss, want.loss, (x, w, b), ref_inputs, errors, tol, grad_output, rel_err)
     return out, want
 
 

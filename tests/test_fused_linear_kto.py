@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib.fused_linear_kto import FusedLinearKTOLoss, KTOOutput, fused_linear_kto
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 trl_utils = pytest.importorskip("trl.trainer.utils")
 
@@ -60,16 +61,6 @@ def labels_of(values):
     return torch.tensor(values, dtype=torch.bool, device=DEVICE)
 
 
-def grads_of(loss, tensors, grad_output):
-    present = [t for t in tensors if t is not None]
-    got = iter(torch.autograd.grad(loss, present, grad_output))
-    return [next(got) if t is not None else None for t in tensors]
-
-
-def double_leaves(*tensors):
-    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
-
-
 def check_against_reference(x, w, b, target, labels, ref, tol, kl=None, grad_output=0.7, **options):
     """Loss, auxiliaries and every gradient of the kernel vs the float64 reference."""
     out = fused_linear_kto(x, w, target, labels, kl, bias=b, **ref, **options)
@@ -78,14 +69,7 @@ def check_against_reference(x, w, b, target, labels, ref, tol, kl=None, grad_out
     want = reference.fused_linear_kto(*ref_inputs[:2], target, labels, kl, bias=ref_inputs[2], **ref64, **options)
     assert isinstance(out, KTOOutput) and out.loss.dtype == torch.float32 and out.loss.shape == ()
     errors = {name: rel_err(getattr(out, name), getattr(want, name)) for name in ("loss", *AUX)}
-    g = torch.tensor(grad_output, device=DEVICE)
-    got = grads_of(out.loss, (x, w, b), g)
-    expected = grads_of(want.loss, ref_inputs, g.double())
-    for name, gx, r, t in zip(("dx", "dW", "db"), got, expected, (x, w, b)):
-        if t is not None:
-            assert gx.dtype == t.dtype and gx.shape == t.shape
-            errors[name] = rel_err(gx, r)
-    assert all(e < tol for e in errors.values()), errors
+    assert_errors_below(out.loss, want.loss, (x, w, b), ref_inputs, errors, tol, grad_output, rel_err)
     return out
 
 

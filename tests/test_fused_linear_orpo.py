@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib.fused_linear_orpo import FusedLinearORPOLoss, ORPOOutput, fused_linear_orpo, log1mexp
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 orpo_trainer = pytest.importorskip("trl.experimental.orpo.orpo_trainer")
@@ -51,31 +52,14 @@ def make_inputs(n=2, seq=7, hidden=40, vocab=1031, dtype=torch.float32, bias=Tru
     return (*leaves, target.to(DEVICE))
 
 
-def grads_of(loss, tensors, grad_output):
-    present = [t for t in tensors if t is not None]
-    got = iter(torch.autograd.grad(loss, present, grad_output))
-    return [next(got) if t is not None else None for t in tensors]
-
-
-def double_leaves(*tensors):
-    return [t.detach().double().requires_grad_() if t is not None else None for t in tensors]
-
-
 def check_against_reference(x, w, b, target, tol, grad_output=0.7, **options):
     """Loss, auxiliaries and every gradient of the kernel vs the float64 reference."""
     out = fused_linear_orpo(x, w, target, b, **options)
     ref_inputs = double_leaves(x, w, b)
-    ref = reference.fused_linear_orpo(*ref_inputs[:2], target, ref_inputs[2], **options)
+    want = reference.fused_linear_orpo(*ref_inputs[:2], target, ref_inputs[2], **options)
     assert isinstance(out, ORPOOutput) and out.loss.dtype == torch.float32 and out.loss.shape == ()
-    errors = {name: rel_err(getattr(out, name), getattr(ref, name)) for name in ("loss", *AUX)}
-    g = torch.tensor(grad_output, device=DEVICE)
-    got = grads_of(out.loss, (x, w, b), g)
-    want = grads_of(ref.loss, ref_inputs, g.double())
-    for name, gx, r, t in zip(("dx", "dW", "db"), got, want, (x, w, b)):
-        if t is not None:
-            assert gx.dtype == t.dtype and gx.shape == t.shape
-            errors[name] = rel_err(gx, r)
-    assert all(e < tol for e in errors.values()), errors
+    errors = {name: rel_err(getattr(out, name), getattr(want, name)) for name in ("loss", *AUX)}
+    assert_errors_below(out.loss, want.loss, (x, w, b), ref_inputs, errors, tol, grad_output, rel_err)
     return out
 
 

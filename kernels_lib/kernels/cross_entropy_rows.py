@@ -65,13 +65,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import INTERPRETED
+from .cross_entropy_chunk import NUM_WARPS, block_v  # the loop step over V, shared with the fused loss's kernel
 from .row_logsumexp import row_logsumexp
-
-#: Vocabulary elements per loop step: 4096 on GPU (16 KiB of fp32 per step); in the interpreter a
-#: larger block means fewer (slow) Python-level steps.
-MAX_BLOCK_V = 16384 if INTERPRETED else 4096
-NUM_WARPS = 8
 
 
 @triton.jit
@@ -155,11 +150,6 @@ def cross_entropy_rows_kernel(
                 smooth = label_smoothing / n_classes
             dz = (tl.exp(z - lse) * a - hit - smooth) * g
             tl.store(out_ptr + offs, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=offs < n_cols)
-
-
-def block_v(n_cols: int) -> int:
-    """The loop step over the vocabulary for ``n_cols`` classes."""
-    return min(triton.next_power_of_2(n_cols), MAX_BLOCK_V)
 
 
 def launch_cross_entropy_rows(
