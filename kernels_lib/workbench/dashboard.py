@@ -99,17 +99,6 @@ def _newest_run(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return rows[rows.kernels_lib_commit == commit].reset_index(drop=True), commit
 
 
-def _on_gpu(rows: pd.DataFrame, gpu_name: str) -> pd.DataFrame:
-    return rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")] if len(rows) else rows
-
-
-def _title(kernel_name: str, config: dict, x_name: str) -> str:
-    """``kernel_name (sizes but the swept one, dtype)``, as :attr:`overview.Workload.title` writes it."""
-    shown = ", ".join(f"{k} = {v}" for k, v in config.items() if k.isupper() and k != x_name)
-    dtype = str(config.get("dtype", "")).replace("torch.", "")
-    return f"{kernel_name} ({shown}{', ' + dtype if dtype else ''})"
-
-
 def charts(gpu_name: str = overview.H200) -> list[Chart]:
     """Every chart of :data:`REPORTS` with measured rows on ``gpu_name``: the published workloads (in the
     published CSV's order), then the measured losses without one, then the tensor-parallel rows."""
@@ -119,27 +108,24 @@ def charts(gpu_name: str = overview.H200) -> list[Chart]:
         published_names.add(workload.kernel_name)
         if workload.kernel_name not in REPORTS or not len(workload.measured):
             continue
-        everything = _on_gpu(data.load_measured(workload.kernel_name, latest=False), gpu_name)
-        same_chart = everything.extra_benchmark_config_str.map(
-            lambda s: overview.belongs(overview._config(s), workload.config, workload.x_name))
-        run, commit = _newest_run(everything[(everything.x_name == workload.x_name) & same_chart])
+        run, commit = _newest_run(overview.workload_runs(workload, gpu_name))
         result.append(Chart(workload.kernel_name, workload.title, workload.x_name, run, "kernels_lib",
                             float(workload.published.x_value.max()), commit, gpu_name))
     for kernel_name in REPORTS:
         if kernel_name in published_names or kernel_name == TENSOR_PARALLEL:
             continue
-        everything = _on_gpu(data.load_measured(kernel_name, latest=False), gpu_name)
+        everything = overview.measured_on(kernel_name, gpu_name, latest=False)
         if not len(everything):
             continue
         run, commit = _newest_run(everything)
         x_name = str(run.x_name.iloc[0])
-        title = _title(kernel_name, json.loads(run.extra_benchmark_config_str.iloc[0]), x_name)
+        title = overview.chart_title(kernel_name, json.loads(run.extra_benchmark_config_str.iloc[0]), x_name)
         result.append(Chart(kernel_name, title, x_name, run, "kernels_lib", None, commit, gpu_name))
     runs = tp.load_runs(gpu_name)
     if len(runs):
         flce = runs[runs.kernel_name == "fused_linear_cross_entropy"]
         config = json.loads(flce.extra_benchmark_config_str.iloc[0])
-        title = "tensor-parallel " + _title("fused_linear_cross_entropy", config, "N").replace("TP = 1, ", "")
+        title = "tensor-parallel " + overview.chart_title("fused_linear_cross_entropy", config, "N").replace("TP = 1, ", "")
         commits = ", ".join(sorted(set(runs.kernels_lib_commit)))
         result.append(Chart(TENSOR_PARALLEL, title, "N", runs.reset_index(drop=True), f"kernels_lib TP={max(runs.tp)}", None,
                             commits, gpu_name))

@@ -44,6 +44,13 @@ DATASHEETS = pd.DataFrame(
 ENVIRONMENT_COLUMNS = ["torch_version", "triton_version", "liger_version", "cce_version", "driver", "timer"]
 
 
+def chart_title(kernel_name: str, config: dict, x_name: str | None = None) -> str:
+    """``kernel_name (the configuration's sizes but the swept ``x_name``, dtype)``: a chart's title."""
+    shown = ", ".join(f"{k} = {v}" for k, v in config.items() if k.isupper() and k != x_name)
+    dtype = str(config.get("dtype", "")).replace("torch.", "")
+    return f"{kernel_name} ({shown}{', ' + dtype if dtype else ''})"
+
+
 @dataclass(frozen=True)
 class Workload:
     """One published chart: its rows, the measured rows of the same configuration, and its sizes."""
@@ -55,9 +62,7 @@ class Workload:
 
     @property
     def title(self) -> str:
-        shown = ", ".join(f"{k} = {v}" for k, v in self.config.items() if k.isupper())
-        dtype = self.config.get("dtype", "")
-        return f"{self.kernel_name} ({shown}{', ' + dtype.replace('torch.', '') if dtype else ''})"
+        return chart_title(self.kernel_name, self.config)
 
     @property
     def x_name(self) -> str:
@@ -101,6 +106,26 @@ def _spec_baseline(kernel_name: str) -> str | None:
         return None
 
 
+def measured_on(kernel_name: str, gpu_name: str = H200, latest: bool = True) -> pd.DataFrame:
+    """Our rows of ``kernel_name`` measured on ``gpu_name`` (CUDA runs): the newest row per point, or
+    with ``latest=False`` every run's."""
+    rows = data.load_measured(kernel_name, latest=latest)
+    return rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")] if len(rows) else rows
+
+
+def of_chart(rows: pd.DataFrame, config: dict, x_name: str) -> pd.DataFrame:
+    """The ``rows`` that belong to the published chart of ``config`` swept over ``x_name`` (:func:`belongs`)."""
+    if not len(rows):
+        return rows
+    same_axis = rows[rows.x_name == x_name]
+    return same_axis[same_axis.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))]
+
+
+def workload_runs(workload: "Workload", gpu_name: str = H200) -> pd.DataFrame:
+    """Every run's rows of ``workload``'s chart on ``gpu_name`` (its ``measured`` keeps the newest per point)."""
+    return of_chart(measured_on(workload.kernel_name, gpu_name, latest=False), workload.config, workload.x_name)
+
+
 def workloads(gpu_name: str = H200) -> list[Workload]:
     """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs,
     newest row per point) for the same axis and configuration. The published "huggingface" provider is renamed
@@ -112,18 +137,11 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
         baseline = _spec_baseline(kernel_name)
         if baseline:
             rows = rows.replace({"kernel_provider": {"huggingface": baseline}})
-        measured = data.load_measured(kernel_name)
-        if len(measured):
-            measured = measured[(measured.gpu_name == gpu_name) & (measured.device == "cuda")]
+        measured = measured_on(kernel_name, gpu_name)
         configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
         for key in configs.unique():
             config = json.loads(key)
-            x_name = rows[configs == key].x_name.iloc[0]
-            if len(measured):
-                same_axis = measured[measured.x_name == x_name]
-                mine = same_axis[same_axis.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))]
-            else:
-                mine = measured
+            mine = of_chart(measured, config, rows[configs == key].x_name.iloc[0])
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
             result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
     return result
