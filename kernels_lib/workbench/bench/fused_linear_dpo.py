@@ -29,7 +29,7 @@ import torch
 from ... import reference
 from ...fused_linear_dpo import fused_linear_dpo as kernels_lib_dpo
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
+from .spec import Inputs, LossSpec, Provider, policy_and_reference, preference_sweep, require_cuda
 from .trl_head import trl_provider
 
 KERNEL_NAME = "fused_linear_dpo_loss"
@@ -88,19 +88,10 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: in
     The other options (``beta``, ``loss_type``, ...) go to the call.
     """
     device = torch.device(device)
-    b, t, h, v = (int(sizes[k]) for k in ("B", "T", "H", "V"))
-    if b % 2:
-        raise ValueError(f"B counts chosen and rejected rows together and must be even; got {b}")
+    if int(sizes["B"]) % 2:
+        raise ValueError(f"B counts chosen and rejected rows together and must be even; got {sizes['B']}")
     generator = torch.Generator(device=device).manual_seed(seed)
-
-    def model():
-        hidden = torch.randn(b, t, h, generator=generator, device=device).to(dtype)
-        head = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
-        bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype) if options.get("bias") else None
-        return hidden, head, bias
-
-    (x, weight, bias), (ref_x, ref_weight, ref_bias) = model(), model()
-    target = torch.randint(0, v, (b, t), generator=generator, device=device)
+    (x, weight, bias), (ref_x, ref_weight, ref_bias), target = policy_and_reference(sizes, dtype, device, options, generator)
     ignore_tokens(target, options.get("ignore_fraction", 0.0), options.get("ignore_index", -100), generator)
     grad_inputs = [x, weight] + ([bias] if bias is not None else [])
     for tensor in grad_inputs:

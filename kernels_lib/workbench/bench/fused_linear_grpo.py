@@ -33,7 +33,7 @@ from ... import reference
 from ...fused_linear_grpo import fused_linear_grpo as kernels_lib_grpo
 from .. import data
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, preference_sweep, require_cuda
+from .spec import Inputs, LossSpec, Provider, policy_and_reference, preference_sweep, require_cuda
 from .trl_head import trl_provider
 
 KERNEL_NAMES = {"token": "fused_linear_grpo_loss_token", "sequence": "fused_linear_grpo_loss_sequence"}
@@ -94,21 +94,10 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: in
     N(0, 1)``, heads ``~ N(0, 1/H)``: logits of unit scale. The other options go to the call.
     """
     device = torch.device(device)
-    b, t, h, v = (int(sizes[k]) for k in ("B", "T", "H", "V"))
+    b, t = int(sizes["B"]), int(sizes["T"])
     ignore_index = options.get("ignore_index", -100)
     generator = torch.Generator(device=device).manual_seed(seed)
-
-    def hidden():
-        return torch.randn(b, t, h, generator=generator, device=device).to(dtype)
-
-    def head():
-        w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
-        bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype) if options.get("bias") else None
-        return w, bias
-
-    x, (weight, bias) = hidden(), head()
-    ref_x, (ref_weight, ref_bias) = hidden(), head()
-    target = torch.randint(0, v, (b, t), generator=generator, device=device)
+    (x, weight, bias), (ref_x, ref_weight, ref_bias), target = policy_and_reference(sizes, dtype, device, options, generator)
     ignore_tokens(target, options.get("ignore_fraction", 0.0), ignore_index, generator)
     advantages = torch.randn(b, generator=generator, device=device)
     completion_mask = torch.ones(b, t, dtype=torch.long, device=device)

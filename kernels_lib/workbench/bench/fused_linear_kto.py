@@ -30,7 +30,7 @@ from .. import data
 from ... import reference
 from ...fused_linear_kto import fused_linear_kto as kernels_lib_kto
 from .fused_linear_orpo import ignore_tokens
-from .spec import Inputs, LossSpec, Provider, require_cuda
+from .spec import Inputs, LossSpec, Provider, policy_and_reference, require_cuda
 
 KERNEL_NAME = "kto_loss"
 
@@ -78,21 +78,10 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: in
     reference takes none. ``x, ref_x ~ N(0, 1)``, heads ``~ N(0, 1/H)``: logits of unit scale.
     """
     device = torch.device(device)
-    b, t, h, v = (int(sizes[k]) for k in ("B", "T", "H", "V"))
+    b, v = int(sizes["B"]), int(sizes["V"])
     ignore_index = options.get("ignore_index", -100)
     generator = torch.Generator(device=device).manual_seed(seed)
-
-    def hidden():
-        return torch.randn(b, t, h, generator=generator, device=device).to(dtype)
-
-    def head():
-        w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
-        bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype) if options.get("bias") else None
-        return w, bias
-
-    x, (weight, bias) = hidden(), head()
-    ref_x, (ref_weight, ref_bias) = hidden(), head()
-    target = torch.randint(0, v, (b, t), generator=generator, device=device)
+    (x, weight, bias), (ref_x, ref_weight, ref_bias), target = policy_and_reference(sizes, dtype, device, options, generator)
     # A drawn target equal to ignore_index is ignored too (as in the published harness), except the first.
     target[:, 0] = torch.where(target[:, 0] == ignore_index, (ignore_index + 1) % v, target[:, 0])
     ignore_tokens(target, options.get("ignore_fraction", 0.0), ignore_index, generator)

@@ -100,3 +100,21 @@ def require_cuda(peer: str) -> None:
     """Refuse to load a peer whose kernels cannot run here (they are not written for Triton's interpreter)."""
     if not torch.cuda.is_available():
         raise RuntimeError(f"{peer}'s kernels need CUDA (they do not run in Triton's interpreter)")
+
+
+def policy_and_reference(sizes: dict, dtype: torch.dtype, device, options: dict, generator: torch.Generator):
+    """The inputs of a preference/RL loss with a reference model, drawn in this order from ``generator``:
+    the policy's ``x`` ``(B, T, H)``, head ``(V, H)`` (and bias ``(V,)`` with ``options["bias"]``), the
+    reference model's same three, and int64 targets ``(B, T)`` in ``[0, V)``. ``x ~ N(0, 1)``, heads
+    ``~ N(0, 1/H)`` (logits of unit scale), biases ``~ N(0, 0.01)``; nothing requires grad yet.
+    Returns ``(x, weight, bias), (ref_x, ref_weight, ref_bias), target``."""
+    b, t, h, v = (int(sizes[k]) for k in ("B", "T", "H", "V"))
+
+    def model():
+        hidden = torch.randn(b, t, h, generator=generator, device=device).to(dtype)
+        head = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
+        bias = (torch.randn(v, generator=generator, device=device) * 0.1).to(dtype) if options.get("bias") else None
+        return hidden, head, bias
+
+    policy, ref = model(), model()
+    return policy, ref, torch.randint(0, v, (b, t), generator=generator, device=device)
