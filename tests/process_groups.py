@@ -34,3 +34,17 @@ def spawn_group(worker, world: int) -> list:
                 if process.is_alive():
                     process.kill()
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def outcomes(calls: dict) -> dict:
+    """Run each ``name -> call`` on this rank: ``(exception type name or None, message, seconds)`` per name
+    (the error tests read which error each rank raised, and how soon)."""
+    results = {}
+    for name, call in calls.items():
+        start = time.monotonic()
+        try:
+            call()
+            results[name] = (None, "no error", time.monotonic() - start)
+        except Exception as error:  # noqa: BLE001 (the test reads which, and its message)
+            results[name] = (type(error).__name__, str(error), time.monotonic() - start)
+    return results
