@@ -11,7 +11,8 @@ Each part is the CLI sweep of one published chart (``kernels_lib.workbench.bench
 to ``data/measured/<kernel_name>.csv``:
 
 - ``orpo``, ``kto``: ``fused_linear_orpo_loss`` (B = 2 … 16, T = 1024, H = 4096, V = 128256, bf16) and
-  ``kto_loss`` (B = 2 … 32, T = 512, H = 1024, bias, reference model);
+  ``kto_loss`` (B = 2 … 32, T = 512, H = 1024, bias, reference model); ``orpo_t4096``: the ORPO
+  chart's second sequence length, T = 4096 (the baseline's fp32 logits are 34 GB at B = 16);
 - ``dpo``, ``cpo``, ``simpo``, ``grpo_token``, ``grpo_sequence``: issue 13's charts (B = 2 … 16 at
   T = 1024, H = 4096, V = 128256, bf16; DPO and GRPO with a reference model);
 - ``jsd``, ``jsd_tokens``, ``tvd``: the logits-level divergences (V = 4096 … 131072 at 8192 or 16384
@@ -48,6 +49,7 @@ from kernels_lib.workbench.bench import cli
 #: part -> (kernel_name, preset at full size); the CPU dry run uses each loss's ``small`` preset.
 PARTS = {
     "orpo": ("fused_linear_orpo_loss", "published"),
+    "orpo_t4096": ("fused_linear_orpo_loss", "published_t4096"),
     "kto": ("kto_loss", "published"),
     "dpo": ("fused_linear_dpo_loss", "published"),
     "cpo": ("fused_linear_cpo_loss", "published"),

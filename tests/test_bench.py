@@ -507,6 +507,7 @@ def test_provenance_keys_and_values():
     stamp = environment.provenance(DEVICE)
     assert set(stamp) == {
         "gpu_name", "timestamp", "liger_version", "cce_version", "torch_version", "triton_version", "kernels_lib_commit",
+        "quack_version", "cutlass_dsl_version",
     }
     assert set(stamp) <= set(MEASURED_COLUMNS)
     assert stamp["torch_version"] == torch.__version__

@@ -40,7 +40,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "flce_dial_precision_
 def test_registered_with_presets():
     assert "fused_linear_cross_entropy" in registered_losses()
     spec = get_spec("fused_linear_cross_entropy")
-    assert list(spec.providers) == ["kernels_lib", "kernels_lib[accurate=True]", "torch", "liger", "cce"]
+    assert list(spec.providers) == [
+        "kernels_lib", "kernels_lib[accurate=True]", "torch", "liger", "cce", "liger_sm90", "quack",
+    ]
     assert spec.baseline == "torch"
     assert spec.published == {
         "x_name": "BT", "x_label": "tokens", "x_values": [4096, 8192, 16384],
@@ -114,7 +116,7 @@ def test_variant_names_and_bound_options():
 def test_peers_skipped_on_cpu_naming_cuda():
     loaded, skipped = available_providers("fused_linear_cross_entropy")
     assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch"}
-    assert set(skipped) == {"liger", "cce"}
+    assert set(skipped) == {"liger", "cce", "liger_sm90", "quack"}
     assert all("CUDA" in why for why in skipped.values())
 
 
@@ -372,3 +374,23 @@ def test_h200_script_cpu_paths(tmp_path):
     assert {"gpu_name", "torch_version", "kernels_lib_commit"} <= set(precision.columns)
     stages = pd.read_csv(tmp_path / flce_studies.RUN_FILES["stages"])
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns
+
+
+def test_frontier_script_cpu_paths(tmp_path):
+    """The frontier run at CPU size: every peer named (skipped here, with the reason), kernels_lib's
+    default and each dial point in both modes, and the stage table with its provenance."""
+    path = SCRIPT.with_name("flce_frontier.py")
+    spec = importlib.util.spec_from_file_location("flce_frontier", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert {"liger_sm90", "quack"} <= set(script.PEERS)
+    assert script.main(["--out", str(tmp_path), "--size", "small"]) == 0
+    rows = pd.read_csv(tmp_path / script.FILES["frontier"])
+    assert list(rows.columns) == MEASURED_COLUMNS
+    dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
+    assert dial | {"kernels_lib", "torch"} == set(rows.kernel_provider)
+    assert set(rows.kernel_operation_mode) == set(script.MODES)
+    peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
+    assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
+    stages = pd.read_csv(tmp_path / script.FILES["stages"])
+    assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns

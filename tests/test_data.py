@@ -264,3 +264,16 @@ def test_every_measured_row_names_its_gpu_versions_and_commit(path):
     required = ["gpu_name", "torch_version", "triton_version", "kernels_lib_commit"]
     assert [c for c in required if c not in frame.columns] == [], path
     assert frame[required].notna().all().all(), path
+
+
+def test_append_measured_extends_an_older_layout(measured_dir):
+    """A file written before the peer-version columns were added gets them, empty in its old rows."""
+    old_columns = MEASURED_COLUMNS[:-2]
+    path = measured_dir / "kl_div.csv"
+    pd.DataFrame([_row(x=64)], columns=MEASURED_COLUMNS)[old_columns].to_csv(path, index=False)
+    new = pd.DataFrame([_row(x=128)], columns=MEASURED_COLUMNS).assign(quack_version="0.6.4")
+    data.append_measured(new, "kl_div")
+    rows = data.read_rows(path)
+    assert list(rows.columns) == MEASURED_COLUMNS
+    assert rows.x_value.tolist() == [64, 128]
+    assert rows.quack_version.isna().tolist() == [True, False]

@@ -21,6 +21,8 @@ COLORS = {
     "huggingface": "#1f77b4",
     "liger": "#2ca02c",
     "cce": "#9467bd",
+    "liger_sm90": "#17becf",
+    "quack": "#ff7f0e",
 }
 UNITS = {"speed": "ms", "memory": "MB"}
 

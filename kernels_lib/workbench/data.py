@@ -73,12 +73,18 @@ def load_measured(kernel_name: str, *, latest: bool = True) -> pd.DataFrame:
 
 
 def append_measured(rows: pd.DataFrame, kernel_name: str) -> Path:
-    """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path."""
+    """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path.
+
+    A file written before columns were added at the end of the layout (a peer's version) is rewritten
+    once with them, empty in its old rows; any other difference of columns is refused."""
     path = measured_path(kernel_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         existing = read_rows(path)
-        if list(existing.columns) != list(rows.columns):
-            raise ValueError(f"benchmark data file {path} has other columns than the rows to append")
+        old, new = list(existing.columns), list(rows.columns)
+        if old != new:
+            if new[: len(old)] != old:
+                raise ValueError(f"benchmark data file {path} has other columns than the rows to append")
+            existing.reindex(columns=new).to_csv(path, index=False)
     rows.to_csv(path, mode="a", header=not path.exists(), index=False)
     return path

@@ -41,7 +41,10 @@ DATASHEETS = pd.DataFrame(
 ).set_index("gpu_name")
 
 #: Provenance columns of measured rows shown in :func:`environment_table` (``driver`` when recorded).
-ENVIRONMENT_COLUMNS = ["torch_version", "triton_version", "liger_version", "cce_version", "driver", "timer"]
+ENVIRONMENT_COLUMNS = [
+    "torch_version", "triton_version", "liger_version", "cce_version", "quack_version", "cutlass_dsl_version", "driver",
+    "timer",
+]
 
 
 def chart_title(kernel_name: str, config: dict, x_name: str | None = None) -> str:

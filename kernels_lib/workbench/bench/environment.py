@@ -59,6 +59,8 @@ def provenance(device: torch.device | str) -> dict[str, str]:
         "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "liger_version": package_version("liger-kernel"),
         "cce_version": package_version("cut-cross-entropy"),
+        "quack_version": package_version("quack-kernels"),
+        "cutlass_dsl_version": package_version("nvidia-cutlass-dsl"),
         "torch_version": torch.__version__,
         "triton_version": triton.__version__,
         "kernels_lib_commit": git_commit(),

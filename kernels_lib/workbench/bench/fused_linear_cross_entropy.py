@@ -11,7 +11,17 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss`` (CUDA only), its defaults (``dW`` accumulated in
   the parameter dtype);
 - ``cce``: ``cut_cross_entropy.linear_cross_entropy`` (CUDA only) with ``shift=False``, ``mean``,
-  ``ignore_index=-100`` as ours, and its default gradient filter.
+  ``ignore_index=-100`` as ours, and its default gradient filter;
+- ``liger_sm90``: Liger's CuTe DSL kernel for Hopper,
+  ``liger_kernel.ops.cutedsl.ops.fused_linear_cross_entropy_sm90.liger_fused_linear_cross_entropy_sm90``
+  (compute capability 9.0, bf16, ``N`` and ``V`` multiples of its tiles, no bias or options; needs
+  ``nvidia-cutlass-dsl``);
+- ``quack``: ``quack.linear_cross_entropy.chunked_linear_cross_entropy`` (``quack-kernels`` 0.6.4 with
+  its pinned ``nvidia-cutlass-dsl`` 4.6.2; CUDA, no bias or options), its default chunk of 4096 rows,
+  ``use_scaled_exp=False``: its scaled-exp path raised a ValueError in ``full`` at ``H = 4096`` on the
+  H200 (issue 14). It forms the log-sum-exp in the logits GEMM's epilogue and accumulates ``dW`` in float32.
+
+A provider whose package or GPU is missing is skipped, and the sweep's rows say why.
 
 The arithmetic floor is the matmuls: one logits product :math:`z = xW^\top` of :math:`2NHV` FLOPs
 without a gradient, and two more with one (:math:`dx = dz\,W`, :math:`dW = dz^\top x`):
@@ -102,12 +112,53 @@ def _load_cce():
     return cce_flce
 
 
+def _plain_peer(peer: str, bias, label_smoothing, z_loss_scale, softcap) -> None:
+    """Refuse what the CuTe DSL peers do not compute: bias, label smoothing, z-loss, softcap."""
+    if bias is not None or label_smoothing or z_loss_scale or softcap is not None:
+        raise NotImplementedError(f"{peer} has no bias, label smoothing, z-loss or softcap")
+
+
+def _load_liger_sm90():
+    require_cuda("Liger's CuTe DSL FLCE")
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise RuntimeError("Liger's CuTe DSL FLCE is written for Hopper (compute capability 9.0)")
+    from liger_kernel.ops.cutedsl.ops.fused_linear_cross_entropy_sm90 import liger_fused_linear_cross_entropy_sm90
+
+    def liger_sm90_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                        z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
+        _peer_options("Liger sm90", chunk_size, accurate, return_z_loss)
+        _plain_peer("Liger's CuTe DSL FLCE", bias, label_smoothing, z_loss_scale, softcap)
+        return liger_fused_linear_cross_entropy_sm90(
+            x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), ignore_index=ignore_index, reduction=reduction
+        )
+
+    return liger_sm90_flce
+
+
+def _load_quack():
+    require_cuda("QuACK")
+    from quack.linear_cross_entropy import chunked_linear_cross_entropy
+
+    def quack_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                   z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
+        _peer_options("QuACK", chunk_size, accurate, return_z_loss)
+        _plain_peer("QuACK", bias, label_smoothing, z_loss_scale, softcap)
+        return chunked_linear_cross_entropy(
+            x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), ignore_index=ignore_index, reduction=reduction,
+            use_scaled_exp=False,
+        )
+
+    return quack_flce
+
+
 PROVIDERS = {
     "kernels_lib": kernels_lib_variant(),
     "kernels_lib[accurate=True]": kernels_lib_variant(accurate=True),
     "torch": Provider("torch", lambda: reference.fused_linear_cross_entropy, "fp32 logits + F.cross_entropy (the baseline)"),
     "liger": Provider("liger", _load_liger, "liger_kernel LigerFusedLinearCrossEntropyLoss"),
     "cce": Provider("cce", _load_cce, "cut_cross_entropy.linear_cross_entropy"),
+    "liger_sm90": Provider("liger_sm90", _load_liger_sm90, "Liger-Kernel's CuTe DSL FLCE for Hopper (sm90)"),
+    "quack": Provider("quack", _load_quack, "quack.linear_cross_entropy.chunked_linear_cross_entropy"),
 }
 
 

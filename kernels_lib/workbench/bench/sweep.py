@@ -44,6 +44,8 @@ MEASURED_COLUMNS = PUBLISHED_COLUMNS + [
     "device",
     "timer",
     "note",
+    "quack_version",
+    "cutlass_dsl_version",
 ]
 
 

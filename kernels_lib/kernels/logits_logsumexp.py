@@ -1,0 +1,274 @@
+r"""Log-sum-exp of the LM head's logits in the epilogue of their matmul: the logits never reach memory.
+
+What it computes
+----------------
+For hidden states :math:`x` (``N × H``), a head :math:`W` (``V × H``), an optional bias :math:`b`
+(``V``) and a scale :math:`\alpha`, the logits are :math:`z = \alpha\,(x W^\top + b)` and, per row,
+
+.. math::
+
+    \mathrm{lse}_i = \log \sum_{j < V} e^{z_{ij}}, \qquad
+    t_i = z_{i, y_i} \quad (0 \text{ where } y_i = \text{ignore\_index}),
+
+both float32; :math:`t` only with targets :math:`y` (``N``). A NaN anywhere in row :math:`i` of
+:math:`z` gives :math:`\mathrm{lse}_i = \mathrm{NaN}`; a target outside ``[0, V)`` (and not
+``ignore_index``) gives :math:`t_i = \mathrm{NaN}` (no host sync to check it).
+
+How
+---
+**Tiles.** One program per ``BLOCK_M × BLOCK_N`` tile of :math:`z`, ordered in groups of
+``GROUP_M`` row blocks that sweep the vocabulary together, so that a tile of :math:`W` read by one
+of them is still in L2 for the others (the swizzle of Triton's matmul tutorial). The program runs
+the ``H`` loop with ``tl.dot`` (bf16/fp16/fp32 inputs, fp32 accumulator), then, on the
+accumulator in registers: adds the bias, scales by :math:`\alpha`, sets columns ``≥ V`` to
+:math:`-\infty`, and reduces each row of the tile to its maximum and shifted sum
+
+.. math:: m_{bi} = \max_{j \in \text{block } b} z_{ij}, \qquad s_{bi} = \sum_{j \in \text{block } b} e^{z_{ij} - m_{bi}},
+
+stored to float32 partials ``[n_blocks, N]`` (``n_blocks = ceil(V / BLOCK_N)``). The target
+logit lies in exactly one tile, which stores it: no race, no atomics.
+
+**Merge.** A second, small kernel (one program per ``BLOCK_R`` rows) walks the ``n_blocks``
+partials of its rows with the online rule :math:`M' = \max(M, m_b)`,
+:math:`S \leftarrow S e^{M - M'} + s_b e^{m_b - M'}`, writes :math:`\mathrm{lse} = M + \log S`, and
+writes :math:`t_i = 0` at ignored rows (NaN at out-of-range targets), which no tile touches.
+
+**NaN.** ``tl.max`` ignores NaN operands (``maxnum``, compiled and interpreted alike), so :math:`m_b`
+may be finite, or :math:`-\infty`, beside a NaN logit; but that logit reaches :math:`s_b` through
+:math:`e^{z - m_b}` and from there the merged :math:`S` (:math:`\mathrm{NaN} \cdot 0 = \mathrm{NaN}`), so the
+row's lse is NaN.
+
+What it costs
+-------------
+FLOPs: :math:`2 N H V` in the matmul, plus about 5 and one ``exp`` per logit in the epilogue
+(nothing next to the :math:`2H` of the dot product). Bytes: ``x`` is read once per vocabulary block
+(``e·N·H·ceil(V/BLOCK_N)``, ``e`` = 2 or 4 bytes) and ``W`` once per row block
+(``e·V·H·ceil(N/BLOCK_M)``), mostly from L2 thanks to the grouping, as in any tiled matmul. Written
+are only the partials, ``8·N·ceil(V/BLOCK_N)`` bytes (8/BLOCK_N bytes per logit: 1/32 of a bf16
+logit at ``BLOCK_N = 256``), read once more by the merge, and ``4·N`` (``8·N``) bytes of output.
+The unfused path (``torch.logsumexp(x @ W.T, -1)``) writes the ``N·V`` logits and reads them back,
+``2·e·N·V`` bytes and ``e·N·V`` of memory (8 GiB for 32k tokens × 128k classes in bf16), a
+memory-bound pass after the matmul; here the stage is bound by the matmul alone. Offsets are 64-bit
+where ``N·V`` or ``V·H`` may exceed 2**31.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _validate as v
+from .._runtime import INTERPRETED
+
+#: Hopper candidates for bf16/fp16 inputs, best guess first (shared memory per stage:
+#: ``(BLOCK_M + BLOCK_N) · BLOCK_K · 2`` bytes, 48 KiB for the first).
+CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+]
+DEFAULT_CONFIG = CONFIGS[0]
+#: In Triton's interpreter every program is a Python loop: small tiles keep tests fast and still
+#: cover several row, vocabulary and ``H`` blocks.
+INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
+#: Rows per program of the merge kernel.
+BLOCK_R = 128
+
+
+@triton.jit
+def logits_lse_partials_kernel(
+    x_ptr,  # [N, H] hidden states (bf16/fp16/fp32)
+    w_ptr,  # [V, H] head, dtype of x
+    b_ptr,  # [V] bias, dtype of x (read only when HAS_BIAS)
+    target_ptr,  # [N] int32/int64 targets, ignore_index allowed (read only when HAS_TARGET)
+    m_ptr,  # float32 [n_blocks, N]: per tile row maxima m_bi (written)
+    s_ptr,  # float32 [n_blocks, N]: per tile row sums s_bi = sum_j exp(z_ij - m_bi) (written)
+    target_logit_ptr,  # float32 [N]: z_{i, y_i}, written by the tile holding column y_i (HAS_TARGET)
+    n_rows,  # N
+    n_cols,  # V
+    hidden,  # H
+    stride_xn, stride_xk,  # strides of x (elements)
+    stride_wv, stride_wk,  # strides of W (elements)
+    alpha,  # the logits' scale
+    ignore_index,  # target value of rows without a target logit
+    HAS_BIAS: tl.constexpr,  # add b before scaling
+    HAS_TARGET: tl.constexpr,  # store the target logits
+    INPUT_PRECISION: tl.constexpr,  # tl.dot's precision for fp32 inputs: "ieee" or "tf32" (ignored for 16-bit)
+    DOT_IN_FP32: tl.constexpr,  # upcast the tiles before tl.dot (Triton's interpreter multiplies bf16's raw bits)
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,  # vocabulary columns per tile
+    BLOCK_K: tl.constexpr,  # hidden elements per step of the dot-product loop
+    GROUP_M: tl.constexpr,  # row blocks that sweep the vocabulary together (W tiles reused from L2)
+):
+    # Grouped order: consecutive programs take GROUP_M row blocks × every vocabulary block, column-major.
+    pid = tl.program_id(0)
+    n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    per_group = GROUP_M * n_col_blocks
+    first_row_block = (pid // per_group) * GROUP_M
+    group_rows = min(n_row_blocks - first_row_block, GROUP_M)
+    pid_m = first_row_block + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    # Rows ≥ N and columns ≥ V wrap onto valid ones: loads stay in bounds without a mask, and those
+    # rows are never stored, those columns set to -inf below. Only the H tail is masked.
+    x_tile = x_ptr + (rows % n_rows).to(tl.int64)[:, None] * stride_xn + ks[None, :] * stride_xk
+    w_tile = w_ptr + (cols % n_cols).to(tl.int64)[None, :] * stride_wv + ks[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        a = tl.load(x_tile, mask=(k + ks)[None, :] < hidden, other=0.0)
+        b = tl.load(w_tile, mask=(k + ks)[:, None] < hidden, other=0.0)
+        if DOT_IN_FP32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        x_tile += BLOCK_K * stride_xk
+        w_tile += BLOCK_K * stride_wk
+
+    col_ok = cols < n_cols
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
+    m = tl.max(z, axis=1)
+    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    row_ok = rows < n_rows
+    partial = pid_n.to(tl.int64) * n_rows + rows
+    tl.store(m_ptr + partial, m, mask=row_ok)
+    tl.store(s_ptr + partial, s, mask=row_ok)
+
+    if HAS_TARGET:
+        y = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index).to(tl.int64)
+        mine = row_ok & (y != ignore_index) & (y >= pid_n * BLOCK_N) & (y < pid_n * BLOCK_N + BLOCK_N) & (y < n_cols)
+        z_y = tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        tl.store(target_logit_ptr + rows, z_y, mask=mine)
+
+
+@triton.jit
+def merge_lse_partials_kernel(
+    m_ptr,  # float32 [n_blocks, N]: the tiles' row maxima
+    s_ptr,  # float32 [n_blocks, N]: the tiles' shifted row sums
+    target_ptr,  # [N] int32/int64 targets (read only when HAS_TARGET)
+    lse_ptr,  # float32 [N]: log-sum-exp of each row (written)
+    target_logit_ptr,  # float32 [N]: set to 0 at ignored rows, NaN at out-of-range targets (HAS_TARGET)
+    n_rows,  # N
+    n_cols,  # V
+    n_blocks,  # ceil(V / BLOCK_N) of the tile kernel
+    ignore_index,  # target value of rows without a target logit
+    HAS_TARGET: tl.constexpr,  # finish the target logits
+    BLOCK_R: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    big_m = tl.full((BLOCK_R,), -float("inf"), tl.float32)
+    big_s = tl.zeros((BLOCK_R,), tl.float32)
+    for _ in range(0, n_blocks):
+        m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
+        s = tl.load(s_ptr + rows, mask=row_ok, other=1.0)
+        m_ptr += n_rows  # the next block's partials (64-bit pointer arithmetic)
+        s_ptr += n_rows
+        new_m = tl.maximum(big_m, m)
+        # exp(-inf - new_m) = 0 before the first block; a NaN in s (or m) stays in big_s.
+        big_s = big_s * tl.exp(big_m - new_m) + s * tl.exp(m - new_m)
+        big_m = new_m
+    tl.store(lse_ptr + rows, big_m + tl.log(big_s), mask=row_ok)
+    if HAS_TARGET:
+        y = tl.load(target_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        ignored = y == ignore_index
+        stray = ~ignored & ((y < 0) | (y >= n_cols))
+        tl.store(target_logit_ptr + rows, tl.where(ignored, 0.0, float("nan")), mask=row_ok & (ignored | stray))
+
+
+def _config(config: dict | None, dtype: torch.dtype) -> dict:
+    """The launch's tile sizes: the interpreter's, or the default (``BLOCK_K`` halved for 4-byte inputs,
+    keeping shared memory per stage at 48 KiB), updated by ``config``."""
+    if INTERPRETED:
+        chosen = dict(INTERPRETED_CONFIG)
+    elif dtype == torch.float32:
+        chosen = dict(DEFAULT_CONFIG, BLOCK_K=DEFAULT_CONFIG["BLOCK_K"] // 2)
+    else:
+        chosen = dict(DEFAULT_CONFIG)
+    if config is not None:
+        if not isinstance(config, dict) or not set(config) <= set(chosen):
+            raise ValueError(f"config must be a dict with keys among {sorted(chosen)}; got {config!r}")
+        for key, value in config.items():
+            positive = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            if not positive or (key.startswith("BLOCK_") and (value < 16 or value & (value - 1))):
+                raise ValueError(f"config[{key!r}] must be a positive int (BLOCK_*: a power of two >= 16); got {value!r}")
+        chosen.update(config)
+    return chosen
+
+
+def logits_logsumexp(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    ignore_index: int = -100,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(lse, target_logit)`` of the logits ``alpha * (x @ weight.T + bias)``, never formed in memory.
+
+    ``x``: ``(N, H)`` float32/bfloat16/float16; ``weight``: ``(V, H)`` of the same dtype; ``bias``:
+    optional ``(V,)`` of that dtype; ``target``: optional ``(N,)`` int32/int64 class indices in
+    ``[0, V)`` or ``ignore_index``. Returns float32 ``lse`` ``(N,)`` and float32 ``target_logit``
+    ``(N,)`` (0 at ignored rows, NaN at targets outside ``[0, V)``), or ``None`` without ``target``.
+    ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
+    ``num_warps``, ``num_stages`` (see :data:`CONFIGS`). Float32 inputs use TF32 exactly when torch's
+    matmuls do (``torch.backends.cuda.matmul.allow_tf32``).
+    """
+    v.require_tensor("x", x)
+    v.require_float("x", x)
+    v.require_ndim("x", x, 2)
+    v.require_nonempty("x", x)
+    v.require_tensor("weight", weight)
+    v.require_float("weight", weight)
+    v.require_same_dtype("x", x, "weight", weight)
+    v.require_linear_head("weight", weight, x.shape[1])
+    tensors = {"x": x, "weight": weight}
+    if bias is not None:
+        v.require_bias("bias", bias, weight)
+        tensors["bias"] = bias
+    if target is not None:
+        v.require_tensor("target", target)
+        v.require_index_dtype("target", target)
+        v.require_shape("target", target, x.shape[:1], "(N,) = x.shape[:1]")
+        tensors["target"] = target
+    v.require_same_device(tensors)
+    v.require_real("alpha", alpha)
+    v.require_int("ignore_index", ignore_index)
+    cfg = _config(config, x.dtype)
+
+    x, weight = x.contiguous(), weight.contiguous()
+    n_rows, hidden = x.shape
+    n_cols = weight.shape[0]
+    n_blocks = triton.cdiv(n_cols, cfg["BLOCK_N"])
+    m = torch.empty((n_blocks, n_rows), dtype=torch.float32, device=x.device)
+    s = torch.empty_like(m)
+    lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    target_logit = torch.empty_like(lse) if target is not None else None
+    # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
+    target_arg = target.contiguous() if target is not None else lse
+    bias_arg = bias.contiguous() if bias is not None else x
+    # "tf32" is tl.dot's default and ignored for 16-bit inputs; fp32 inputs get IEEE products unless torch allows TF32.
+    ieee = x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    grid = (triton.cdiv(n_rows, cfg["BLOCK_M"]) * n_blocks,)
+    logits_lse_partials_kernel[grid](
+        x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse,
+        n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        float(alpha), int(ignore_index),
+        HAS_BIAS=bias is not None, HAS_TARGET=target is not None, INPUT_PRECISION="ieee" if ieee else "tf32",
+        DOT_IN_FP32=INTERPRETED and x.dtype == torch.bfloat16,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    merge_lse_partials_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
+        m, s, target_arg, lse, target_logit if target is not None else lse, n_rows, n_cols, n_blocks,
+        int(ignore_index), HAS_TARGET=target is not None, BLOCK_R=BLOCK_R, num_warps=4,
+    )
+    return lse, target_logit

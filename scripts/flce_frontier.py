@@ -1,0 +1,156 @@
+"""The speed-memory frontier of fused linear cross-entropy on one GPU: every peer and kernels_lib's dial.
+
+On the GPU machine, from the repository root (the peers come as wheels in ``.whl/``; the CuTe DSL
+peers need ``quack-kernels`` 0.6.4, ``nvidia-cutlass-dsl`` 4.6.2 with its ``-libs-base``, ``-libs-core``
+and ``-libs-cu13``, ``apache-tvm-ffi`` and ``torch-c-dlpack-ext``):
+
+    pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/flce_frontier.py --out $OUT
+
+Parts, each written under ``--out`` in the layout of ``data/measured/`` as soon as it is done (a
+failing part is reported, the others still run, the exit code is 1 if any failed):
+
+``frontier``: ``gpu_runs/fused_linear_cross_entropy_frontier.csv``. At the published sizes (N = 4096,
+    8192, 16384, H = 4096, V = 128256, bf16), modes ``forward_no_grad`` and ``full``, speed and
+    memory: every peer that loads (torch, Liger, Liger's CuTe DSL kernel, QuACK, CCE), kernels_lib's
+    default, and kernels_lib at each chunk size of :data:`CHUNKS` (``accurate=False``), each named
+    ``kernels_lib[chunk_size=C accurate=False]``. One row per point, GPU, versions, commit.
+``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
+    each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
+    :data:`STAGE_CHUNKS` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`).
+
+``forward``: ``gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``. The loss without a
+    gradient needs each row's log-sum-exp and target logit only. At each N: the logits matmul alone
+    (cuBLAS, into a bf16 buffer: the floor of the unfused path), kernels_lib's ``forward_no_grad``
+    (matmul per chunk, then the kernel), and :func:`kernels_lib.kernels.logits_logsumexp.logits_logsumexp`
+    (the log-sum-exp in the epilogue of a Triton logits GEMM) at each of its ``CONFIGS``, with its
+    lse's and target logit's relative errors against the float32 logits of the same inputs.
+
+``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
+the tests use it.
+
+Duration on an H200: about 90 points of 1–3 s plus the CuTe DSL peers' first compilations; the
+parts are ordered so that the peers come first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
+from kernels_lib.kernels import logits_logsumexp as logits_lse
+from kernels_lib.workbench.bench import flce_studies
+from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.sweep import run_sweep
+from kernels_lib.workbench.bench.timing import time_callable
+from kernels_lib.workbench.check import relative_error
+
+SIZES = {
+    "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
+             "stage_n": 8192, "stage_chunks": [2048, 4096]},
+    "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8]},
+}
+PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
+MODES = ("forward_no_grad", "full")
+DTYPE = torch.bfloat16
+FILES = {
+    "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
+    "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
+    "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
+}
+
+
+def frontier(size: dict, device: torch.device) -> pd.DataFrame:
+    """Every peer, kernels_lib's default and each point of its dial, at each N of the chart."""
+    common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
+                  device=device, modes=MODES)
+    frames = [run_sweep(flce.KERNEL_NAME, providers=PEERS + ["kernels_lib"], **common)]
+    for chunk in size["chunks"]:
+        options = {"chunk_size": chunk, "accurate": False}
+        rows = run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], options=options, **common)
+        frames.append(rows.assign(kernel_provider=flce.variant_name(options)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def stages(size: dict, device: torch.device) -> pd.DataFrame:
+    """Stage times of one chunk times the chunks, per chunk size, lean accumulation."""
+    sizes = {"BT": size["stage_n"], "H": size["H"], "V": size["V"]}
+    frames = [
+        flce_studies.stage_times(sizes, DTYPE, device, chunk_size=chunk, accurate=False).assign(
+            chunk_size=chunk, BT=sizes["BT"], H=sizes["H"], V=sizes["V"])
+        for chunk in size["stage_chunks"]
+    ]
+    return pd.concat(frames, ignore_index=True).assign(**provenance(device))
+
+
+def forward(size: dict, device: torch.device) -> pd.DataFrame:
+    """The no-grad forward's candidates at each N: cuBLAS logits alone, our chunked path, the epilogue kernel."""
+    rows = []
+    for n in size["x_values"]:
+        inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        x, weight, target, _ = (t.detach() if isinstance(t, torch.Tensor) else t for t in inputs.args)
+        exact = x.float() @ weight.float().t()  # the bf16 inputs' logits in float32
+        ref_lse = torch.logsumexp(exact, -1)
+        ref_target = exact.gather(1, target.clamp(min=0)[:, None])[:, 0].where(target >= 0, 0.0)
+        del exact
+        logits = torch.empty(n, size["V"], dtype=DTYPE, device=device)
+        matmul_flops = 2.0 * n * size["H"] * size["V"]
+
+        def record(candidate, fn, lse=None, target_logit=None):
+            timing = time_callable(fn, device)
+            rows.append({
+                "BT": n, "H": size["H"], "V": size["V"], "candidate": candidate, "ms_50": timing.p50,
+                "ms_20": timing.p20, "ms_80": timing.p80, "TFLOP/s": matmul_flops / (timing.p50 * 1e-3) / 1e12,
+                "lse_rel_err": float("nan") if lse is None else relative_error(lse, ref_lse),
+                "target_logit_rel_err": float("nan") if target_logit is None else relative_error(target_logit, ref_target),
+            })
+
+        record("cuBLAS logits matmul alone", lambda: torch.matmul(x, weight.t(), out=logits))
+        with torch.no_grad():
+            record("kernels_lib forward_no_grad (default chunk)", lambda: kernels_lib.fused_linear_cross_entropy(x, weight, target))
+        del logits
+        for config in logits_lse.CONFIGS if device.type == "cuda" else [None]:
+            lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
+            record(f"logits_logsumexp {config}", lambda: logits_lse.logits_logsumexp(x, weight, target=target, config=config), lse, t)
+    return pd.DataFrame(rows).assign(**provenance(device))
+
+
+PARTS = {"frontier": frontier, "stages": stages, "forward": forward}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the parts' CSVs under")
+    parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, among {', '.join(PARTS)}")
+    args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(unknown)}; choose among {', '.join(PARTS)}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    failed = []
+    for part in parts:
+        start = time.perf_counter()
+        try:
+            rows = PARTS[part](SIZES[args.size], device)
+            path = args.out / FILES[part]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rows.to_csv(path, index=False)
+            print(f"{part}: {len(rows)} rows in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
+        except Exception:  # a failing part is reported; the others still run
+            failed.append(part)
+            traceback.print_exc()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""kernels_lib.kernels.logits_logsumexp against a float64 reference.
+
+The reference forms ``z = alpha * (x @ W.T + b)`` in float64 from the very (possibly bf16/fp16-rounded)
+inputs the kernel saw, so the only error left is the kernel's fp32 accumulation: errors
+``||out - ref|| / ||ref||`` are bounded by 1e-5 for every input dtype. Sizes are odd on purpose
+(H not a multiple of BLOCK_K, V not a multiple of BLOCK_N, partial GROUP_M groups) and small:
+without a GPU the kernels run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import default_device
+from kernels_lib.kernels.logits_logsumexp import CONFIGS, DEFAULT_CONFIG, INTERPRETED_CONFIG, logits_logsumexp
+from kernels_lib.workbench.check import relative_error
+
+DEVICE = default_device()
+TOL = 1e-5
+IGNORE = -100
+#: Larger tiles for the larger vocabularies: fewer (slow) interpreted programs.
+WIDE = dict(BLOCK_M=32, BLOCK_N=256, BLOCK_K=32)
+
+
+def make(n, h, v, dtype=torch.float32, *, bias=True, target_dtype=torch.int64, seed=0):
+    """x, W, b (or None) and targets with every third row ignored; logits of order a few units."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(v, h, generator=gen) / math.sqrt(h) * 3).to(DEVICE, dtype)
+    b = torch.randn(v, generator=gen).to(DEVICE, dtype) if bias else None
+    y = torch.randint(0, v, (n,), generator=gen)
+    y[1::3] = IGNORE
+    return x, w, b, y.to(DEVICE, target_dtype)
+
+
+def reference(x, w, b, y, alpha):
+    """(lse, target logit) in float64; the target logit 0 at ignored rows."""
+    z = x.double() @ w.double().T
+    if b is not None:
+        z = z + b.double()
+    z = alpha * z
+    lse = torch.logsumexp(z, dim=1)
+    if y is None:
+        return lse, None
+    valid = y != IGNORE
+    z_y = z.gather(1, torch.where(valid, y, 0).long()[:, None])[:, 0]
+    return lse, torch.where(valid, z_y, 0.0)
+
+
+def check(x, w, b, y, alpha=1.0, config=None):
+    lse, t = logits_logsumexp(x, w, b, y, alpha=alpha, ignore_index=IGNORE, config=config)
+    ref_lse, ref_t = reference(x, w, b, y, alpha)
+    assert lse.dtype == torch.float32 and lse.shape == (x.shape[0],)
+    assert torch.isfinite(lse).all(), "every row's lse is written, finite for finite inputs"
+    assert relative_error(lse, ref_lse) <= TOL
+    if y is None:
+        assert t is None
+        return
+    assert t.dtype == torch.float32 and t.shape == (x.shape[0],)
+    ignored = y == IGNORE
+    assert (t[ignored] == 0).all(), "ignored rows' target logit is exactly 0"
+    assert torch.isfinite(t).all()
+    if (~ignored).any():
+        assert relative_error(t[~ignored], ref_t[~ignored]) <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,h,v", [(1, 24, 1), (7, 40, 33), (37, 72, 200)])
+def test_matches_float64(n, h, v, dtype):
+    x, w, b, y = make(n, h, v, dtype)
+    check(x, w, b, y, alpha=0.7)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("target_dtype", [torch.int32, torch.int64, None])
+def test_bias_and_targets(bias, target_dtype):
+    x, w, b, y = make(7, 40, 33, torch.bfloat16, bias=bias, target_dtype=target_dtype or torch.int64, seed=1)
+    check(x, w, b, y if target_dtype else None, alpha=-1.3)
+
+
+@pytest.mark.parametrize("n,h,v,config", [(37, 72, 1031, None), (37, 72, 5000, WIDE), (7, 24, 5000, WIDE)])
+def test_large_vocabulary(n, h, v, config):
+    x, w, b, y = make(n, h, v, torch.bfloat16, seed=2)
+    check(x, w, b, y, alpha=2.5, config=config)
+
+
+@pytest.mark.parametrize("group_m", [1, 2, 3, 8])
+def test_grouped_order_covers_every_tile(group_m):
+    """37 rows in blocks of 16: three row blocks, so groups of 2 and 8 are partial."""
+    x, w, b, y = make(37, 40, 100, seed=3)
+    check(x, w, b, y, config=dict(GROUP_M=group_m))
+
+
+def test_large_logits_and_all_rows_ignored():
+    x, w, b, y = make(37, 24, 77, seed=4)
+    check(x, w, b, y, alpha=40.0)  # logits of order 100: exp would overflow unshifted
+    check(x, w, b, torch.full_like(y, IGNORE))
+
+
+def test_noncontiguous_inputs():
+    x, w, b, y = make(7, 80, 33, seed=5)
+    check(x[:, ::2], w[:, ::2], b, y)
+
+
+def test_targets_outside_the_vocabulary_give_nan():
+    x, w, b, y = make(7, 24, 33, seed=6)
+    y[0], y[2] = 33, -5
+    _, t = logits_logsumexp(x, w, b, y, ignore_index=IGNORE)
+    assert t[[0, 2]].isnan().all() and t[[1, 3, 4, 5, 6]].isfinite().all()
+
+
+# An all-NaN row of a tile: numpy warns in the interpreter's max and in z - m.
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_nan_in_x_row_stays_in_that_row():
+    x, w, b, y = make(37, 40, 100, seed=7)
+    x[5, 3] = float("nan")
+    lse, t = logits_logsumexp(x, w, b, y, ignore_index=IGNORE)
+    assert lse[5].isnan() and t[5].isnan()
+    rest = torch.arange(37) != 5
+    assert lse[rest].isfinite().all() and t[rest].isfinite().all()
+
+
+@pytest.mark.parametrize("where", ["weight", "bias"])
+def test_nan_in_one_class_reaches_every_row(where):
+    x, w, b, y = make(37, 40, 100, seed=8)
+    y[0] = 70  # rows whose target is the NaN class get a NaN target logit, the others do not
+    y[2] = 10
+    if where == "weight":
+        w[70, 11] = float("nan")
+    else:
+        b[70] = float("nan")
+    lse, t = logits_logsumexp(x, w, b, y, ignore_index=IGNORE)
+    assert lse.isnan().all()
+    assert t[0].isnan() and t[y != 70].isfinite().all()
+
+
+def test_configs():
+    assert DEFAULT_CONFIG is CONFIGS[0]
+    keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+    for config in (*CONFIGS, INTERPRETED_CONFIG):
+        assert set(config) == keys
+        # Hopper: the pipelined bf16 tiles fit in shared memory (228 KiB per SM).
+        assert config["num_stages"] * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * 2 <= 200 * 1024
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(x=torch.zeros(4)), "x must have 2"),
+        (dict(x=torch.zeros(4, 8, dtype=torch.int64)), "x must be a floating"),
+        (dict(x=torch.zeros(0, 8)), "x must not be empty"),
+        (dict(weight=torch.zeros(5, 9)), "weight must have shape"),
+        (dict(weight=torch.zeros(5)), "weight must have 2"),
+        (dict(weight=torch.zeros(5, 8, dtype=torch.bfloat16)), "weight must have the dtype of x"),
+        (dict(bias=torch.zeros(4)), r"bias must have shape \(V,\)"),
+        (dict(bias=torch.zeros(5, dtype=torch.float16)), "bias must have the dtype of weight"),
+        (dict(target=torch.zeros(3, dtype=torch.int64)), "target must have shape"),
+        (dict(target=torch.zeros(4)), "target must be an int64 or int32"),
+        (dict(x=[[0.0] * 8] * 4), "x must be a torch.Tensor"),
+        (dict(alpha=float("inf")), "alpha must be a finite real"),
+        (dict(ignore_index=1.5), "ignore_index must be an int"),
+        (dict(config=dict(BLOCK_Q=16)), "config must be a dict"),
+        (dict(config=dict(BLOCK_N=48)), r"config\['BLOCK_N'\] must be"),
+        (dict(config=dict(num_warps=0)), r"config\['num_warps'\] must be"),
+    ],
+)
+def test_bad_inputs_name_the_argument(change, match):
+    args = dict(x=torch.zeros(4, 8), weight=torch.zeros(5, 8), bias=None, target=None, alpha=1.0, ignore_index=-100,
+                config=None)
+    args.update(change)
+    args = {k: a.to(DEVICE) if isinstance(a, torch.Tensor) else a for k, a in args.items()}
+    with pytest.raises((TypeError, ValueError), match=match):
+        logits_logsumexp(args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("target"), **args)
