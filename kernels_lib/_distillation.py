@@ -17,7 +17,7 @@ constant: no gradient flows to it, and its tensors are read detached.
 
 Memory: two ``chunk × V`` buffers (the student's, which becomes ``dz``, and the teacher's) in the
 matmul dtype, plus the gradients themselves. The default chunk is the cross-entropy's
-(:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size` of the student's ``H``), so the
+(:func:`~kernels_lib.fused_linear_cross_entropy.lean_chunk_size` of the student's ``H``), so the
 two buffers together are a quarter of ``dW_s``.
 
 float16: each chunk's ``dz`` is formed at the power-of-two scale that brings the largest gradient
@@ -32,7 +32,7 @@ import torch
 
 from . import _validate as v
 from ._sequence_logprobs import FusedSequenceLoss
-from .fused_linear_cross_entropy import _GradientSums, _Operands, compute_dtype_for, default_chunk_size
+from .fused_linear_cross_entropy import _GradientSums, _Operands, compute_dtype_for, lean_chunk_size
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
 
@@ -87,7 +87,7 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     """
     x, weight, bias = student
     n_rows = x.shape[0]
-    rows_per_chunk = opts.chunk_size or default_chunk_size(n_rows, x.shape[1])
+    rows_per_chunk = opts.chunk_size or lean_chunk_size(n_rows, x.shape[1])
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype_for
         ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype_for(x))
         teacher_ops = _Operands(*teacher, rows_per_chunk, compute_dtype_for(teacher[0]))

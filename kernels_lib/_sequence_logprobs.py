@@ -49,7 +49,7 @@ import torch
 
 from . import _validate as v
 from ._vocab_parallel import VocabShard
-from .fused_linear_cross_entropy import _GradientSums, _Operands, default_chunk_size, to_dtypes
+from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, to_dtypes
 from .kernels.kl_div_backward import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -62,13 +62,21 @@ Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.
 TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 
+#: The fewest rows of a default chunk of the sequence losses. At a small ``H`` the lean budget
+#: (``H / 8``) makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
+#: (``H = 1024``, ``T = 512``) took 4.79 ms at B = 4 with 512-row chunks, 4.05 with 1024 and 3.84 with
+#: 2048 on the H200 (``data/measured/gpu_runs/kto_small_batch.csv``).
+MIN_SEQUENCE_CHUNK_ROWS = 1024
+
+
 def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
-    """Rows per chunk: ``chunk_size`` (or the cross-entropy default) rounded down to whole groups.
+    """Rows per chunk: ``chunk_size`` (or the lean budget, at least :data:`MIN_SEQUENCE_CHUNK_ROWS`)
+    rounded down to whole groups.
 
     A group is the rows that must share a chunk (one sequence, or an ORPO pair); at least one group
     per chunk, so a group longer than the budget makes a larger chunk.
     """
-    budget = chunk_size or default_chunk_size(n_rows, hidden)
+    budget = chunk_size or max(MIN_SEQUENCE_CHUNK_ROWS, lean_chunk_size(n_rows, hidden))
     return max(1, budget // group_rows) * group_rows
 
 

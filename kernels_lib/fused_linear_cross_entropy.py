@@ -35,13 +35,18 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   kernel without its first pass.
 * Without a gradient (``torch.no_grad()`` or no input requiring grad) only the loss is computed.
 
-The default chunk holds ``H / 8`` rows (at least 256, a multiple of 128): its logits buffer is
-then an eighth of the weight gradient (``V × H``) whatever ``V`` is, so the memory of forward +
-backward stays near the floor, the gradients themselves. Fewer rows cost less memory but more
-passes over ``dW`` (each chunk reads and writes the whole ``V × H`` accumulator once); ``chunk_size``
-is the dial. Measured on an H200 at N = 8192, H = 4096, V = 128256, bf16
-(``data/measured/gpu_runs/fused_linear_cross_entropy_dial.csv``): 512 rows take 46 ms and
-1191 MiB (1.05× Liger's memory), 2048 rows 41 ms and 1567 MiB, 8192 rows 40 ms and 3070 MiB.
+The default chunk (:func:`default_chunk_size`) holds ``H`` rows, at least 2048 and at most 8192,
+growing to ``N / 32`` rows for long batches, and halved while its logits buffer would exceed a quarter
+of the device's free memory. Each chunk's ``dW += dz^T x_c`` reads and writes the whole ``V × H``
+accumulator once: ``4·V·H`` bytes against ``2·c·V·H`` FLOPs, ``c / 2`` FLOPs per byte, so small chunks
+make that pass, not the matmuls, the cost (about ``105 / c`` of a chunk's three matmuls on an H200);
+with ``H`` rows the logits buffer is the size of ``dW`` itself, so forward + backward hold at most
+twice the gradients. ``chunk_size`` is the dial. Measured on an H200 at N = 8192, H = 4096,
+V = 128256, bf16 (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``, ``full``): 512
+rows take 46.0 ms at 1191 MiB (Liger's Triton kernel: 55.5 ms, 1129 MiB), 2048 rows 41.0 ms at
+1567 MiB, 4096 rows (this default) 39.8 ms at 2068 MiB, 8192 rows 40.1 ms at 3070 MiB. The
+memory-lean point of earlier versions, ``H / 8`` rows, is :func:`lean_chunk_size`: the fused losses
+with a second head or a reference model keep it (their memory is judged against Liger's).
 
 ``accurate=False`` (the default) accumulates ``dW`` and ``db`` across chunks in the parameter dtype,
 as the memory-lean peers do: cuBLAS adds each chunk's float32 product into the bf16/fp16 running
@@ -109,10 +114,17 @@ from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_c
 
 REDUCTIONS = ("mean", "sum", "none")
 
-#: The default chunk's logits are this fraction of the weight gradient: ``H // 8`` rows.
-DEFAULT_CHUNK_FRACTION = 8
-#: The fewest rows of a default chunk (smaller chunks make the dW passes, not the matmuls, the cost).
-MIN_DEFAULT_CHUNK_ROWS = 256
+#: The lean chunk's logits are this fraction of the weight gradient: ``H // 8`` rows (:func:`lean_chunk_size`).
+LEAN_CHUNK_FRACTION = 8
+#: The fewest rows of a lean chunk.
+MIN_LEAN_CHUNK_ROWS = 256
+#: The fewest rows of a default chunk: the ``dW`` pass then costs about 5% of the chunk's matmuls.
+MIN_DEFAULT_CHUNK_ROWS = 2048
+#: The most rows of a default chunk (2.1 GB of bf16 logits at ``V = 128256``): on the H200, 8192-row
+#: chunks were no faster than 4096 at N = 8192 and 1% faster than 2048 at 262144 tokens per step.
+MAX_DEFAULT_CHUNK_ROWS = 8192
+#: A default chunk's logits buffer takes at most this fraction of the device memory free at the call.
+DEFAULT_CHUNK_FREE_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -179,12 +191,35 @@ def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if INTERPRETED else dtype
 
 
-def default_chunk_size(n_rows: int, hidden: int) -> int:
-    """Rows per chunk: ``hidden // 8`` (the logits chunk is an eighth of the weight gradient), at least
-    :data:`MIN_DEFAULT_CHUNK_ROWS`, rounded down to a multiple of 128 (matmul tiles), at most ``n_rows``."""
-    rows = max(MIN_DEFAULT_CHUNK_ROWS, hidden // DEFAULT_CHUNK_FRACTION)
+def default_chunk_size(n_rows: int, hidden: int, n_cols: int | None = None, itemsize: int = 2,
+                       free_bytes: int | None = None) -> int:
+    """Rows per chunk of :func:`fused_linear_cross_entropy`: ``max(H, N / 32)`` within
+    [:data:`MIN_DEFAULT_CHUNK_ROWS`, :data:`MAX_DEFAULT_CHUNK_ROWS`], rounded down to a multiple of
+    128 (matmul tiles); halved while its ``rows × n_cols`` buffer of ``itemsize``-byte logits would
+    exceed :data:`DEFAULT_CHUNK_FREE_FRACTION` of ``free_bytes`` (when both are given); at most ``n_rows``."""
+    rows = min(MAX_DEFAULT_CHUNK_ROWS, max(MIN_DEFAULT_CHUNK_ROWS, hidden, n_rows // 32)) // 128 * 128
+    if n_cols is not None and free_bytes is not None:
+        while rows > 128 and rows * n_cols * itemsize > DEFAULT_CHUNK_FREE_FRACTION * free_bytes:
+            rows = max(128, rows // 2 // 128 * 128)
+    return max(1, min(n_rows, rows))
+
+
+def lean_chunk_size(n_rows: int, hidden: int) -> int:
+    """Rows per chunk where memory comes first: ``hidden // 8`` (the logits chunk is an eighth of the
+    weight gradient), at least :data:`MIN_LEAN_CHUNK_ROWS`, rounded down to a multiple of 128, at most
+    ``n_rows``. The default of the losses with a second head or a reference model."""
+    rows = max(MIN_LEAN_CHUNK_ROWS, hidden // LEAN_CHUNK_FRACTION)
     rows -= rows % 128
     return max(1, min(n_rows, rows))
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Bytes a new buffer can take on ``device``: the driver's free memory plus what torch's caching
+    allocator holds unused; None off CUDA (no limit is applied there)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -195,23 +230,30 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         out.copy_(a @ b)
 
 
-def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0) -> None:
-    """``acc += alpha · (a @ b)`` in ``acc``'s dtype.
+def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0,
+                first: bool = False) -> None:
+    """``acc += alpha · (a @ b)`` in ``acc``'s dtype; with ``first``, ``acc = alpha · (a @ b)`` (its old
+    contents, uninitialized memory included, are not read: ``beta = 0``).
 
     In one ``addmm_`` when the dtypes agree, or on CUDA into a float32 ``acc`` from half operands
     (cuBLAS reads and writes the float32 sum directly: no temporary, no rounding of the product).
     Otherwise slice by slice of ``acc``'s rows, each product made in ``a``'s dtype (a temporary of
     at most ``max_temp_numel`` elements) and added once.
     """
+    beta = 0.0 if first else 1.0
     if acc.dtype == a.dtype:
-        acc.addmm_(a, b, alpha=alpha)
+        acc.addmm_(a, b, beta=beta, alpha=alpha)
         return
     if acc.is_cuda and acc.dtype == torch.float32:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, alpha=alpha, out=acc)
+        torch.addmm(acc, a, b, out_dtype=torch.float32, beta=beta, alpha=alpha, out=acc)
         return
     step = max(1, max_temp_numel // acc.shape[1])
     for start in range(0, acc.shape[0], step):
-        acc[start : start + step].add_(a[start : start + step] @ b, alpha=alpha)
+        product = a[start : start + step] @ b
+        if first:
+            acc[start : start + step].copy_(product.mul_(alpha))
+        else:
+            acc[start : start + step].add_(product, alpha=alpha)
 
 
 def unit_scale(peak: float) -> float:
@@ -223,7 +265,8 @@ def unit_scale(peak: float) -> float:
 
 
 class _GradientSums:
-    """``dx`` per chunk, ``dW`` and ``db`` summed over chunks, from each chunk's ``dz``.
+    """``dx`` per chunk, ``dW`` and ``db`` summed over chunks, from each chunk's ``dz`` (the first chunk
+    writes them, the others add: every row lies in exactly one chunk, so at least one chunk comes).
 
     ``dW``/``db`` accumulate in float32 when ``accurate`` (rounded to the parameter dtype once, in
     :meth:`result`), else in the parameter dtype. For float16 inputs (``wide``) each chunk's ``dz``
@@ -235,10 +278,11 @@ class _GradientSums:
     def __init__(self, x, weight, bias, needs, accurate: bool, compute_dtype: torch.dtype | None = None):
         need_x, need_w, need_b = needs
         self.wide = (compute_dtype or x.dtype) == torch.float16
+        self.first = True  # the first chunk writes dW and db (no zeroing pass, no read of zeros)
 
         def accumulator(param):
             wide = accurate or self.wide
-            return torch.zeros(param.shape, dtype=torch.float32 if wide else param.dtype, device=param.device)
+            return torch.empty(param.shape, dtype=torch.float32 if wide else param.dtype, device=param.device)
 
         self.dx = torch.empty(x.shape, dtype=torch.float32 if self.wide else x.dtype, device=x.device) if need_x else None
         self.dw = accumulator(weight) if need_w else None
@@ -259,9 +303,14 @@ class _GradientSums:
             if unscale != 1.0:
                 self.dx[rows].mul_(unscale)
         if self.dw is not None:
-            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel(), alpha=unscale)
+            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel(), alpha=unscale, first=self.first)
         if self.db is not None:
-            self.db.add_(dz.sum(0, dtype=torch.float32), alpha=unscale)
+            column_sums = dz.sum(0, dtype=torch.float32)
+            if self.first:
+                self.db.copy_(column_sums.mul_(unscale))
+            else:
+                self.db.add_(column_sums, alpha=unscale)
+        self.first = False
 
     def result(self):
         """``(dx, dW, db)``: in the inputs' dtypes, or float32 when ``wide``."""
@@ -308,7 +357,10 @@ class _Operands:
         self.b = bias.to(self.compute_dtype).to(dtype) if bias is not None else None
         self.pre = pre
         n_rows, n_cols = x.shape[0], weight.shape[0]
-        self.chunk_size = min(chunk_size or default_chunk_size(n_rows, x.shape[1]), n_rows)
+        if chunk_size is None:
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, itemsize, free_device_bytes(x.device))
+        self.chunk_size = min(chunk_size, n_rows)
         self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
 
     def __iter__(self):
@@ -668,7 +720,8 @@ def fused_linear_cross_entropy(
         softcap: ``s > 0`` replaces the logits by ``s·tanh(z/s)`` before everything, or None.
         return_z_loss: also return the z-loss term alone (same reduction), for logging: it is
             already included in the loss, and no gradient flows through this second output.
-        chunk_size: rows per chunk, or None for :func:`default_chunk_size` (H / 8 rows, at least 256).
+        chunk_size: rows per chunk, or None for :func:`default_chunk_size` (``H`` rows, at least 2048,
+            fewer when the device's free memory is short).
         accurate: accumulate ``dW``/``db`` over chunks in float32 rather than in the parameter dtype
             (default False: saves a ``V × H`` float32 buffer; about 20% more dW error at 16 chunks).
         class_weight: torch's per-class ``weight`` ``(V,)``: a row's loss is multiplied by

@@ -77,24 +77,6 @@ SUPPORTED = {
 #: The per-token fields of TRL's ``FusedCausalLMOutput`` (all of them, computed by kernels_lib).
 FUSED_HEAD_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 IGNORE_INDEX = -100
-#: The fewest rows per chunk when :func:`patch` is not given ``chunk_size``. Each chunk reads and writes
-#: the whole ``V × H`` weight gradient once (SPEC §6); that pass costs about ``105 / rows`` of the
-#: chunk's three matmuls on an H200 (4.3 TB/s against ~680 TFLOP/s, bf16), so 2048 rows keep it near
-#: 5% (the library's standalone default, ``H / 8`` rows, is 256 rows at ``H = 2048``: ~40%, measured
-#: 4–6% slower per step in notebook 05). The logits buffer is then ``2048 · V`` elements (0.5 GB at
-#: ``V = 128256`` in bf16), small beside a training step's activations.
-TRAINING_CHUNK_ROWS = 2048
-#: ... growing to ``N / 32`` rows for long batches (at most 32 passes over dW), up to this many
-#: (2.1 GB of bf16 logits at ``V = 128256``): measured on the H200, 8192-row chunks were 1% faster
-#: than 2048 at 262144 tokens per step, and no larger at the peak.
-TRAINING_CHUNK_MAX_ROWS = 8192
-
-
-def training_chunk_rows(n_rows: int) -> int:
-    """Rows per chunk of :func:`patch`'s loss for ``n_rows`` tokens: ``n_rows / 32`` rounded down to a
-    multiple of 128, within [:data:`TRAINING_CHUNK_ROWS`, :data:`TRAINING_CHUNK_MAX_ROWS`]."""
-    rows = (n_rows // 32) // 128 * 128
-    return max(TRAINING_CHUNK_ROWS, min(TRAINING_CHUNK_MAX_ROWS, rows))
 _STATE = "_kernels_lib_hf"
 #: What the output carries from the backbone: ``cache`` or ``past_key_values`` (by version), hidden states, attentions.
 _BACKBONE_FIELDS = tuple(f.name for f in dataclasses.fields(CausalLMOutputWithPast) if f.name not in ("loss", "logits"))
@@ -232,7 +214,7 @@ def _loss_forward(
         ignore_index=IGNORE_INDEX,
         softcap=softcap,
         num_items_in_batch=num_items_in_batch,
-        chunk_size=options.chunk_size if options.chunk_size is not None else training_chunk_rows(shift_labels.numel()),
+        chunk_size=options.chunk_size,
         accurate=options.accurate,
         host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
     )
@@ -264,8 +246,8 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
     Args:
         model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified).
         chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`; ``chunk_size``
-            None means :func:`training_chunk_rows` (2048 rows, more for long batches), not the
-            standalone default. The loss makes no host sync (``host_checks=False``): a label outside
+            None means the function's default (:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`:
+            ``H`` rows, at least 2048, ``N / 32`` for long batches). The loss makes no host sync (``host_checks=False``): a label outside
             the vocabulary is a device-side assert, as with Transformers' own loss on CUDA.
         keep_logits: also return the logits when labels are given.
 
@@ -357,7 +339,7 @@ def _fused_head_forward(model, options: _HeadOptions, arguments: dict):
         stats = fused_linear_cross_entropy(
             hidden_states, weight, labels, bias, ignore_index=IGNORE_INDEX, reduction="none",
             softcap=options.softcap, logit_scale=options.logit_scale, temperature=options.temperature,
-            return_token_stats=True, chunk_size=training_chunk_rows(labels.numel()), host_checks=False,
+            return_token_stats=True, host_checks=False,
         )
     mask = labels != IGNORE_INDEX
     denominator = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch

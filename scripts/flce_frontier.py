@@ -11,7 +11,8 @@ Parts, each written under ``--out`` in the layout of ``data/measured/`` as soon 
 failing part is reported, the others still run, the exit code is 1 if any failed):
 
 ``frontier``: ``gpu_runs/fused_linear_cross_entropy_frontier.csv``. At the published sizes (N = 4096,
-    8192, 16384, H = 4096, V = 128256, bf16), modes ``forward_no_grad`` and ``full``, speed and
+    8192, 16384, H = 4096, V = 128256, bf16), modes ``forward_no_grad`` and ``full`` (the peers and the
+    default also ``forward``, the published chart's third panel), speed and
     memory: every peer that loads (torch, Liger, Liger's CuTe DSL kernel, QuACK, CCE), kernels_lib's
     default, and kernels_lib at each chunk size of :data:`CHUNKS` (``accurate=False``), each named
     ``kernels_lib[chunk_size=C accurate=False]``. One row per point, GPU, versions, commit.
@@ -71,8 +72,10 @@ FILES = {
 def frontier(size: dict, device: torch.device) -> pd.DataFrame:
     """Every peer, kernels_lib's default and each point of its dial, at each N of the chart."""
     common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
-                  device=device, modes=MODES)
-    frames = [run_sweep(flce.KERNEL_NAME, providers=PEERS + ["kernels_lib"], **common)]
+                  device=device)
+    # The published chart's forward (with the gradient's work, where a provider does it there) too.
+    frames = [run_sweep(flce.KERNEL_NAME, providers=PEERS + ["kernels_lib"], modes=("forward",) + MODES, **common)]
+    common["modes"] = MODES
     for chunk in size["chunks"]:
         options = {"chunk_size": chunk, "accurate": False}
         rows = run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], options=options, **common)
@@ -118,8 +121,12 @@ def forward(size: dict, device: torch.device) -> pd.DataFrame:
             record("kernels_lib forward_no_grad (default chunk)", lambda: kernels_lib.fused_linear_cross_entropy(x, weight, target))
         del logits
         for config in logits_lse.CONFIGS if device.type == "cuda" else [None]:
-            lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
-            record(f"logits_logsumexp {config}", lambda: logits_lse.logits_logsumexp(x, weight, target=target, config=config), lse, t)
+            try:
+                lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
+                record(f"logits_logsumexp {config}", lambda: logits_lse.logits_logsumexp(x, weight, target=target, config=config), lse, t)
+            except Exception as error:  # a config that does not compile here is a recorded failure, not a lost part
+                rows.append({"BT": n, "H": size["H"], "V": size["V"], "candidate": f"logits_logsumexp {config}",
+                             "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
     return pd.DataFrame(rows).assign(**provenance(device))
 
 

@@ -19,6 +19,7 @@ from kernels_lib import default_device, reference
 from kernels_lib.fused_linear_cross_entropy import (
     FusedLinearCrossEntropyLoss,
     default_chunk_size,
+    lean_chunk_size,
     fused_linear_cross_entropy,
 )
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
@@ -259,11 +260,24 @@ def test_nan_propagates():
 
 
 def test_default_chunk_size():
-    assert default_chunk_size(100_000, 4096) == 512  # H / 8: the logits chunk is 1/8 of dW
-    assert default_chunk_size(100_000, 8192) == 1024
-    assert default_chunk_size(100_000, 1000) == 256  # at least 256 rows
-    assert default_chunk_size(100_000, 5000) == 512  # rounded down to a multiple of 128
+    assert default_chunk_size(100_000, 4096) == 4096  # H rows: the logits chunk is the size of dW
+    assert default_chunk_size(50_000, 1024) == 2048  # at least 2048 rows (the dW pass ~5% of the matmuls)
+    assert default_chunk_size(100_000, 5000) == 4992  # rounded down to a multiple of 128
+    assert default_chunk_size(262_144, 4096) == 8192  # N / 32 for long batches ...
+    assert default_chunk_size(10**7, 4096) == 8192  # ... at most 8192 rows
     assert default_chunk_size(37, 4096) == 37  # never more than the rows there are
+    # Halved while the bf16 buffer would take more than a quarter of the free memory.
+    assert default_chunk_size(100_000, 4096, 128256, 2, free_bytes=4 * 4096 * 128256 * 2) == 4096
+    assert default_chunk_size(100_000, 4096, 128256, 2, free_bytes=4 * 4096 * 128256 * 2 - 1) == 2048
+    assert default_chunk_size(100_000, 4096, 128256, 2, free_bytes=10**6) == 128  # never below one tile
+
+
+def test_lean_chunk_size():
+    assert lean_chunk_size(100_000, 4096) == 512  # H / 8: the logits chunk is 1/8 of dW
+    assert lean_chunk_size(100_000, 8192) == 1024
+    assert lean_chunk_size(100_000, 1000) == 256  # at least 256 rows
+    assert lean_chunk_size(100_000, 5000) == 512  # rounded down to a multiple of 128
+    assert lean_chunk_size(37, 4096) == 37
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
