@@ -10,13 +10,23 @@ without a GPU the kernels run in Triton's interpreter.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib import default_device
-from kernels_lib.kernels.logits_logsumexp import CONFIGS, DEFAULT_CONFIG, INTERPRETED_CONFIG, logits_logsumexp
+from kernels_lib import INTERPRETED, default_device
+from kernels_lib.kernels import logits_logsumexp as module
+from kernels_lib.kernels.logits_logsumexp import (
+    CONFIGS,
+    DEFAULT_CONFIG,
+    FLAG_KEYS,
+    INTERPRETED_CONFIG,
+    TmaFallbackWarning,
+    logits_logsumexp,
+    tma_unsupported_reason,
+)
 from kernels_lib.workbench.check import relative_error
 
 DEVICE = default_device()
@@ -139,12 +149,102 @@ def test_nan_in_one_class_reaches_every_row(where):
 
 
 def test_configs():
-    assert DEFAULT_CONFIG is CONFIGS[0]
+    assert DEFAULT_CONFIG in CONFIGS and not DEFAULT_CONFIG.get("TMA"), "the default is a measured pointer config"
     keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
     for config in (*CONFIGS, INTERPRETED_CONFIG):
-        assert set(config) == keys
+        assert keys <= set(config) <= keys | set(FLAG_KEYS)
         # Hopper: the pipelined bf16 tiles fit in shared memory (228 KiB per SM).
         assert config["num_stages"] * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * 2 <= 200 * 1024
+    assert CONFIGS[0].get("TMA") and CONFIGS[0].get("PERSISTENT"), "the Hopper candidates come first"
+    assert len({tuple(sorted(c.items())) for c in CONFIGS}) == len(CONFIGS), "no duplicates"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_every_config_passes_the_launchers_validation(config, dtype):
+    cfg = module._config(config, dtype)
+    assert {k: cfg[k] for k in config} == config
+    assert all(cfg[k] is bool(config.get(k, False)) for k in FLAG_KEYS)
+
+
+# --- The TMA (Hopper) kernel: Triton's interpreter runs tensor descriptors, so its numerics are checked here
+# with small tiles; INTERPRETED_NUM_SMS = 3 persistent programs take several tiles each.
+
+TMA_VARIANTS = [dict(TMA=True), dict(TMA=True, PERSISTENT=True), dict(TMA=True, WARP_SPECIALIZE=True),
+                dict(TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)]
+
+
+@pytest.fixture
+def tma_only(monkeypatch):
+    """The TMA kernel must run: no fallback warning, and the pointer kernel refuses to launch."""
+
+    class Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError("the pointer kernel ran instead of the TMA kernel")
+
+    monkeypatch.setattr(module, "logits_lse_partials_kernel", Refuse())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TmaFallbackWarning)
+        yield
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="small-tile numerics run in the interpreter (on a GPU: the benchmark)")
+@pytest.mark.parametrize("variant", TMA_VARIANTS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,h,v", [(1, 24, 1), (37, 72, 200)])
+def test_tma_kernel_matches_float64(n, h, v, dtype, variant, tma_only):
+    x, w, b, y = make(n, h, v, dtype, seed=9)
+    check(x, w, b, y, alpha=0.7, config=dict(INTERPRETED_CONFIG, **variant))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="small-tile numerics run in the interpreter")
+@pytest.mark.parametrize("group_m", [1, 3])
+@pytest.mark.parametrize("bias,with_target", [(False, True), (True, False)])
+def test_tma_kernel_bias_targets_groups(bias, with_target, group_m, tma_only):
+    x, w, b, y = make(37, 40, 100, torch.bfloat16, bias=bias, seed=10)
+    check(x, w, b, y if with_target else None, alpha=-1.3, config=dict(TMA=True, PERSISTENT=True, GROUP_M=group_m))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="small-tile numerics run in the interpreter")
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("variant", TMA_VARIANTS[:2], ids=str)
+def test_tma_kernel_nan_and_out_of_range_targets(variant, tma_only):
+    x, w, b, y = make(37, 40, 100, seed=11)
+    x[5, 3] = float("nan")
+    y[0], y[2], y[3] = 100, -5, 70
+    b[70] = float("nan")
+    lse, t = logits_logsumexp(x, w, b, y, ignore_index=IGNORE, config=variant)
+    assert lse.isnan().all(), "a NaN class reaches every row"
+    assert t[[0, 2, 3, 5]].isnan().all()
+    assert (t[1::3] == 0).all() and t[[6, 8, 9]].isfinite().all()
+    x[5, 3] = 0.0
+    b[70] = 0.0
+    check(x, w, b, y.clamp(min=0) % 100, config=variant)
+
+
+def test_tma_reason_none_for_aligned_inputs():
+    x, w, _, _ = make(7, 40, 33, torch.bfloat16)
+    assert tma_unsupported_reason(x, w) is None
+
+
+@pytest.mark.parametrize(
+    "dtype, h, cut, match",
+    [
+        (torch.bfloat16, 20, 0, r"x's rows are 40 bytes, not a multiple of 16 \(H = 20 must be a multiple of 8"),
+        (torch.float32, 18, 0, r"rows are 72 bytes, not a multiple of 16 \(H = 18 must be a multiple of 4"),
+        (torch.float32, 24, 1, r"x's data pointer \(0x[0-9a-f]+\) is not 16-byte aligned"),
+    ],
+)
+def test_tma_falls_back_with_its_reason(dtype, h, cut, match):
+    """Inputs TMA cannot take: the pointer kernel runs (same results) and a warning names the reason."""
+    x, w, b, y = make(7, h, 33, dtype, seed=12)
+    if cut:  # the same values at an address 4 bytes past a 16-byte boundary, contiguous
+        buffer = torch.empty(x.numel() + 4, dtype=dtype, device=DEVICE)[cut:cut + x.numel()]
+        x = buffer.view(x.shape).copy_(x)
+        assert x.is_contiguous() and x.data_ptr() % 16
+    assert tma_unsupported_reason(x, w) is not None
+    with pytest.warns(TmaFallbackWarning, match=match):
+        check(x, w, b, y, config=dict(TMA=True, PERSISTENT=True))
 
 
 @pytest.mark.parametrize(
@@ -166,6 +266,10 @@ def test_configs():
         (dict(config=dict(BLOCK_Q=16)), "config must be a dict"),
         (dict(config=dict(BLOCK_N=48)), r"config\['BLOCK_N'\] must be"),
         (dict(config=dict(num_warps=0)), r"config\['num_warps'\] must be"),
+        (dict(config=dict(TMA=1)), r"config\['TMA'\] must be a bool"),
+        (dict(config=dict(PERSISTENT=True)), r"config\['PERSISTENT'\] needs config\['TMA'\]"),
+        (dict(config=dict(WARP_SPECIALIZE=True)), r"config\['WARP_SPECIALIZE'\] needs config\['TMA'\]"),
+        (dict(config=dict(TMA=True, BLOCK_N=512)), r"config\['BLOCK_N'\] must be <= 256 with TMA"),
     ],
 )
 def test_bad_inputs_name_the_argument(change, match):
