@@ -94,7 +94,7 @@ def stages(size: dict, device: torch.device) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).assign(**provenance(device))
 
 
-def forward(size: dict, device: torch.device) -> pd.DataFrame:
+def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
     """The no-grad forward's candidates at each N: cuBLAS logits alone, our chunked path, the epilogue kernel."""
     rows = []
     for n in size["x_values"]:
@@ -108,6 +108,7 @@ def forward(size: dict, device: torch.device) -> pd.DataFrame:
         matmul_flops = 2.0 * n * size["H"] * size["V"]
 
         def record(candidate, fn, lse=None, target_logit=None):
+            print(f"forward N={n}: {candidate}", flush=True)  # where a hang or a crash happened
             timing = time_callable(fn, device)
             rows.append({
                 "BT": n, "H": size["H"], "V": size["V"], "candidate": candidate, "ms_50": timing.p50,
@@ -127,6 +128,8 @@ def forward(size: dict, device: torch.device) -> pd.DataFrame:
             except Exception as error:  # a config that does not compile here is a recorded failure, not a lost part
                 rows.append({"BT": n, "H": size["H"], "V": size["V"], "candidate": f"logits_logsumexp {config}",
                              "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
+            if progress is not None:  # what is measured so far survives a candidate that hangs
+                progress(pd.DataFrame(rows).assign(**provenance(device)))
     return pd.DataFrame(rows).assign(**provenance(device))
 
 
@@ -148,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     for part in parts:
         start = time.perf_counter()
         try:
-            rows = PARTS[part](SIZES[args.size], device)
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
+            extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
+            rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)
             print(f"{part}: {len(rows)} rows in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
         except Exception:  # a failing part is reported; the others still run

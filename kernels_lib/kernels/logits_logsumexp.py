@@ -88,19 +88,21 @@ _TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
 CONFIGS = [
     dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True),
     dict(_TILE, GROUP_M=8, num_warps=8, num_stages=4, TMA=True, PERSISTENT=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
     dict(_TILE, GROUP_M=16, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True),
     dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True),
     dict(_TILE, GROUP_M=8, num_warps=8, num_stages=4, TMA=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, WARP_SPECIALIZE=True),
     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
     dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    # Warp specialization last: a first GPU run of the list (commit f9b0e08) stalled past its time
+    # limit somewhere in it, and these are the least tried in Triton 3.6 on Hopper.
+    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
+    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, WARP_SPECIALIZE=True),
 ]
 #: The launch without ``config``: the fastest measured pointer-based config (the TMA candidates
 #: above are not yet measured; promote the winner here once they are).
-DEFAULT_CONFIG = CONFIGS[7]
+DEFAULT_CONFIG = CONFIGS[5]
 #: In Triton's interpreter every program is a Python loop: small tiles keep tests fast and still
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)

@@ -120,9 +120,10 @@ def _plain_peer(peer: str, bias, label_smoothing, z_loss_scale, softcap) -> None
 
 def _load_liger_sm90():
     require_cuda("Liger's CuTe DSL FLCE")
+    from liger_kernel.ops.cutedsl.ops.fused_linear_cross_entropy_sm90 import liger_fused_linear_cross_entropy_sm90
+
     if torch.cuda.get_device_capability() != (9, 0):
         raise RuntimeError("Liger's CuTe DSL FLCE is written for Hopper (compute capability 9.0)")
-    from liger_kernel.ops.cutedsl.ops.fused_linear_cross_entropy_sm90 import liger_fused_linear_cross_entropy_sm90
 
     def liger_sm90_flce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                         z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
