@@ -162,6 +162,60 @@ def fused_linear_cross_entropy_targets(
     return table
 
 
+#: Issue 14's targets (the default on the speed-memory frontier; one GPU, same run): label → (ratio
+#: column of :func:`frontier_targets`, upper bound).
+FRONTIER_TARGETS = {
+    "full ≤ 1.0× fastest peer": ("full / fastest peer", 1.0),
+    "memory full ≤ 0.6× fastest peer's": ("memory / fastest peer", 0.6),
+    "forward_no_grad ≤ 1.0× QuACK": ("forward_no_grad / QuACK", 1.0),
+}
+
+
+def _base_name(provider: str) -> str:
+    """``kernels_lib[chunk_size=2048 accurate=False]`` → ``kernels_lib``: a point of a dial and its provider."""
+    return provider.split("[", 1)[0]
+
+
+def frontier_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Issue 14's targets per number of tokens (:data:`FRONTIER_TARGETS`), from rows of one GPU, for
+    ``provider`` (the default, or a point of its dial).
+
+    The peers are every provider measured in ``full`` that is not ``provider``'s own (so neither
+    ``provider`` nor the points of its dial, ``kernels_lib[…]``): torch, Liger, CCE, Liger's CuTe DSL
+    kernel, QuACK, whichever were measured. Per x: the fastest peer in ``full`` (its name, median time
+    and ``full`` memory), ``provider``'s ``full`` time and memory and their ratios to that peer's,
+    ``provider``'s ``forward_no_grad`` time and its ratio to QuACK's, and one True / False / NaN
+    column per target (NaN where no peer, or QuACK, was measured at that x).
+    """
+    speed_full = medians(rows, "speed", "full")
+    index = speed_full.index
+    memory_full = medians(rows, "memory", "full").reindex(index)
+    speed_fwd = medians(rows, "speed", "forward_no_grad").reindex(index)
+    own = _base_name(provider)
+    peers = speed_full[[c for c in speed_full.columns if _base_name(c) != own]]
+    fastest = pd.Series([times.idxmin() if times.notna().any() else None for _, times in peers.iterrows()], index=index, dtype=object)
+
+    def at_fastest(table: pd.DataFrame) -> pd.Series:
+        """The fastest peer's value of ``table`` at each x, NaN where there is none."""
+        values = [table.at[x, peer] if peer is not None and peer in table.columns else float("nan") for x, peer in fastest.items()]
+        return pd.Series(values, index=index, dtype=float)
+
+    table = pd.DataFrame(index=index)
+    table["fastest peer"] = fastest
+    table["full ms"] = _provider(speed_full, provider)
+    table["peer full ms"] = at_fastest(speed_full)
+    table["full / fastest peer"] = table["full ms"] / table["peer full ms"]
+    table["memory MB"] = _provider(memory_full, provider)
+    table["peer memory MB"] = at_fastest(memory_full)
+    table["memory / fastest peer"] = table["memory MB"] / table["peer memory MB"]
+    table["forward_no_grad ms"] = _provider(speed_fwd, provider)
+    table["QuACK forward_no_grad ms"] = _provider(speed_fwd, "quack")
+    table["forward_no_grad / QuACK"] = table["forward_no_grad ms"] / table["QuACK forward_no_grad ms"]
+    for label, (column, bound) in FRONTIER_TARGETS.items():
+        table[label] = (table[column] <= bound).where(table[column].notna())
+    return table
+
+
 def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
     """One row per ``targets`` entry (label → (ratio column, bound), an upper bound unless a third
     element ``"at least"`` makes it a lower one; :data:`FLCE_TARGETS` by default) of a targets table:

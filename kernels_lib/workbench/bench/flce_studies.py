@@ -21,12 +21,17 @@ from .sweep import run_sweep
 from .timing import time_callable
 
 
-#: Where the one-off GPU run (``scripts/flce_dial_precision_stages.py``) puts each part, relative
-#: to ``data/measured/`` (the script writes the same layout under its ``--out``).
+#: Where the one-off GPU runs put each part, relative to ``data/measured/`` (each script writes the
+#: same layout under its ``--out``): ``scripts/flce_dial_precision_stages.py`` the dial, precision and
+#: stages; ``scripts/flce_frontier.py`` the ``frontier*`` parts (every peer and the chunk-size dial at
+#: the published sizes, the no-grad forward candidates, the stages at the chunks around the default).
 RUN_FILES = {
     "dial": "gpu_runs/fused_linear_cross_entropy_dial.csv",
     "precision": "gpu_runs/fused_linear_cross_entropy_precision.csv",
     "stages": "gpu_runs/fused_linear_cross_entropy_stages.csv",
+    "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
+    "frontier_forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
+    "frontier_stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
 }
 
 

@@ -1,0 +1,143 @@
+"""Issue 14's frontier: :func:`analysis.frontier_targets` on synthetic rows of one run, and the
+committed frontier run's files through :func:`flce_studies.load_run`."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
+from kernels_lib.workbench.bench import analysis, flce_studies
+
+DIAL = "kernels_lib[chunk_size=512 accurate=False]"
+
+
+def _rows(points: dict) -> pd.DataFrame:
+    """Measured rows from ``{(provider, mode, N): (ms, MB)}``; ``None`` for ms or MB leaves that row out."""
+    rows = []
+    for (provider, mode, n), values in points.items():
+        for metric, value in zip(("speed", "memory"), values):
+            if value is not None:
+                rows.append({"kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
+                             "x_value": n, "y_value_50": value, "gpu_name": "NVIDIA H200"})
+    return pd.DataFrame(rows)
+
+
+def _full_run(with_quack: bool = True) -> pd.DataFrame:
+    points = {
+        # N = 4096: the dial point is the fastest and smallest of all, yet not a peer; Liger the fastest peer
+        ("kernels_lib", "full", 4096): (20.0, 1000.0),
+        (DIAL, "full", 4096): (10.0, 100.0),
+        ("torch", "full", 4096): (30.0, 6000.0),
+        ("liger", "full", 4096): (25.0, 2000.0),
+        # N = 8192: torch the fastest peer; ours slower than it, with less than 0.6x its memory
+        ("kernels_lib", "full", 8192): (44.0, 1000.0),
+        (DIAL, "full", 8192): (20.0, 100.0),
+        ("torch", "full", 8192): (40.0, 12000.0),
+        ("liger", "full", 8192): (50.0, 1100.0),
+        ("kernels_lib", "forward_no_grad", 4096): (7.0, 10.0),
+        ("kernels_lib", "forward_no_grad", 8192): (15.0, 10.0),
+        ("torch", "forward_no_grad", 4096): (9.0, 4000.0),
+    }
+    if with_quack:
+        points.update({
+            ("quack", "full", 4096): (26.0, 500.0),
+            ("quack", "full", 8192): (41.0, 900.0),
+            ("quack", "forward_no_grad", 4096): (8.0, 5.0),
+            ("quack", "forward_no_grad", 8192): (14.0, 5.0),
+        })
+    return _rows(points)
+
+
+def test_fastest_peer_ratios_and_verdicts():
+    table = analysis.frontier_targets(_full_run())
+    assert table.index.tolist() == [4096, 8192]
+    assert table["fastest peer"].tolist() == ["liger", "torch"]  # never the dial point, though it is faster
+    assert table["full ms"].tolist() == [20.0, 44.0]
+    assert table["peer full ms"].tolist() == [25.0, 40.0]
+    assert table["full / fastest peer"].to_numpy() == pytest.approx([0.8, 1.1])
+    assert table["peer memory MB"].tolist() == [2000.0, 12000.0]
+    assert table["memory / fastest peer"].to_numpy() == pytest.approx([0.5, 1000 / 12000])
+    assert table["QuACK forward_no_grad ms"].tolist() == [8.0, 14.0]
+    assert table["forward_no_grad / QuACK"].to_numpy() == pytest.approx([7 / 8, 15 / 14])
+    assert table["full ≤ 1.0× fastest peer"].tolist() == [True, False]
+    assert table["memory full ≤ 0.6× fastest peer's"].tolist() == [True, True]
+    assert table["forward_no_grad ≤ 1.0× QuACK"].tolist() == [True, False]
+    verdicts = analysis.target_verdicts(table, analysis.FRONTIER_TARGETS)
+    assert verdicts.status.tolist() == ["missed", "met", "missed"]
+    assert verdicts.loc["full ≤ 1.0× fastest peer", "worst at x"] == 8192
+
+
+def test_dial_point_as_provider_excludes_the_default_too():
+    """Judging a point of the dial: the default ``kernels_lib`` and the other dial points are not peers either."""
+    table = analysis.frontier_targets(_full_run(), DIAL)
+    assert table["fastest peer"].tolist() == ["liger", "torch"]
+    assert table["full / fastest peer"].to_numpy() == pytest.approx([10 / 25, 20 / 40])
+    assert table["forward_no_grad ms"].isna().all()  # the dial point's no-grad forward was not measured
+    assert table["forward_no_grad ≤ 1.0× QuACK"].isna().all()
+
+
+def test_missing_quack_leaves_its_verdict_unjudged():
+    table = analysis.frontier_targets(_full_run(with_quack=False))
+    assert table["QuACK forward_no_grad ms"].isna().all()
+    assert table["forward_no_grad / QuACK"].isna().all()
+    assert table["forward_no_grad ≤ 1.0× QuACK"].isna().all()
+    assert table["fastest peer"].tolist() == ["liger", "torch"]
+    verdicts = analysis.target_verdicts(table, analysis.FRONTIER_TARGETS)
+    assert verdicts.loc["forward_no_grad ≤ 1.0× QuACK", "status"] == "not measured"
+    assert verdicts.loc["full ≤ 1.0× fastest peer", "status"] == "missed"
+
+
+def test_no_peer_or_failed_peer_at_an_n():
+    """At an N where no peer has a time (only kernels_lib measured, or the peer's point failed: an empty
+    value), there is no fastest peer and no verdict; a peer whose memory is missing leaves only that ratio unknown."""
+    rows = _rows({
+        ("kernels_lib", "full", 4096): (20.0, 1000.0),
+        (DIAL, "full", 4096): (10.0, 100.0),
+        ("kernels_lib", "full", 8192): (40.0, 1000.0),
+        ("liger", "full", 8192): (50.0, None),
+        ("kernels_lib", "full", 16384): (80.0, 1000.0),
+        ("liger", "full", 16384): (float("nan"), float("nan")),
+    })
+    table = analysis.frontier_targets(rows)
+    assert table["fastest peer"].tolist()[0] is None and table["fastest peer"].tolist()[2] is None
+    assert table.loc[8192, "fastest peer"] == "liger"
+    assert math.isnan(table.loc[4096, "full / fastest peer"]) and math.isnan(table.loc[16384, "full / fastest peer"])
+    assert table.loc[8192, "full / fastest peer"] == pytest.approx(0.8)
+    assert bool(table.loc[8192, "full ≤ 1.0× fastest peer"])
+    assert math.isnan(table.loc[8192, "memory / fastest peer"])
+    assert table["memory full ≤ 0.6× fastest peer's"].isna().all()
+    assert pd.isna(table.loc[4096, "full ≤ 1.0× fastest peer"])
+
+
+def test_frontier_runs_are_registered():
+    for part in ("frontier", "frontier_forward", "frontier_stages"):
+        assert flce_studies.RUN_FILES[part] == f"gpu_runs/fused_linear_cross_entropy_{part}.csv"
+
+
+def test_load_frontier_runs(monkeypatch, tmp_path):
+    from kernels_lib.workbench import data
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    assert flce_studies.load_run("frontier") is None
+    (tmp_path / "gpu_runs").mkdir()
+    _full_run().to_csv(tmp_path / flce_studies.RUN_FILES["frontier"], index=False)
+    pd.DataFrame({"BT": [16], "candidate": ["cuBLAS logits matmul alone"], "ms_50": [1.0]}).to_csv(
+        tmp_path / flce_studies.RUN_FILES["frontier_forward"], index=False)
+    loaded = flce_studies.load_run("frontier")
+    assert analysis.frontier_targets(loaded)["fastest peer"].tolist() == ["liger", "torch"]
+    assert flce_studies.load_run("frontier_forward").candidate.tolist() == ["cuBLAS logits matmul alone"]
+    assert flce_studies.load_run("frontier_stages") is None
+
+
+def test_committed_frontier_run_names_a_peer_at_each_published_n():
+    rows = flce_studies.load_run("frontier")
+    if rows is None or not (rows.gpu_name == "NVIDIA H200").any():
+        pytest.skip("the frontier has not been measured on the H200")
+    table = analysis.frontier_targets(rows[rows.gpu_name == "NVIDIA H200"])
+    assert table.index.tolist() == [4096, 8192, 16384]
+    assert table["fastest peer"].notna().all()
+    assert not table["fastest peer"].str.startswith("kernels_lib").any()
+    assert (table["full ms"] > 0).all() and (table["memory MB"] > 0).all()
