@@ -111,6 +111,7 @@ from . import _validate as v
 from . import _vocab_parallel as vp
 from ._runtime import INTERPRETED
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
+from .kernels.logits_logsumexp import logits_logsumexp
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -394,6 +395,12 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, target, class_weight, shape, counts, opts: _Options, needs, compute_dtype,
                 shard: vp.VocabShard | None = None):
         normalizer, weight_sum = counts
+        if _loss_in_epilogue(opts, needs, class_weight, shard):
+            with torch.autocast(x.device.type, enabled=False):
+                loss = _epilogue_loss(x, weight, bias, target, opts, compute_dtype)
+            z_loss = torch.zeros_like(loss)
+            ctx.mark_non_differentiable(z_loss)
+            return _reduce(loss, opts.reduction, normalizer, shape), _reduce(z_loss, opts.reduction, normalizer, shape)
         with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
             ops = _Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
             n_rows = x.shape[0]
@@ -461,6 +468,25 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
         dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
         return dx, dw, db, None, None, None, None, None, None, None, None
+
+
+def _loss_in_epilogue(opts: _Options, needs, class_weight, shard) -> bool:
+    """Whether the loss alone (no input takes a gradient) can come from the log-sum-exp in the epilogue of
+    the logits GEMM (:mod:`kernels_lib.kernels.logits_logsumexp`): plain cross-entropy, reduced, on one
+    process, with an explicit or automatic chunk (the GEMM needs no chunks: the logits never exist).
+    ``reduction="none"`` keeps the chunked kernel, whose per-token ``(m - z_y) + log s`` keeps the relative
+    accuracy of a loss near 0 that ``lse - z_y`` would lose."""
+    plain = not (opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats)
+    return not any(needs) and plain and opts.reduction != "none" and class_weight is None and shard is None
+
+
+def _epilogue_loss(x, weight, bias, target, opts: _Options, compute_dtype) -> torch.Tensor:
+    """Per row ``lse - c_y`` (0 at ignored rows), float32, from the logits GEMM's epilogue: no logits
+    buffer, one pass over ``W``. The operands are rounded to ``compute_dtype`` first, as the matmul would."""
+    x, weight = x.to(compute_dtype), weight.to(compute_dtype)
+    bias = None if bias is None else bias.to(compute_dtype)
+    lse, target_logit = logits_logsumexp(x, weight, bias, target, alpha=opts.pre_scale, ignore_index=opts.ignore_index)
+    return torch.where(target != opts.ignore_index, lse - target_logit, 0.0)
 
 
 def _max_weight(class_weight: torch.Tensor | None):

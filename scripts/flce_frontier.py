@@ -27,6 +27,10 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     (the log-sum-exp in the epilogue of a Triton logits GEMM) at each of its ``CONFIGS``, with its
     lse's and target logit's relative errors against the float32 logits of the same inputs.
 
+``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. kernels_lib's default
+    ``full`` at N = 8192 under ``torch.profiler``: per kernel, calls per step and CUDA ms per step (the
+    stages as they run inside the pipeline, beside their isolated times in ``stages``).
+
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
 
@@ -66,6 +70,7 @@ FILES = {
     "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
     "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
     "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
+    "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
 }
 
 
@@ -119,7 +124,7 @@ def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
 
         record("cuBLAS logits matmul alone", lambda: torch.matmul(x, weight.t(), out=logits))
         with torch.no_grad():
-            record("kernels_lib forward_no_grad (default chunk)", lambda: kernels_lib.fused_linear_cross_entropy(x, weight, target))
+            record("kernels_lib forward_no_grad (the default path)", lambda: kernels_lib.fused_linear_cross_entropy(x, weight, target))
         del logits
         for config in logits_lse.CONFIGS if device.type == "cuda" else [None]:
             try:
@@ -133,7 +138,36 @@ def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(**provenance(device))
 
 
-PARTS = {"frontier": frontier, "stages": stages, "forward": forward}
+def profile(size: dict, device: torch.device) -> pd.DataFrame:
+    """Per-kernel CUDA time of the default's ``full`` (forward + backward), averaged over a few steps."""
+    inputs = flce.make_inputs({"BT": size["stage_n"], "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+    steps = 5
+
+    def step():
+        for tensor in inputs.grad_inputs:
+            tensor.grad = None
+        kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs).backward()
+
+    for _ in range(3):
+        step()
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    rows = [
+        {"name": e.key, "calls per step": e.count / steps,
+         "device ms per step": getattr(e, "device_time_total", 0.0) / 1e3 / steps,
+         "cpu ms per step": e.cpu_time_total / 1e3 / steps}
+        for e in prof.key_averages()
+    ]
+    table = pd.DataFrame(rows).sort_values("device ms per step", ascending=False).head(40)
+    return table.assign(BT=size["stage_n"], H=size["H"], V=size["V"], **provenance(device))
+
+
+PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "profile": profile}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,19 +223,52 @@ def _record_grad_scales(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_no_grad_path_computes_no_gradient(monkeypatch, reduction):
+    """Without a gradient: ``mean``/``sum`` take the log-sum-exp from the logits GEMM's epilogue (no
+    chunk kernel, no logits buffer), ``none`` the chunked kernel without its gradient pass."""
     x, w, b, target = make_inputs()
     with_grad = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8).detach()
     seen = _record_grad_scales(monkeypatch)
+    epilogue_calls = []
+    real = flce_module.logits_logsumexp
+    monkeypatch.setattr(flce_module, "logits_logsumexp", lambda *a, **k: epilogue_calls.append(k) or real(*a, **k))
     with torch.no_grad():
         loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8)
     frozen = [t.detach() for t in (x, w, b)]
     loss_frozen = fused_linear_cross_entropy(*frozen[:2], target, frozen[2], reduction=reduction, chunk_size=8)
-    assert len(seen) == 2 * 5 and all(s is None for s in seen)  # 37 rows in chunks of 8, twice
+    if reduction == "none":
+        assert len(seen) == 2 * 5 and all(s is None for s in seen) and not epilogue_calls  # 37 rows in chunks of 8
+        assert torch.equal(loss, with_grad) and torch.equal(loss_frozen, with_grad)
+    else:
+        assert not seen and len(epilogue_calls) == 2
+        torch.testing.assert_close(loss, with_grad, rtol=1e-5, atol=0)
+        assert torch.equal(loss, loss_frozen)
     assert not loss.requires_grad and not loss_frozen.requires_grad
     assert x.grad is None and w.grad is None and b.grad is None
-    assert torch.equal(loss, with_grad) and torch.equal(loss_frozen, with_grad)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on NaN, in the interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_grad_epilogue_against_float64(dtype):
+    """The epilogue path at an odd size (H not a power of two, V prime-ish, N = 1 and 37), bias,
+    logit_scale / temperature, ignored rows, ``mean`` and ``sum``: against float64; NaN in gives NaN out."""
+    torch.manual_seed(3)
+    for n in (1, 37):
+        x = torch.randn(n, 24, dtype=dtype, device=DEVICE)
+        w = (torch.randn(1031, 24, device=DEVICE) / 5).to(dtype)
+        b = (torch.randn(1031, device=DEVICE) / 10).to(dtype)
+        target = torch.randint(0, 1031, (n,), device=DEVICE)
+        target[::3] = -100 if n > 1 else target[::3]
+        for reduction in ("mean", "sum"):
+            with torch.no_grad():
+                got = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, logit_scale=1.5, temperature=2.0)
+            logits = (x.double() @ w.double().T + b.double()) * 0.75
+            want = torch.nn.functional.cross_entropy(logits, target, reduction=reduction)
+            assert ((got.double() - want).abs() / want.abs()).item() < 1e-5, (n, reduction)
+    x[0, 0] = float("nan")
+    with torch.no_grad():
+        assert torch.isnan(fused_linear_cross_entropy(x, w, target.fill_(5), b, reduction="sum"))
 
 
 def test_module_matches_functional():
