@@ -665,27 +665,58 @@ def _validate_num_items(num_items_in_batch, reduction: str) -> None:
         raise ValueError(f"num_items_in_batch must be >= 1; got {num_items_in_batch}")
 
 
+class _RangeCheck:
+    """The targets' range check of ``host_checks=True`` without stalling the GPU.
+
+    On CUDA whether any target is out of range is computed first, copied to pinned host memory behind
+    an event, and read only by :meth:`raise_if_bad` at the end of the call: waiting for that event
+    waits for the check alone (queued before the chunks' matmuls), never for the matmuls, so the CPU
+    keeps launching ahead of the GPU. A bad target then raises the same ValueError, after work on
+    inputs it discards (the kernels read only owned, in-range targets' logits). Elsewhere the check is
+    read at once."""
+
+    def __init__(self, target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int):
+        self.target, self.bad, self.n_cols, self.ignore_index = target, bad, n_cols, ignore_index
+        self.event = None
+        if bad.is_cuda:
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.flag.copy_(bad.any(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.raise_if_bad()
+
+    def raise_if_bad(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+            if not bool(self.flag):
+                return
+        n_bad = int(self.bad.sum())
+        if n_bad:
+            raise v.targets_out_of_range_error("target", self.target, self.bad, n_bad, self.n_cols, self.ignore_index)
+
+
 def _valid_totals(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None,
                   host_checks: bool):
-    """``(Σ_valid w_y, Σ_j w_j)``: the total class weight of the rows whose target is not
+    """``(Σ_valid w_y, Σ_j w_j, check)``: the total class weight of the rows whose target is not
     ``ignore_index`` (their number without class weights; 0-dim) and of all classes (``(1,)``, the
-    kernel reads it; None without), float32 device tensors. Targets outside ``[0, V)`` are refused: with ``host_checks``
-    by a ValueError naming them (one host sync, for the check alone), else by ``torch._assert_async``
+    kernel reads it; None without), float32 device tensors. Targets outside ``[0, V)`` are refused: with
+    ``host_checks`` by a ValueError naming them, from ``check`` (a :class:`_RangeCheck` whose
+    ``raise_if_bad`` the caller runs once the call's work is queued), else by ``torch._assert_async``
     (on CUDA a device-side assert, as torch's own ``cross_entropy`` gives; on a CPU an immediate
-    RuntimeError), with no host sync."""
+    RuntimeError), with no host sync; ``check`` is then None."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+    check = None
     if host_checks:
-        n_bad = int(bad.sum())
-        if n_bad:
-            raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+        check = _RangeCheck(target, bad, n_cols, ignore_index)
     else:
         torch._assert_async(
             ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
         )
     if class_weight is None:
-        return valid.sum().to(torch.float32), None
+        return valid.sum().to(torch.float32), None, check
     rows = class_weight[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
-    return (rows * valid).sum(), class_weight.sum().reshape(1)
+    return (rows * valid).sum(), class_weight.sum().reshape(1), check
 
 
 def _normalizer(num_items_in_batch, valid_weight: torch.Tensor):
@@ -767,7 +798,8 @@ def fused_linear_cross_entropy(
             the same pass over the logits (what training loggers and TRL's trainers read off the
             logits this function never returns).
         host_checks: True (default): the targets' range is checked on the host, so a bad target
-            raises a ValueError naming it (one host sync per call, plus one in backward to skip the
+            raises a ValueError naming it (on CUDA read at the end of the call behind an event that
+            waits for the check alone, not for the matmuls; plus one host sync in backward to skip the
             ``grad_output`` pass when it is 1). False: no host sync at all, for a training step whose
             CPU must run ahead of the GPU (small steps are launch-bound): the valid-token count stays
             on the device, the range is asserted there (``torch._assert_async``: a device-side assert
@@ -855,7 +887,7 @@ def fused_linear_cross_entropy(
         )
     n_classes = weight.shape[0] if shard is None else shard.n_classes
     float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
-    valid_weight, weight_sum = _valid_totals(target, n_classes, ignore_index, float_weight, host_checks)
+    valid_weight, weight_sum, range_check = _valid_totals(target, n_classes, ignore_index, float_weight, host_checks)
     normalizer = _normalizer(num_items_in_batch, valid_weight)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
@@ -867,6 +899,8 @@ def fused_linear_cross_entropy(
         x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
         float_weight, target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard,
     )
+    if range_check is not None:
+        range_check.raise_if_bad()
     if return_token_stats:
         return CrossEntropyOutput(*outputs)
     loss, z_loss = outputs

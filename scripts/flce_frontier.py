@@ -23,10 +23,13 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``forward``: ``gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``. The loss without a
     gradient needs each row's log-sum-exp and target logit only. At each N: the logits matmul alone
     (cuBLAS, into a bf16 buffer: the floor of the unfused path), kernels_lib's ``forward_no_grad``
-    (matmul per chunk, then the kernel), and :func:`kernels_lib.kernels.logits_logsumexp.logits_logsumexp`
+    (its default path: for a plain ``mean``/``sum`` the epilogue kernel below), and :func:`kernels_lib.kernels.logits_logsumexp.logits_logsumexp`
     (the log-sum-exp in the epilogue of a Triton logits GEMM) at each of its ``CONFIGS``, with its
     lse's and target logit's relative errors against the float32 logits of the same inputs.
 
+``default``: ``gpu_runs/fused_linear_cross_entropy_frontier_default.csv``. kernels_lib's default and
+    the torch baseline alone (no wheels needed), ``forward_no_grad`` and ``full`` at each N: a later
+    commit's default beside the same anchor as the ``frontier`` run.
 ``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. kernels_lib's default
     ``full`` at N = 8192 under ``torch.profiler``: per kernel, calls per step and CUDA ms per step (the
     stages as they run inside the pipeline, beside their isolated times in ``stages``).
@@ -71,6 +74,7 @@ FILES = {
     "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
     "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
     "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
+    "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
 }
 
 
@@ -86,6 +90,12 @@ def frontier(size: dict, device: torch.device) -> pd.DataFrame:
         rows = run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], options=options, **common)
         frames.append(rows.assign(kernel_provider=flce.variant_name(options)))
     return pd.concat(frames, ignore_index=True)
+
+
+def default(size: dict, device: torch.device) -> pd.DataFrame:
+    """kernels_lib's default and the baseline at each N of the chart."""
+    return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib", "torch"], x_name="BT", x_values=size["x_values"],
+                     sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE, device=device, modes=MODES)
 
 
 def stages(size: dict, device: torch.device) -> pd.DataFrame:
@@ -167,7 +177,7 @@ def profile(size: dict, device: torch.device) -> pd.DataFrame:
     return table.assign(BT=size["stage_n"], H=size["H"], V=size["V"], **provenance(device))
 
 
-PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "profile": profile}
+PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "default": default, "profile": profile}
 
 
 def main(argv: list[str] | None = None) -> int:

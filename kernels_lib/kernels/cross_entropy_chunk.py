@@ -113,7 +113,9 @@ def cross_entropy_chunk_kernel(
     cols = tl.arange(0, BLOCK_V)
     y = tl.load(target_ptr + row).to(tl.int64)
     valid = y != ignore_index
-    y_safe = tl.where(valid, y, 0)
+    # An out-of-range target reads class 0's weight: its row is refused after the call (host_checks) or
+    # by a device-side assert, and no load leaves the arrays meanwhile.
+    y_safe = tl.where(valid & (y >= 0) & (y < n_classes), y, 0)
     # The target's column in this row: y itself on one process; y - offset on the rank that owns it.
     y_local = y - col_offset
     owned = valid & (y_local >= 0) & (y_local < n_cols)
