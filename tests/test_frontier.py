@@ -141,3 +141,19 @@ def test_committed_frontier_run_names_a_peer_at_each_published_n():
     assert table["fastest peer"].notna().all()
     assert not table["fastest peer"].str.startswith("kernels_lib").any()
     assert (table["full ms"] > 0).all() and (table["memory MB"] > 0).all()
+
+
+def test_later_default_against_the_frontier_run():
+    def row(provider, mode, n, ms):
+        return {"kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": "speed", "x_value": n, "y_value_50": ms}
+
+    frontier = pd.DataFrame([row("quack", "full", 4096, 19.0), row("torch", "full", 4096, 24.0),
+                             row("kernels_lib", "full", 4096, 21.0), row("torch", "forward_no_grad", 4096, 9.0)])
+    later = pd.DataFrame([row("kernels_lib", "full", 4096, 20.0), row("torch", "full", 4096, 24.6),
+                          row("kernels_lib", "forward_no_grad", 4096, 6.4), row("torch", "forward_no_grad", 4096, 9.0)])
+    table = analysis.later_default_against(frontier, later)
+    assert table.loc[("full", 4096), "kernels_lib / quack"] == pytest.approx(20.0 / 19.0)
+    assert table.loc[("full", 4096), "torch drift"] == pytest.approx(24.6 / 24.0)
+    # QuACK's forward_no_grad missing from the frontier run: NaN, not an error
+    assert pd.isna(table.loc[("forward_no_grad", 4096), "kernels_lib / quack"])
+    assert table.loc[("forward_no_grad", 4096), "torch drift"] == pytest.approx(1.0)

@@ -329,3 +329,23 @@ def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_
         return pd.DataFrame(columns=["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"])
     table = pd.concat(tables).sort_values(["date", "target"], kind="stable")
     return table[["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"]].reset_index(drop=True)
+
+
+def later_default_against(frontier: pd.DataFrame, later: pd.DataFrame, peer: str = "quack",
+                          anchor: str = "torch") -> pd.DataFrame:
+    """A later commit's default (``later``: rows of ``kernels_lib`` and ``anchor``, one run) against
+    ``peer`` as the ``frontier`` run measured it, per (mode, N) of ``later``: both times, their ratio,
+    and the ``anchor`` (measured in both runs) in each with its drift ``later / frontier``, which says
+    how far a ratio across the two runs can be trusted (a GPU or clock difference moves the anchor too)."""
+    rows = []
+    for mode in sorted(later.kernel_operation_mode.unique()):
+        ours, theirs = medians(later, "speed", mode), medians(frontier, "speed", mode)
+        for n in ours.index:
+            peer_ms = theirs.at[n, peer] if peer in theirs and n in theirs.index else float("nan")
+            anchor_now = ours.at[n, anchor] if anchor in ours else float("nan")
+            anchor_then = theirs.at[n, anchor] if anchor in theirs and n in theirs.index else float("nan")
+            rows.append({"mode": mode, "N": n, "kernels_lib ms": ours.at[n, "kernels_lib"], f"{peer} ms": peer_ms,
+                         f"kernels_lib / {peer}": ours.at[n, "kernels_lib"] / peer_ms,
+                         f"{anchor} ms (later run)": anchor_now, f"{anchor} ms ({peer}'s run)": anchor_then,
+                         f"{anchor} drift": anchor_now / anchor_then})
+    return pd.DataFrame(rows).set_index(["mode", "N"])

@@ -32,6 +32,8 @@ RUN_FILES = {
     "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
     "frontier_forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
     "frontier_stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
+    "frontier_default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
+    "frontier_profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
 }
 
 
