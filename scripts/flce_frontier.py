@@ -30,6 +30,11 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``default``: ``gpu_runs/fused_linear_cross_entropy_frontier_default.csv``. kernels_lib's default and
     the torch baseline alone (no wheels needed), ``forward_no_grad`` and ``full`` at each N: a later
     commit's default beside the same anchor as the ``frontier`` run.
+``overhead``: ``gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv``. Where ``full``'s time
+    beyond its kernels goes, at N = 8192: the default, ``host_checks=False`` (no host sync at all;
+    backward always multiplies by ``grad_output``), an explicit ``chunk_size`` (no free-memory query),
+    both; per variant do_bench's median and the CPU time of one call's forward (the prologue the GPU
+    may wait for).
 ``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. kernels_lib's default
     ``full`` at N = 8192 under ``torch.profiler``: per kernel, calls per step and CUDA ms per step (the
     stages as they run inside the pipeline, beside their isolated times in ``stages``).
@@ -53,6 +58,7 @@ import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
+from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 from kernels_lib.kernels import logits_logsumexp as logits_lse
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
@@ -75,6 +81,7 @@ FILES = {
     "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
     "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
     "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
+    "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
 }
 
 
@@ -177,7 +184,36 @@ def profile(size: dict, device: torch.device) -> pd.DataFrame:
     return table.assign(BT=size["stage_n"], H=size["H"], V=size["V"], **provenance(device))
 
 
-PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "default": default, "profile": profile}
+def overhead(size: dict, device: torch.device) -> pd.DataFrame:
+    """do_bench's ``full`` and the forward call's CPU time for variants that remove one host-side cost each."""
+    n = size["stage_n"]
+    inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+    chunk = default_chunk_size(n, size["H"], size["V"], 2)
+    variants = {"default": {}, "host_checks=False": {"host_checks": False}, f"chunk_size={chunk}": {"chunk_size": chunk},
+                f"chunk_size={chunk} host_checks=False": {"chunk_size": chunk, "host_checks": False}}
+    rows = []
+    for name, options in variants.items():
+        def step():
+            kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs, **options).backward()
+
+        timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
+        cpu = []
+        for _ in range(5):
+            for tensor in inputs.grad_inputs:
+                tensor.grad = None
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            loss = kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs, **options)
+            cpu.append((time.perf_counter() - start) * 1e3)
+            loss.backward()
+        rows.append({"variant": name, "BT": n, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80,
+                     "forward call cpu ms (median of 5)": sorted(cpu)[2]})
+        print(rows[-1], flush=True)
+    return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
+
+
+PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "default": default, "profile": profile, "overhead": overhead}
 
 
 def main(argv: list[str] | None = None) -> int:
