@@ -162,3 +162,34 @@ def targets_out_of_range_error(name: str, target: torch.Tensor, bad: torch.Tenso
         f"{name} holds {n_bad} value(s) outside [0, {n_cols}) that are not ignore_index={ignore_index}"
         f" (e.g. {target[bad][0].item()})"
     )
+
+
+class RangeCheck:
+    """The targets' range check of ``host_checks=True`` without stalling the GPU.
+
+    On CUDA whether any target is out of range is computed first, copied to pinned host memory behind
+    an event, and read only by :meth:`raise_if_bad` at the end of the call: waiting for that event
+    waits for the check alone (queued before the call's kernels), never for the kernels, so the CPU
+    keeps launching ahead of the GPU. A bad target then raises :func:`targets_out_of_range_error`,
+    after work on inputs it discards (the kernels read only in-range targets' entries). Elsewhere the
+    check is read at once."""
+
+    def __init__(self, target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int):
+        self.target, self.bad, self.n_cols, self.ignore_index = target, bad, n_cols, ignore_index
+        self.event = None
+        if bad.is_cuda:
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.flag.copy_(bad.any(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.raise_if_bad()
+
+    def raise_if_bad(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+            if not bool(self.flag):
+                return
+        n_bad = int(self.bad.sum())
+        if n_bad:
+            raise targets_out_of_range_error("target", self.target, self.bad, n_bad, self.n_cols, self.ignore_index)

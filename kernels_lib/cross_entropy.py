@@ -87,20 +87,20 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def _row_totals(target, n_cols, ignore_index, weight, host_checks):
-    """``(Σ_valid w_y or the valid count, Σ_j w_j or None)`` as float32 device tensors, after the
-    range check of ``target`` (a ValueError with ``host_checks``, one host sync; else
-    ``torch._assert_async``, none)."""
+    """``(Σ_valid w_y or the valid count, Σ_j w_j or None, check)``, the first two float32 device
+    tensors. The range check of ``target``: with ``host_checks`` a :class:`~kernels_lib._validate.RangeCheck`
+    whose ``raise_if_bad`` (a ValueError) the caller runs once the call's work is queued (on CUDA it
+    waits for the check alone, not for the kernel); else ``torch._assert_async`` and ``check`` None."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+    check = None
     if host_checks:
-        n_bad = int(bad.sum())
-        if n_bad:
-            raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+        check = v.RangeCheck(target, bad, n_cols, ignore_index)
     else:
         torch._assert_async(~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}")
     if weight is None:
-        return valid.sum().to(torch.float32), None
+        return valid.sum().to(torch.float32), None, check
     rows = weight[torch.where(valid & ~bad, target, 0).long()]
-    return (rows * valid).sum(), weight.sum().reshape(1)
+    return (rows * valid).sum(), weight.sum().reshape(1), check
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
@@ -236,8 +236,8 @@ def cross_entropy(
         label_smoothing: ε in [0, 1], as torch defines it.
         inplace: write the gradient over the logits (no ``N × V`` gradient buffer; the logits are
             then lost, see the module's "Memory").
-        host_checks: True: a target out of range raises a ValueError naming it (one host sync per
-            call). False: no host sync; the range is asserted on the device (``torch._assert_async``:
+        host_checks: True: a target out of range raises a ValueError naming it (on CUDA read at the
+            end of the call behind an event that waits for the check alone, not for the kernel). False: no host sync; the range is asserted on the device (``torch._assert_async``:
             a device-side assert on CUDA, as torch's own gives).
         process_group: a ``torch.distributed`` group over which the classes are split: ``logits`` is
             this rank's ``(N, V_r)`` column shard (ranks in group order, any sizes), ``target`` the
@@ -295,14 +295,17 @@ def cross_entropy(
     weight = None if weight is None else weight.to(torch.float32).contiguous()
     n_classes = logits.shape[1] if shard is None else shard.n_classes
     # With a shard, establish has checked the range on the host already.
-    valid_total, weight_sum = _row_totals(target, n_classes, ignore_index, weight, host_checks and shard is None)
+    valid_total, weight_sum, range_check = _row_totals(target, n_classes, ignore_index, weight, host_checks and shard is None)
     # mean's denominator, 1 where no row counts (the loss is then 0, not 0/0); on the device.
     normalizer = torch.where(valid_total != 0, valid_total, torch.ones_like(valid_total))
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
-    return _CrossEntropyFunction.apply(
+    loss = _CrossEntropyFunction.apply(
         logits, target, weight, weight_sum, normalizer, ignore_index, reduction, float(label_smoothing),
         inplace, needs_grad, shard,
     )
+    if range_check is not None:
+        range_check.raise_if_bad()
+    return loss
 
 
 class CrossEntropyLoss(torch.nn.Module):

@@ -665,50 +665,19 @@ def _validate_num_items(num_items_in_batch, reduction: str) -> None:
         raise ValueError(f"num_items_in_batch must be >= 1; got {num_items_in_batch}")
 
 
-class _RangeCheck:
-    """The targets' range check of ``host_checks=True`` without stalling the GPU.
-
-    On CUDA whether any target is out of range is computed first, copied to pinned host memory behind
-    an event, and read only by :meth:`raise_if_bad` at the end of the call: waiting for that event
-    waits for the check alone (queued before the chunks' matmuls), never for the matmuls, so the CPU
-    keeps launching ahead of the GPU. A bad target then raises the same ValueError, after work on
-    inputs it discards (the kernels read only owned, in-range targets' logits). Elsewhere the check is
-    read at once."""
-
-    def __init__(self, target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int):
-        self.target, self.bad, self.n_cols, self.ignore_index = target, bad, n_cols, ignore_index
-        self.event = None
-        if bad.is_cuda:
-            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            self.flag.copy_(bad.any(), non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.raise_if_bad()
-
-    def raise_if_bad(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
-            if not bool(self.flag):
-                return
-        n_bad = int(self.bad.sum())
-        if n_bad:
-            raise v.targets_out_of_range_error("target", self.target, self.bad, n_bad, self.n_cols, self.ignore_index)
-
-
 def _valid_totals(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None,
                   host_checks: bool):
     """``(Σ_valid w_y, Σ_j w_j, check)``: the total class weight of the rows whose target is not
     ``ignore_index`` (their number without class weights; 0-dim) and of all classes (``(1,)``, the
     kernel reads it; None without), float32 device tensors. Targets outside ``[0, V)`` are refused: with
-    ``host_checks`` by a ValueError naming them, from ``check`` (a :class:`_RangeCheck` whose
+    ``host_checks`` by a ValueError naming them, from ``check`` (a :class:`~kernels_lib._validate.RangeCheck` whose
     ``raise_if_bad`` the caller runs once the call's work is queued), else by ``torch._assert_async``
     (on CUDA a device-side assert, as torch's own ``cross_entropy`` gives; on a CPU an immediate
     RuntimeError), with no host sync; ``check`` is then None."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
     check = None
     if host_checks:
-        check = _RangeCheck(target, bad, n_cols, ignore_index)
+        check = v.RangeCheck(target, bad, n_cols, ignore_index)
     else:
         torch._assert_async(
             ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
