@@ -26,11 +26,13 @@ from . import tensor_parallel as tp
 from .bench.analysis import (
     DIVERGENCE_TARGETS,
     FLCE_TARGETS,
+    FRONTIER_TARGETS,
     KL_DIV_TARGETS,
     KTO_TARGETS,
     ORPO_TARGETS,
     ceiling,
     distillation_targets,
+    frontier_targets,
     fused_linear_cross_entropy_targets,
     issue13_targets,
     medians,
@@ -180,9 +182,10 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
                         "status": "not measured" if worst is None else ("met" if points.met.all() else "missed")})
         return pd.DataFrame(out).set_index("target")
     if name == "fused_linear_cross_entropy":
-        targets = FLCE_TARGETS
+        # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
         table = fused_linear_cross_entropy_targets(rows, ceiling(ceilings, "matmul", chart.gpu, chart.commit))
-    elif name in ("kl_div", "jsd", "tvd"):
+        return pd.concat([target_verdicts(table, FLCE_TARGETS), target_verdicts(frontier_targets(rows), FRONTIER_TARGETS)])
+    if name in ("kl_div", "jsd", "tvd"):
         targets = KL_DIV_TARGETS if name == "kl_div" else DIVERGENCE_TARGETS
         table = row_divergence_targets(rows, name, ceiling(ceilings, "copy", chart.gpu, chart.commit), targets)
     elif name in ("fused_linear_orpo_loss", "kto_loss"):
