@@ -359,8 +359,7 @@ class _Operands:
         self.pre = pre
         n_rows, n_cols = x.shape[0], weight.shape[0]
         if chunk_size is None:
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, itemsize, free_device_bytes(x.device))
+            chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, dtype.itemsize, free_device_bytes(x.device))
         self.chunk_size = min(chunk_size, n_rows)
         self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
 
@@ -856,7 +855,10 @@ def fused_linear_cross_entropy(
         )
     n_classes = weight.shape[0] if shard is None else shard.n_classes
     float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
-    valid_weight, weight_sum, range_check = _valid_totals(target, n_classes, ignore_index, float_weight, host_checks)
+    # With a shard, establish has checked the range on the host already (as in kernels_lib.cross_entropy).
+    valid_weight, weight_sum, range_check = _valid_totals(
+        target, n_classes, ignore_index, float_weight, host_checks and shard is None
+    )
     normalizer = _normalizer(num_items_in_batch, valid_weight)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
