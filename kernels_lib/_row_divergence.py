@@ -16,7 +16,7 @@ import torch
 
 from . import _validate as v
 from .kernels.row_blocks import num_programs
-from .kernels.kl_div_backward import launch_scale_gradient
+from .kernels.scale_gradient import launch_scale_gradient
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 

@@ -50,7 +50,7 @@ import torch
 from . import _validate as v
 from ._vocab_parallel import VocabShard
 from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, to_dtypes
-from .kernels.kl_div_backward import launch_scale_gradient
+from .kernels.scale_gradient import launch_scale_gradient
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's

@@ -79,7 +79,7 @@ import torch
 from . import _validate as v
 from . import _vocab_parallel as vp
 from .kernels.cross_entropy_rows import launch_cross_entropy_rows
-from .kernels.kl_div_backward import launch_scale_gradient
+from .kernels.scale_gradient import launch_scale_gradient
 
 __all__ = ["cross_entropy", "CrossEntropyLoss", "REDUCTIONS"]
 

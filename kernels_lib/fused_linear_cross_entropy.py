@@ -29,7 +29,9 @@ gradient is needed, overwrites the buffer in place with ``dz`` already multiplie
 factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db += Σ dz``.
 
 * ``mean``/``sum``: the gradient is known in forward, so all of the above happens there (three
-  matmuls, the floor); backward only multiplies by ``grad_output``, and not at all when it is 1.
+  matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
+  (no host sync; no pass at all when it is 1), and hands the buffers out: a second backward through
+  a retained graph is refused.
 * ``none``: the upstream gradient is per row and arrives only in backward, so forward keeps just
   ``lse`` (4 bytes a row) and backward recomputes each logits chunk (a fourth matmul), running the
   kernel without its first pass.
@@ -112,6 +114,7 @@ from . import _vocab_parallel as vp
 from ._runtime import INTERPRETED
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
 from .kernels.logits_logsumexp import logits_logsumexp
+from .kernels.scale_gradient import launch_scale_gradient
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -435,7 +438,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             if fuse_grad and shard is not None and grads.dx is not None:
                 shard.sum_(grads.dx)
         ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
-        ctx.shard = shard
+        ctx.shard, ctx.handed_out = shard, False
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if fuse_grad:
             ctx.save_for_backward(*grads.result())
@@ -460,11 +463,20 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         elif grad_output is None:
             return (None,) * 11
         else:
+            if ctx.handed_out:
+                raise RuntimeError(
+                    "backward ran twice through kernels_lib.fused_linear_cross_entropy (retain_graph=True): with "
+                    "reduction 'mean' or 'sum' its gradients are formed in forward and were already handed out; "
+                    "call the loss again, or use reduction='none' (whose backward recomputes them)"
+                )
+            ctx.handed_out = True
+            # In place, read on the device: nothing moves when grad_output is 1, and the host never
+            # waits (a wait here would leave the GPU idle until the next step's first launch).
             dx, dw, db = ctx.saved_tensors
-            # With host checks: one host sync to skip a pass over dx and dW in the common case
-            # grad_output == 1. Without (a training step that must not stall): always the pass.
-            if not ctx.opts.host_checks or not bool(grad_output == 1):
-                dx, dw, db = (None if t is None else t * grad_output.to(t.dtype) for t in (dx, dw, db))
+            upstream = grad_output.to(torch.float32).contiguous()
+            for grad in (dx, dw, db):
+                if grad is not None:
+                    launch_scale_gradient(grad, upstream)
         dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
         return dx, dw, db, None, None, None, None, None, None, None, None
 
@@ -767,12 +779,10 @@ def fused_linear_cross_entropy(
             logits this function never returns).
         host_checks: True (default): the targets' range is checked on the host, so a bad target
             raises a ValueError naming it (on CUDA read at the end of the call behind an event that
-            waits for the check alone, not for the matmuls; plus one host sync in backward to skip the
-            ``grad_output`` pass when it is 1). False: no host sync at all, for a training step whose
+            waits for the check alone, not for the matmuls). False: no host sync at all, for a training step whose
             CPU must run ahead of the GPU (small steps are launch-bound): the valid-token count stays
             on the device, the range is asserted there (``torch._assert_async``: a device-side assert
-            on CUDA, as torch's ``cross_entropy`` gives), and backward always scales by
-            ``grad_output``. :func:`kernels_lib.hf.patch` uses False. (With a process group the
+            on CUDA, as torch's ``cross_entropy`` gives). :func:`kernels_lib.hf.patch` uses False. (With a process group the
             call's one check over the ranks reads the targets' range on the host in any case.)
         process_group: a ``torch.distributed`` group over which the vocabulary is split
             (:mod:`kernels_lib._vocab_parallel`): ``weight`` (``V_r × H``) and ``bias`` (``V_r``) are

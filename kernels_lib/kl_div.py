@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
-from .kernels.kl_div_backward import launch_kl_div_backward, launch_scale_gradient
+from .kernels.kl_div_backward import launch_kl_div_backward
+from .kernels.scale_gradient import launch_scale_gradient
 from .kernels.kl_div_forward import launch_kl_div_forward, num_programs
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")

@@ -140,14 +140,34 @@ def test_int32_target_and_noncontiguous_x():
     check_against_reference(x_t, w, b, target.t().to(torch.int32), TOL[torch.float32], chunk_size=4)
 
 
-def test_grad_output_scales_fused_gradients():
+@pytest.mark.parametrize("host_checks", [True, False])
+@pytest.mark.parametrize("upstream", [3.0, -0.37, 0.0])
+def test_grad_output_scales_fused_gradients(host_checks, upstream):
     x, w, b, target = make_inputs()
     for reduction in ("mean", "sum"):
-        loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction)
-        got = torch.autograd.grad(loss * 3.0, (x, w, b))
+        loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, host_checks=host_checks)
+        got = torch.autograd.grad(loss * upstream, (x, w, b))
         want = torch.autograd.grad(fused_linear_cross_entropy(x, w, target, b, reduction=reduction), (x, w, b))
         for g, r in zip(got, want):
-            assert rel_err(g, 3.0 * r) < 1e-6
+            assert torch.isfinite(g).all()
+            assert (g == 0).all() if upstream == 0 else rel_err(g, upstream * r) < 1e-6
+
+
+def test_second_backward_through_fused_gradients_is_refused():
+    """The gradients formed in forward are scaled in place and handed out: a second backward through a
+    retained graph would scale them again, so it raises; ``reduction="none"`` recomputes and allows it."""
+    x, w, b, target = make_inputs()
+    loss = fused_linear_cross_entropy(x, w, target, b)
+    first = torch.autograd.grad(loss, (x, w, b), retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice.*retain_graph"):
+        torch.autograd.grad(loss, (x, w, b))
+    per_token = fused_linear_cross_entropy(x, w, target, b, reduction="none")
+    twice = [torch.autograd.grad(per_token.sum(), (x, w, b), retain_graph=True) for _ in range(2)]
+    for g1, g2 in zip(*twice):
+        assert torch.equal(g1, g2)
+    n_valid = (target != -100).sum()
+    for g, want in zip(first, twice[0]):
+        assert rel_err(g * n_valid, want) < 1e-5
 
 
 def test_only_the_inputs_that_require_grad_get_one():

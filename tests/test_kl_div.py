@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device
 from kernels_lib.workbench.check import TOLERANCE, relative_error
-from kernels_lib.kernels.kl_div_backward import launch_kl_div_backward, launch_scale_gradient
+from kernels_lib.kernels.kl_div_backward import launch_kl_div_backward
+from kernels_lib.kernels.scale_gradient import launch_scale_gradient
 from kernels_lib.kernels.kl_div_forward import BLOCK, launch_kl_div_forward, num_programs
 from kernels_lib.kl_div import REDUCTIONS, KLDivLoss, kl_div
 

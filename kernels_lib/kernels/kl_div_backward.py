@@ -1,13 +1,9 @@
-r"""KL divergence, backward stages.
+r"""KL divergence, backward stage: forming the gradient.
 
-**Scaling the forward gradient** (``scale_gradient_kernel``). With a reduction the forward stage
-already wrote :math:`-t\,s`; the chain rule multiplies it by the upstream scalar :math:`g`. Each
-program reads :math:`g` from device memory and returns at once when :math:`g = 1` (the usual
-``loss.backward()``), so the common case moves no bytes and, unlike comparing :math:`g` with 1
-on the host, never makes the host wait for the GPU. Otherwise it scales its block in place
-(4 bytes read and 4 written per fp32 element).
+With a reduction the forward stage already wrote :math:`-t\,s`, and backward only scales it by the
+upstream scalar (:mod:`kernels_lib.kernels.scale_gradient`, shared with the other losses).
 
-**Forming the gradient** (``kl_div_backward_kernel``). With ``reduction="none"`` the upstream
+``kl_div_backward_kernel``: with ``reduction="none"`` the upstream
 gradient :math:`g` is a tensor of the input's shape that exists only in backward, so
 
 .. math:: \partial L / \partial x = -t \cdot g \cdot s \quad (\text{or } -e^{t} \cdot g \cdot s)
@@ -25,21 +21,6 @@ import triton
 import triton.language as tl
 
 from .kl_div_forward import BLOCK, NUM_WARPS
-
-
-@triton.jit
-def scale_gradient_kernel(
-    grad_ptr,  # numel elements, scaled in place
-    grad_output_ptr,  # the upstream gradient: one element
-    numel,  # number of elements of grad (may exceed 2**31)
-    BLOCK: tl.constexpr,  # elements per program
-):
-    g = tl.load(grad_output_ptr).to(tl.float32)
-    if g != 1.0:
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < numel
-        grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offsets, (grad * g).to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -62,12 +43,6 @@ def kl_div_backward_kernel(
         g = tl.load(grad_output_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     p = tl.exp(t) if LOG_TARGET else t
     tl.store(grad_ptr + offsets, (-p * g * grad_scale).to(grad_ptr.dtype.element_ty), mask=mask)
-
-
-def launch_scale_gradient(grad: torch.Tensor, grad_output: torch.Tensor) -> None:
-    """``grad *= grad_output`` in place (contiguous ``grad``, one-element ``grad_output``); nothing moves when it is 1."""
-    numel = grad.numel()
-    scale_gradient_kernel[(triton.cdiv(numel, BLOCK),)](grad, grad_output, numel, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def launch_kl_div_backward(
