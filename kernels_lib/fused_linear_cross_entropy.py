@@ -113,7 +113,7 @@ from . import _validate as v
 from . import _vocab_parallel as vp
 from ._runtime import INTERPRETED
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
-from .kernels.logits_logsumexp import logits_logsumexp
+from .kernels.logits_logsumexp import logits_logsumexp, tma_unsupported_reason
 from .kernels.scale_gradient import launch_scale_gradient
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -129,6 +129,9 @@ MIN_DEFAULT_CHUNK_ROWS = 2048
 MAX_DEFAULT_CHUNK_ROWS = 8192
 #: A default chunk's logits buffer takes at most this fraction of the device memory free at the call.
 DEFAULT_CHUNK_FREE_FRACTION = 0.25
+#: In Triton's interpreter the epilogue GEMM is a Python loop over tiles, ten times the rest of a test's
+#: time: the gradient chunks take it there only when this is True (the tests of that route set it).
+EPILOGUE_GEMM_WHEN_INTERPRETED = False
 
 
 @dataclass(frozen=True)
@@ -366,11 +369,17 @@ class _Operands:
         self.chunk_size = min(chunk_size, n_rows)
         self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
 
-    def __iter__(self):
-        """Yield ``(rows, x_c, logits_c)`` chunk by chunk (``logits_c`` is the reused buffer)."""
+    def chunks(self):
+        """Yield ``(rows, x_c, buffer_c)`` chunk by chunk: the chunk's operand and its rows of the reused
+        buffer, the logits not yet formed."""
         for rows in _chunks(self.x.shape[0], self.chunk_size):
             x_c = self.x[rows].to(self.compute_dtype).to(self.w.dtype)
-            yield rows, x_c, _logits_chunk(self.buffer, x_c, self.w, self.b, self.pre)
+            yield rows, x_c, self.buffer[: x_c.shape[0]]
+
+    def __iter__(self):
+        """Yield ``(rows, x_c, logits_c)`` chunk by chunk, the logits formed by cuBLAS into the buffer."""
+        for rows, x_c, buffer in self.chunks():
+            yield rows, x_c, _logits_chunk(buffer, x_c, self.w, self.b, self.pre)
 
 
 def _reduce(per_row: torch.Tensor, reduction: str, normalizer, shape) -> torch.Tensor:
@@ -421,18 +430,27 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 unscale = 1.0
             kernel_args = opts.kernel_args(class_weight, weight_sum)
             chunk = launch_cross_entropy_chunk if shard is None else _vocab_parallel_chunk(shard)
-            for rows, x_c, logits in ops:
-                chunk(
-                    logits,
-                    target[rows],
-                    lse=lse[rows],
-                    loss=loss[rows],
-                    z_loss=z_loss[rows],
-                    grad_scale=scale if fuse_grad else None,
-                    stats=None if stats is None else stats[rows],
-                    top1=None if top1 is None else top1[rows],
-                    **kernel_args,
-                )
+            plain = fuse_grad and _plain_loss(opts, class_weight, shard)
+            if plain:
+                z_loss.zero_()
+            for rows, x_c, buffer in ops.chunks():
+                if plain and _epilogue_gemm_takes(x_c, ops.w):
+                    # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
+                    logits = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
+                    chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
+                else:
+                    logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+                    chunk(
+                        logits,
+                        target[rows],
+                        lse=lse[rows],
+                        loss=loss[rows],
+                        z_loss=z_loss[rows],
+                        grad_scale=scale if fuse_grad else None,
+                        stats=None if stats is None else stats[rows],
+                        top1=None if top1 is None else top1[rows],
+                        **kernel_args,
+                    )
                 if fuse_grad:
                     grads.add_chunk(logits, x_c, ops.w, rows, unscale)
             if fuse_grad and shard is not None and grads.dx is not None:
@@ -481,14 +499,39 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None, None
 
 
+def _plain_loss(opts: _Options, class_weight, shard) -> bool:
+    """Whether a row's loss is ``lse - c_y`` alone, so that the log-sum-exp in the epilogue of the logits
+    GEMM (:mod:`kernels_lib.kernels.logits_logsumexp`) gives it: plain cross-entropy (no smoothing,
+    z-loss, softcap, statistics or class weights), reduced, on one process. ``reduction="none"`` keeps
+    the chunked kernel, whose per-token ``(m - z_y) + log s`` keeps the relative accuracy of a loss near
+    0 that ``lse - z_y`` would lose."""
+    options = opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats
+    return not options and opts.reduction != "none" and class_weight is None and shard is None
+
+
 def _loss_in_epilogue(opts: _Options, needs, class_weight, shard) -> bool:
-    """Whether the loss alone (no input takes a gradient) can come from the log-sum-exp in the epilogue of
-    the logits GEMM (:mod:`kernels_lib.kernels.logits_logsumexp`): plain cross-entropy, reduced, on one
-    process, with an explicit or automatic chunk (the GEMM needs no chunks: the logits never exist).
-    ``reduction="none"`` keeps the chunked kernel, whose per-token ``(m - z_y) + log s`` keeps the relative
-    accuracy of a loss near 0 that ``lse - z_y`` would lose."""
-    plain = not (opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats)
-    return not any(needs) and plain and opts.reduction != "none" and class_weight is None and shard is None
+    """Whether the loss alone (no input takes a gradient) comes from the epilogue GEMM, with no chunks
+    (the logits never exist): a plain loss (:func:`_plain_loss`)."""
+    return not any(needs) and _plain_loss(opts, class_weight, shard)
+
+
+def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a gradient chunk's logits come from the epilogue GEMM: where its Hopper (TMA) kernel runs
+    for 16-bit operands, at cuBLAS's speed; elsewhere cuBLAS's matmul and the kernel's two passes are
+    the faster route. In Triton's interpreter: when :data:`EPILOGUE_GEMM_WHEN_INTERPRETED` says so."""
+    if INTERPRETED:
+        return EPILOGUE_GEMM_WHEN_INTERPRETED
+    return x_c.dtype in (torch.bfloat16, torch.float16) and tma_unsupported_reason(x_c, w) is None
+
+
+def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options) -> torch.Tensor:
+    """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which writes each row's lse into
+    ``lse_c`` as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns the logits."""
+    lse, target_logit = logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre, ignore_index=opts.ignore_index,
+                                         logits_out=buffer)
+    lse_c.copy_(lse)
+    loss_c.copy_(torch.where(target_c != opts.ignore_index, lse - target_logit, 0.0))
+    return buffer
 
 
 def _epilogue_loss(x, weight, bias, target, opts: _Options, compute_dtype) -> torch.Tensor:

@@ -18,7 +18,9 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     ``kernels_lib[chunk_size=C accurate=False]``. One row per point, GPU, versions, commit.
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
-    :data:`STAGE_CHUNKS` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`).
+    ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
+    routes (``route``): cuBLAS's logits and the kernel's two passes, or the logits and lse from the
+    epilogue GEMM and the kernel's second pass.
 
 ``forward``: ``gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``. The loss without a
     gradient needs each row's log-sum-exp and target logit only. At each N: the logits matmul alone
@@ -109,9 +111,10 @@ def stages(size: dict, device: torch.device) -> pd.DataFrame:
     """Stage times of one chunk times the chunks, per chunk size, lean accumulation."""
     sizes = {"BT": size["stage_n"], "H": size["H"], "V": size["V"]}
     frames = [
-        flce_studies.stage_times(sizes, DTYPE, device, chunk_size=chunk, accurate=False).assign(
-            chunk_size=chunk, BT=sizes["BT"], H=sizes["H"], V=sizes["V"])
-        for chunk in size["stage_chunks"]
+        flce_studies.stage_times(sizes, DTYPE, device, chunk_size=chunk, accurate=False, epilogue=epilogue).assign(
+            chunk_size=chunk, BT=sizes["BT"], H=sizes["H"], V=sizes["V"],
+            route="epilogue GEMM" if epilogue else "cuBLAS logits")
+        for chunk in size["stage_chunks"] for epilogue in (False, True)
     ]
     return pd.concat(frames, ignore_index=True).assign(**provenance(device))
 

@@ -276,6 +276,11 @@ def test_stage_times_cover_the_pipeline():
     assert (table.chunks == 3).all()
     assert (table["ms"] == table["ms per chunk"] * 3).all() and (table["ms"] > 0).all()
     assert table.attrs["chunk_size"] == 4 and table.attrs["accurate"] is False
+    epilogue = flce_studies.stage_times({"BT": 10, "H": 16, "V": 67}, torch.bfloat16, DEVICE, chunk_size=4,
+                                        accurate=False, epilogue=True)
+    assert list(epilogue.stage) == ["logits and lse: Triton GEMM, lse in its epilogue", "kernel: dz (lse given)",
+                                    "dx_c = dz W", "dW += dzᵀ x_c"]
+    assert epilogue.attrs["epilogue"] is True and (epilogue["ms"] > 0).all()
 
 
 # --------------------------------------------------------------------------- analysis on synthetic rows

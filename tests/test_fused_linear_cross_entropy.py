@@ -94,6 +94,65 @@ def test_options_and_reductions_match_reference(reduction, options):
     check_against_reference(x, w, b, target, TOL[torch.float32], reduction=reduction, chunk_size=16, **options)
 
 
+@pytest.fixture
+def epilogue_route(monkeypatch):
+    """The gradient chunks take the epilogue GEMM (lse in its epilogue, the logits written beside it)
+    in the interpreter too; yields the list of ``logits_out`` buffers it was called with."""
+    calls = []
+    original = flce_module.logits_logsumexp
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("logits_out"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
+    monkeypatch.setattr(flce_module, "logits_logsumexp", spy)
+    yield calls
+
+
+@pytest.mark.parametrize(
+    "lead, hidden, vocab, dtype, options",
+    [
+        ((37,), 72, 1031, torch.float32, dict(reduction="mean", chunk_size=16)),
+        ((37,), 72, 1031, torch.float32, dict(reduction="sum", chunk_size=7, logit_scale=0.5, temperature=2.0)),
+        ((1,), 40, 2053, torch.float32, dict(reduction="mean")),  # N = 1 (its one row kept), one chunk
+        ((2, 9), 24, 517, torch.bfloat16, dict(reduction="mean", chunk_size=8, num_items_in_batch=11)),
+        ((2, 9), 24, 517, torch.float16, dict(reduction="sum", chunk_size=8)),
+    ],
+)
+def test_epilogue_gemm_route_matches_reference(lead, hidden, vocab, dtype, options, epilogue_route):
+    """A plain reduced loss with a gradient: each chunk's lse from the GEMM's epilogue, which writes the
+    logits too; the kernel's pass 2 alone reads them. Loss and every gradient as the reference."""
+    x, w, b, target = make_inputs(lead, hidden, vocab, dtype=dtype, ignore_every=5 if lead != (1,) else 0)
+    check_against_reference(x, w, b, target, TOL[dtype], **options)
+    assert epilogue_route and all(out is not None for out in epilogue_route), "every chunk took the route"
+
+
+def test_epilogue_gemm_route_is_plain_only(epilogue_route):
+    """Options the epilogue's lse cannot carry (smoothing, z-loss, softcap, statistics, class weights,
+    ``none``) keep the two-pass kernel on cuBLAS's logits, and no gradient means no chunks at all."""
+    x, w, b, target = make_inputs()
+    for options in [*OPTIONS[1:], {"reduction": "none"}, {"return_token_stats": True}]:
+        fused_linear_cross_entropy(x, w, target, b, **options)
+    fused_linear_cross_entropy(x, w, target, b, class_weight=torch.rand(w.shape[0], device=DEVICE))
+    assert epilogue_route == []
+    with torch.no_grad():
+        fused_linear_cross_entropy(x, w, target, b)
+    assert epilogue_route == [None], "the no-grad loss: the GEMM once, no logits written"
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_epilogue_gemm_route_nan_and_all_ignored(epilogue_route):
+    x, w, b, target = make_inputs()
+    x.data[3, 5] = float("nan")
+    loss = fused_linear_cross_entropy(x, w, target, b, chunk_size=16)
+    dx, dw = torch.autograd.grad(loss, (x, w))
+    assert loss.isnan() and dx[3].isnan().all() and dw.isnan().any()
+    x, w, b, target = make_inputs()
+    loss = fused_linear_cross_entropy(x, w, torch.full_like(target, -100), b, chunk_size=16)
+    assert loss == 0 and all((g == 0).all() for g in torch.autograd.grad(loss, (x, w, b)))
+
+
 @pytest.mark.parametrize(
     "lead, hidden, vocab, bias, chunk_size",
     [

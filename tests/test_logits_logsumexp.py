@@ -197,6 +197,25 @@ def test_tma_kernel_matches_float64(n, h, v, dtype, variant, tma_only):
     check(x, w, b, y, alpha=0.7, config=dict(INTERPRETED_CONFIG, **variant))
 
 
+@pytest.mark.parametrize("variant", [None] + (TMA_VARIANTS[:2] if INTERPRETED else []), ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,h,v", [(1, 24, 33), (37, 72, 200)])
+def test_logits_out_holds_the_logits(n, h, v, dtype, variant):
+    """``logits_out`` (rows of a wider, NaN-poisoned buffer) gets every logit, rounded to the inputs'
+    dtype, and nothing beyond its ``V`` columns; lse and the target logits are unchanged by it."""
+    x, w, b, y = make(n, h, v, dtype, seed=11)
+    wide = torch.full((n + 2, v + 5), float("nan"), dtype=dtype, device=DEVICE)
+    out = wide[1 : n + 1, :v]
+    config = None if variant is None else dict(INTERPRETED_CONFIG, **variant)
+    lse, t = logits_logsumexp(x, w, b, y, alpha=0.7, ignore_index=IGNORE, config=config, logits_out=out)
+    z = 0.7 * (x.double() @ w.double().T + b.double())
+    assert not out.isnan().any(), "every logit written"
+    assert relative_error(out, z) <= (TOL if dtype == torch.float32 else 2**-8)
+    assert wide[0].isnan().all() and wide[-1].isnan().all() and wide[:, v:].isnan().all(), "nothing outside (N, V)"
+    lse_alone, t_alone = logits_logsumexp(x, w, b, y, alpha=0.7, ignore_index=IGNORE, config=config)
+    assert torch.equal(lse, lse_alone) and torch.equal(t, t_alone)
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="small-tile numerics run in the interpreter")
 @pytest.mark.parametrize("group_m", [1, 3])
 @pytest.mark.parametrize("bias,with_target", [(False, True), (True, False)])
@@ -270,11 +289,15 @@ def test_tma_falls_back_with_its_reason(dtype, h, cut, match):
         (dict(config=dict(PERSISTENT=True)), r"config\['PERSISTENT'\] needs config\['TMA'\]"),
         (dict(config=dict(WARP_SPECIALIZE=True)), r"config\['WARP_SPECIALIZE'\] needs config\['TMA'\]"),
         (dict(config=dict(TMA=True, BLOCK_N=512)), r"config\['BLOCK_N'\] must be <= 256 with TMA"),
+        (dict(logits_out=torch.zeros(4, 4)), r"logits_out must have shape \(N, V\)"),
+        (dict(logits_out=torch.zeros(4, 5, dtype=torch.bfloat16)), "logits_out must have the dtype of x"),
+        (dict(logits_out=torch.zeros(5, 4).t()), "logits_out must have unit stride along V"),
+        (dict(logits_out=[[0.0] * 5] * 4), "logits_out must be a torch.Tensor"),
     ],
 )
 def test_bad_inputs_name_the_argument(change, match):
     args = dict(x=torch.zeros(4, 8), weight=torch.zeros(5, 8), bias=None, target=None, alpha=1.0, ignore_index=-100,
-                config=None)
+                config=None, logits_out=None)
     args.update(change)
     args = {k: a.to(DEVICE) if isinstance(a, torch.Tensor) else a for k, a in args.items()}
     with pytest.raises((TypeError, ValueError), match=match):

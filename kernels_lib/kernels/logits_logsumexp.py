@@ -1,4 +1,4 @@
-r"""Log-sum-exp of the LM head's logits in the epilogue of their matmul: the logits never reach memory.
+r"""Log-sum-exp of the LM head's logits in the epilogue of their matmul: the logits need not reach memory.
 
 What it computes
 ----------------
@@ -10,7 +10,10 @@ For hidden states :math:`x` (``N × H``), a head :math:`W` (``V × H``), an opti
     \mathrm{lse}_i = \log \sum_{j < V} e^{z_{ij}}, \qquad
     t_i = z_{i, y_i} \quad (0 \text{ where } y_i = \text{ignore\_index}),
 
-both float32; :math:`t` only with targets :math:`y` (``N``). A NaN anywhere in row :math:`i` of
+both float32; :math:`t` only with targets :math:`y` (``N``). On request (``logits_out``) the
+epilogue also stores :math:`z` itself, in the inputs' dtype: the fused loss's gradient pass
+(:mod:`kernels_lib.fused_linear_cross_entropy`) then reads the logits once with the log-sum-exp
+known, instead of twice. A NaN anywhere in row :math:`i` of
 :math:`z` gives :math:`\mathrm{lse}_i = \mathrm{NaN}`; a target outside ``[0, V)`` (and not
 ``ignore_index``) gives :math:`t_i = \mathrm{NaN}` (no host sync to check it).
 
@@ -57,7 +60,8 @@ FLOPs: :math:`2 N H V` in the matmul, plus about 5 and one ``exp`` per logit in 
 (``e·N·H·ceil(V/BLOCK_N)``, ``e`` = 2 or 4 bytes) and ``W`` once per row block
 (``e·V·H·ceil(N/BLOCK_M)``), mostly from L2 thanks to the grouping, as in any tiled matmul. Written
 are only the partials, ``8·N·ceil(V/BLOCK_N)`` bytes (8/BLOCK_N bytes per logit: 1/32 of a bf16
-logit at ``BLOCK_N = 256``), read once more by the merge, and ``4·N`` (``8·N``) bytes of output.
+logit at ``BLOCK_N = 256``), read once more by the merge, and ``4·N`` (``8·N``) bytes of output;
+with ``logits_out``, the ``e·N·V`` bytes of the logits besides, as any logits matmul writes them.
 The unfused path (``torch.logsumexp(x @ W.T, -1)``) writes the ``N·V`` logits and reads them back,
 ``2·e·N·V`` bytes and ``e·N·V`` of memory (8 GiB for 32k tokens × 128k classes in bf16), a
 memory-bound pass after the matmul; here the stage is bound by the matmul alone. Offsets are 64-bit
@@ -121,17 +125,22 @@ BLOCK_R = 128
 
 @triton.jit
 def _tile_epilogue(
-    acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols, alpha, ignore_index,
-    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, BLOCK_N: tl.constexpr,
+    acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out, n_rows, n_cols,
+    alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, and the target logits it holds."""
+    """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
+    holds and, with ``STORE_LOGITS``, the tile itself."""
     col_ok = cols < n_cols
+    row_ok = rows < n_rows
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
+    if STORE_LOGITS:
+        out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+        tl.store(out, z.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     m = tl.max(z, axis=1)
     s = tl.sum(tl.exp(z - m[:, None]), axis=1)
-    row_ok = rows < n_rows
     partial = pid_n.to(tl.int64) * n_rows + rows
     tl.store(m_ptr + partial, m, mask=row_ok)
     tl.store(s_ptr + partial, s, mask=row_ok)
@@ -152,6 +161,8 @@ def logits_lse_partials_kernel(
     m_ptr,  # float32 [n_blocks, N]: per tile row maxima m_bi (written)
     s_ptr,  # float32 [n_blocks, N]: per tile row sums s_bi = sum_j exp(z_ij - m_bi) (written)
     target_logit_ptr,  # float32 [N]: z_{i, y_i}, written by the tile holding column y_i (HAS_TARGET)
+    out_ptr,  # [N, V] the logits z, dtype of x, unit stride along V (written only when STORE_LOGITS)
+    stride_out,  # elements between rows of out
     n_rows,  # N
     n_cols,  # V
     hidden,  # H
@@ -161,6 +172,7 @@ def logits_lse_partials_kernel(
     ignore_index,  # target value of rows without a target logit
     HAS_BIAS: tl.constexpr,  # add b before scaling
     HAS_TARGET: tl.constexpr,  # store the target logits
+    STORE_LOGITS: tl.constexpr,  # also store the logits themselves (the fused loss's gradient pass reads them)
     INPUT_PRECISION: tl.constexpr,  # tl.dot's precision for fp32 inputs: "ieee" or "tf32" (ignored for 16-bit)
     DOT_IN_FP32: tl.constexpr,  # upcast the tiles before tl.dot (Triton's interpreter multiplies bf16's raw bits)
     BLOCK_M: tl.constexpr,  # rows per tile
@@ -195,8 +207,8 @@ def logits_lse_partials_kernel(
         x_tile += BLOCK_K * stride_xk
         w_tile += BLOCK_K * stride_wk
 
-    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols,
-                   alpha, ignore_index, HAS_BIAS, HAS_TARGET, BLOCK_N)
+    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
+                   n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, BLOCK_N)
 
 
 @triton.jit
@@ -211,9 +223,10 @@ def _tile_coordinates(tile, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _tma_tile(
-    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols, hidden, alpha,
-    ignore_index,
-    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out, n_rows, n_cols,
+    hidden, alpha, ignore_index,
+    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -230,8 +243,8 @@ def _tma_tile(
         acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
-    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols,
-                   alpha, ignore_index, HAS_BIAS, HAS_TARGET, BLOCK_N)
+    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
+                   n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, BLOCK_N)
 
 
 @triton.jit
@@ -243,6 +256,8 @@ def logits_lse_partials_tma_kernel(
     m_ptr,  # float32 [n_blocks, N]: per tile row maxima (written)
     s_ptr,  # float32 [n_blocks, N]: per tile shifted row sums (written)
     target_logit_ptr,  # float32 [N]: target logits (HAS_TARGET)
+    out_ptr,  # [N, V] the logits (STORE_LOGITS)
+    stride_out,  # elements between rows of out
     n_rows,  # N
     n_cols,  # V
     hidden,  # H (also the row stride of x and W)
@@ -250,6 +265,7 @@ def logits_lse_partials_tma_kernel(
     ignore_index,  # target value of rows without a target logit
     HAS_BIAS: tl.constexpr,
     HAS_TARGET: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -270,13 +286,13 @@ def logits_lse_partials_tma_kernel(
         # Flattening the tile and H loops lets the pipeliner issue the next tile's loads during this
         # tile's epilogue (FLATTEN; Triton's Hopper warp specialization does not take a flattened loop).
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-            _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols, hidden,
-                      alpha, ignore_index, HAS_BIAS, HAS_TARGET, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N,
-                      BLOCK_K, GROUP_M, False)
+            _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
+                      n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, INPUT_PRECISION,
+                      DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
-        _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows, n_cols,
-                  hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N,
-                  BLOCK_K, GROUP_M, WARP_SPECIALIZE)
+        _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
+                  stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
+                  INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE)
 
 
 @triton.jit
@@ -409,8 +425,10 @@ def logits_logsumexp(
     alpha: float = 1.0,
     ignore_index: int = -100,
     config: dict | None = None,
+    logits_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(lse, target_logit)`` of the logits ``alpha * (x @ weight.T + bias)``, never formed in memory.
+    """``(lse, target_logit)`` of the logits ``alpha * (x @ weight.T + bias)``, never formed in memory
+    unless ``logits_out`` asks for them.
 
     ``x``: ``(N, H)`` float32/bfloat16/float16; ``weight``: ``(V, H)`` of the same dtype; ``bias``:
     optional ``(V,)`` of that dtype; ``target``: optional ``(N,)`` int32/int64 class indices in
@@ -421,30 +439,41 @@ def logits_logsumexp(
     :data:`CONFIGS`; ``PERSISTENT`` and ``WARP_SPECIALIZE`` need ``TMA``). When ``TMA`` is asked for and
     :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and a
     :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's
-    matmuls do (``torch.backends.cuda.matmul.allow_tf32``).
+    matmuls do (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor
+    of x's dtype with unit stride along ``V`` (a slice of a larger buffer's rows will do), into which the
+    epilogue also writes the logits (``e·N·V`` more bytes written; the fused loss's gradient pass reads
+    them, its log-sum-exp already done).
     """
-    v.require_tensor("x", x)
-    v.require_float("x", x)
-    v.require_ndim("x", x, 2)
-    v.require_nonempty("x", x)
-    v.require_tensor("weight", weight)
-    v.require_float("weight", weight)
-    v.require_same_dtype("x", x, "weight", weight)
-    v.require_linear_head("weight", weight, x.shape[1])
+    if target is None:
+        v.require_tensor("x", x)
+        v.require_tensor("weight", weight)
+        v.require_float("x", x)
+        v.require_float("weight", weight)
+        v.require_same_dtype("x", x, "weight", weight)
+        v.require_ndim("x", x, 2)
+        v.require_nonempty("x", x)
+        v.require_linear_head("weight", weight, x.shape[1])
+    else:
+        v.require_linear_loss_inputs(x, weight, target, x_ndim=2)
     tensors = {"x": x, "weight": weight}
     if bias is not None:
         v.require_bias("bias", bias, weight)
         tensors["bias"] = bias
     if target is not None:
-        v.require_tensor("target", target)
-        v.require_index_dtype("target", target)
-        v.require_shape("target", target, x.shape[:1], "(N,) = x.shape[:1]")
         tensors["target"] = target
+    if logits_out is not None:
+        v.require_tensor("logits_out", logits_out)
+        v.require_shape("logits_out", logits_out, (x.shape[0], weight.shape[0]), "(N, V)")
+        v.require_same_dtype("x", x, "logits_out", logits_out)
+        if logits_out.stride(1) != 1:
+            raise ValueError(f"logits_out must have unit stride along V; got strides {tuple(logits_out.stride())}")
+        tensors["logits_out"] = logits_out
     v.require_same_device(tensors)
     v.require_real("alpha", alpha)
     v.require_int("ignore_index", ignore_index)
     x, weight = x.contiguous(), weight.contiguous()
-    if config is None and not INTERPRETED and x.dtype != torch.float32 and tma_unsupported_reason(x, weight) is None:
+    reason = tma_unsupported_reason(x, weight)
+    if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG
     cfg = _config(config, x.dtype)
 
@@ -460,15 +489,16 @@ def logits_logsumexp(
     bias_arg = bias.contiguous() if bias is not None else x
     # "tf32" is tl.dot's default and ignored for 16-bit inputs; fp32 inputs get IEEE products unless torch allows TF32.
     ieee = x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    out_arg = logits_out if logits_out is not None else lse
     common = dict(
-        HAS_BIAS=bias is not None, HAS_TARGET=target is not None, INPUT_PRECISION="ieee" if ieee else "tf32",
+        HAS_BIAS=bias is not None, HAS_TARGET=target is not None, STORE_LOGITS=logits_out is not None,
+        INPUT_PRECISION="ieee" if ieee else "tf32",
         DOT_IN_FP32=INTERPRETED and x.dtype == torch.bfloat16,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     n_tiles = triton.cdiv(n_rows, cfg["BLOCK_M"]) * n_blocks
-    reason = tma_unsupported_reason(x, weight) if cfg["TMA"] else None
-    if reason is not None:
+    if cfg["TMA"] and reason is not None:
         warnings.warn(f"logits_logsumexp: config {config!r} asks for the TMA kernel, but {reason}; "
                       "running the pointer-based kernel instead", TmaFallbackWarning, stacklevel=2)
     if cfg["TMA"] and reason is None:
@@ -477,15 +507,15 @@ def logits_logsumexp(
         num_sms = INTERPRETED_NUM_SMS if INTERPRETED else _num_sms(x.device.index)
         grid = (min(num_sms, n_tiles) if cfg["PERSISTENT"] else n_tiles,)
         logits_lse_partials_tma_kernel[grid](
-            x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse,
-            n_rows, n_cols, hidden, float(alpha), int(ignore_index),
+            x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
+            out_arg.stride(0), n_rows, n_cols, hidden, float(alpha), int(ignore_index),
             PERSISTENT=cfg["PERSISTENT"], NUM_SMS=num_sms, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"],
             FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], **common,
         )
     else:
         logits_lse_partials_kernel[(n_tiles,)](
-            x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse,
-            n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
+            out_arg.stride(0), n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             float(alpha), int(ignore_index), **common,
         )
     merge_lse_partials_kernel[(triton.cdiv(n_rows, BLOCK_R),)](

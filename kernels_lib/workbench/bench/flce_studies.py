@@ -13,6 +13,7 @@ import torch
 from ... import reference
 from ...fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
 from ...kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+from ...kernels.logits_logsumexp import logits_logsumexp
 from .. import data
 from ..check import relative_error
 from .fused_linear_cross_entropy import KERNEL_NAME, _nhv, make_inputs, variant_name
@@ -116,12 +117,15 @@ def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *,
 
 
 def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | None = None,
-                accurate: bool = True) -> pd.DataFrame:
+                accurate: bool = True, epilogue: bool = False) -> pd.DataFrame:
     """Where the time of kernels_lib's ``full`` goes: each stage of one chunk timed alone, times the
     number of chunks. ``sizes`` holds ``BT`` (or ``N``), ``H``, ``V``.
 
     Stages per chunk of ``c`` rows: the logits ``x_c Wᵀ`` (``2cHV`` FLOPs), the Triton kernel (lse,
-    loss, ``dz`` in place: memory-bound, ``3cV`` logits moved), ``dx_c = dz W`` (``2cHV``) and
+    loss, ``dz`` in place: memory-bound, ``3cV`` logits moved), or with ``epilogue`` (the route of a
+    plain loss on Hopper) the logits and their lse from the Triton GEMM
+    (:func:`~kernels_lib.kernels.logits_logsumexp.logits_logsumexp` with ``logits_out``) and the
+    kernel's second pass alone (``2cV`` logits moved); ``dx_c = dz W`` (``2cHV``) and
     ``dW += dzᵀ x_c`` (``2cHV`` plus a read and a write of the ``V × H`` accumulator: the cost that
     grows with the number of chunks). The sum is a floor on the measured ``full`` (launches and the
     final rounding of an fp32 accumulator come on top).
@@ -145,15 +149,25 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
                                    grad_scale=scale, ignore_index=-100, label_smoothing=0.0,
                                    z_loss_scale=0.0, softcap=None)
 
+    def kernel_pass_two():  # the epilogue route's kernel: the lse known, one read and one write of the logits
+        launch_cross_entropy_chunk(buffer, target, lse=per_row[0], loss=None, z_loss=None, grad_scale=scale,
+                                   ignore_index=-100, label_smoothing=0.0, z_loss_scale=0.0, softcap=None)
+
     def dx_matmul():
         if dx.dtype == buffer.dtype:
             torch.matmul(buffer, w, out=dx)
         else:
             dx.copy_(buffer @ w)
 
+    if epilogue:
+        first = [("logits and lse: Triton GEMM, lse in its epilogue",
+                  lambda: logits_logsumexp(x_c, w, target=target, logits_out=buffer), 2.0 * chunk * h * v),
+                 ("kernel: dz (lse given)", kernel_pass_two, 0.0)]
+    else:
+        first = [("logits x_c Wᵀ", lambda: torch.matmul(x_c, w.t(), out=buffer), 2.0 * chunk * h * v),
+                 ("kernel: lse, loss, dz", kernel, 0.0)]
     stages = [
-        ("logits x_c Wᵀ", lambda: torch.matmul(x_c, w.t(), out=buffer), 2.0 * chunk * h * v),
-        ("kernel: lse, loss, dz", kernel, 0.0),
+        *first,
         ("dx_c = dz W", dx_matmul, 2.0 * chunk * h * v),
         ("dW += dzᵀ x_c", lambda: _addmm_into(acc, buffer.t(), x_c, max_temp_numel=buffer.numel()), 2.0 * chunk * h * v),
     ]
@@ -164,5 +178,5 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
         rows.append({"stage": name, "ms per chunk": ms, "chunks": n_chunks, "ms": ms * n_chunks,
                      "TFLOP/s": stage_flops / (ms * 1e-3) / 1e12 if stage_flops else float("nan")})
     table = pd.DataFrame(rows)
-    table.attrs.update(chunk_size=chunk, accurate=accurate, N=n, H=h, V=v, dtype=str(dtype))
+    table.attrs.update(chunk_size=chunk, accurate=accurate, N=n, H=h, V=v, dtype=str(dtype), epilogue=epilogue)
     return table
