@@ -36,7 +36,7 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     beyond its kernels goes, at N = 8192: the default, ``host_checks=False`` (no host sync at all;
     backward always multiplies by ``grad_output``), an explicit ``chunk_size`` (no free-memory query),
     both; per variant do_bench's median and the CPU time of one call's forward (the prologue the GPU
-    may wait for).
+    may wait for), each variant measured twice (in order, then in reverse order: ``round``).
 ``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. kernels_lib's default
     ``full`` at N = 8192 under ``torch.profiler``: per kernel, calls per step and CUDA ms per step (the
     stages as they run inside the pipeline, beside their isolated times in ``stages``).
@@ -195,7 +195,10 @@ def overhead(size: dict, device: torch.device) -> pd.DataFrame:
     variants = {"default": {}, "host_checks=False": {"host_checks": False}, f"chunk_size={chunk}": {"chunk_size": chunk},
                 f"chunk_size={chunk} host_checks=False": {"chunk_size": chunk, "host_checks": False}}
     rows = []
-    for name, options in variants.items():
+    # Each variant twice, in order and then reversed: a drift over the run (clocks, heat) shows as a
+    # difference between a variant's two rounds, not as a difference between variants.
+    order = list(variants.items())
+    for round_, (name, options) in enumerate(order + order[::-1]):
         def step():
             kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs, **options).backward()
 
@@ -210,7 +213,7 @@ def overhead(size: dict, device: torch.device) -> pd.DataFrame:
             loss = kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs, **options)
             cpu.append((time.perf_counter() - start) * 1e3)
             loss.backward()
-        rows.append({"variant": name, "BT": n, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80,
+        rows.append({"variant": name, "round": 1 + round_ // len(order), "BT": n, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80,
                      "forward call cpu ms (median of 5)": sorted(cpu)[2]})
         print(rows[-1], flush=True)
     return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
