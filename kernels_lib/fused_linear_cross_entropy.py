@@ -113,7 +113,7 @@ from . import _validate as v
 from . import _vocab_parallel as vp
 from ._runtime import INTERPRETED
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
-from .kernels.logits_logsumexp import logits_logsumexp, tma_unsupported_reason
+from .kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp, tma_unsupported_reason
 from .kernels.scale_gradient import launch_scale_gradient
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -433,8 +433,11 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             plain = fuse_grad and _plain_loss(opts, class_weight, shard)
             if plain:
                 z_loss.zero_()
+            epilogue = None  # decided at the first chunk: every chunk's operand is aligned alike
             for rows, x_c, buffer in ops.chunks():
-                if plain and _epilogue_gemm_takes(x_c, ops.w):
+                if epilogue is None:
+                    epilogue = plain and _epilogue_gemm_takes(x_c, ops.w)
+                if epilogue:
                     # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
                     logits = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
                     chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
@@ -527,8 +530,8 @@ def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
 def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options) -> torch.Tensor:
     """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which writes each row's lse into
     ``lse_c`` as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns the logits."""
-    lse, target_logit = logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre, ignore_index=opts.ignore_index,
-                                         logits_out=buffer)
+    lse, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre,
+                                                ignore_index=opts.ignore_index, logits_out=buffer)
     lse_c.copy_(lse)
     loss_c.copy_(torch.where(target_c != opts.ignore_index, lse - target_logit, 0.0))
     return buffer

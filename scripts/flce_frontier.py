@@ -14,13 +14,19 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     8192, 16384, H = 4096, V = 128256, bf16), modes ``forward_no_grad`` and ``full`` (the peers and the
     default also ``forward``, the published chart's third panel), speed and
     memory: every peer that loads (torch, Liger, Liger's CuTe DSL kernel, QuACK, CCE), kernels_lib's
-    default, and kernels_lib at each chunk size of :data:`CHUNKS` (``accurate=False``), each named
-    ``kernels_lib[chunk_size=C accurate=False]``. One row per point, GPU, versions, commit.
+    default, and kernels_lib at each chunk size of ``SIZES[size]["chunks"]`` (``accurate=False``), each named
+    ``kernels_lib[chunk_size=C accurate=False]``. One row per point, GPU, versions, commit. The peers
+    and the default are measured in three rounds, the providers' order reversed every other
+    round, and each row is the median over the rounds (each round's rows in
+    ``gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv``): the GPU drifts over a run (clocks,
+    heat; a variant measured second once ran 15% slower than in a later round), and alternating
+    rounds spread that drift over every provider.
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
     ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
     routes (``route``): cuBLAS's logits and the kernel's two passes, or the logits and lse from the
-    epilogue GEMM and the kernel's second pass.
+    epilogue GEMM and the kernel's second pass; and that GEMM with ``logits_out`` alone at each Hopper
+    config, the tile stored by each thread or by TMA.
 
 ``forward``: ``gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``. The loss without a
     gradient needs each row's log-sum-exp and target logit only. At each N: the logits matmul alone
@@ -65,20 +71,22 @@ from kernels_lib.kernels import logits_logsumexp as logits_lse
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.sweep import run_sweep
+from kernels_lib.workbench.bench.sweep import median_of_rounds, run_sweep
 from kernels_lib.workbench.bench.timing import time_callable
 from kernels_lib.workbench.check import relative_error
 
 SIZES = {
     "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
-             "stage_n": 8192, "stage_chunks": [2048, 4096]},
-    "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8]},
+             "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3},
+    "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
+              "rounds": 2},
 }
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
 MODES = ("forward_no_grad", "full")
 DTYPE = torch.bfloat16
 FILES = {
     "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
+    "frontier_rounds": "gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv",
     "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
     "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
     "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
@@ -87,12 +95,24 @@ FILES = {
 }
 
 
-def frontier(size: dict, device: torch.device) -> pd.DataFrame:
-    """Every peer, kernels_lib's default and each point of its dial, at each N of the chart."""
+def frontier(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """Every peer, kernels_lib's default and each point of its dial, at each N of the chart. The peers and
+    the default in ``size["rounds"]`` rounds, the providers' order reversed every other round, one row
+    per point the median over the rounds (each round's rows written to ``rounds_path``)."""
     common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
                   device=device)
-    # The published chart's forward (with the gradient's work, where a provider does it there) too.
-    frames = [run_sweep(flce.KERNEL_NAME, providers=PEERS + ["kernels_lib"], modes=("forward",) + MODES, **common)]
+    main = PEERS + ["kernels_lib"]
+    rounds = []
+    for number in range(1, size["rounds"] + 1):
+        order = main if number % 2 else main[::-1]
+        # The published chart's forward (with the gradient's work, where a provider does it there) too.
+        rows = run_sweep(flce.KERNEL_NAME, providers=order, modes=("forward",) + MODES, **common)
+        rounds.append(rows.assign(round=number))
+        print(f"frontier: round {number} of {size['rounds']} done", flush=True)
+    rounds = pd.concat(rounds, ignore_index=True)
+    if rounds_path is not None:
+        rounds.to_csv(rounds_path, index=False)
+    frames = [median_of_rounds(rounds)]
     common["modes"] = MODES
     for chunk in size["chunks"]:
         options = {"chunk_size": chunk, "accurate": False}
@@ -116,7 +136,34 @@ def stages(size: dict, device: torch.device) -> pd.DataFrame:
             route="epilogue GEMM" if epilogue else "cuBLAS logits")
         for chunk in size["stage_chunks"] for epilogue in (False, True)
     ]
+    frames.append(_logits_out_configs(size, device))
     return pd.concat(frames, ignore_index=True).assign(**provenance(device))
+
+
+def _logits_out_configs(size: dict, device: torch.device) -> pd.DataFrame:
+    """The epilogue GEMM writing a chunk's logits (``logits_out``), per Hopper config: the tile stored by
+    each thread (masked stores) or by TMA (``TMA_STORE``), at the largest stage chunk."""
+    chunk, h, v = max(size["stage_chunks"]), size["H"], size["V"]
+    generator = torch.Generator(device=device).manual_seed(0)
+    x_c = torch.randn(chunk, h, generator=generator, device=device).to(DTYPE)
+    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(DTYPE)
+    target = torch.randint(0, v, (chunk,), generator=generator, device=device)
+    buffer = torch.empty(chunk, v, dtype=DTYPE, device=device)
+    hopper = [c for c in logits_lse.CONFIGS if c.get("TMA") and not c.get("WARP_SPECIALIZE")]
+    configs = [None] if device.type != "cuda" else hopper + [dict(c, TMA_STORE=True) for c in hopper]
+    rows = []
+    for config in configs:
+        try:
+            ms = time_callable(lambda: logits_lse.logits_logsumexp(x_c, w, target=target, config=config,
+                                                                   logits_out=buffer), device).p50
+            error = ""
+        except Exception as failure:  # a config that does not compile here is a recorded failure
+            ms, error = float("nan"), f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+        rows.append({"route": "epilogue GEMM, logits_out configs", "chunk_size": chunk, "stage": f"logits and lse {config}",
+                     "ms per chunk": ms, "chunks": 1, "ms": ms, "TFLOP/s": 2.0 * chunk * h * v / (ms * 1e-3) / 1e12,
+                     "error": error, "BT": chunk, "H": h, "V": v})
+        print(rows[-1], flush=True)
+    return pd.DataFrame(rows)
 
 
 def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
@@ -240,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
             extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
+            if part == "frontier":
+                extra = {"rounds_path": args.out / FILES["frontier_rounds"]}
             rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)
             print(f"{part}: {len(rows)} rows in {time.perf_counter() - start:.0f} s -> {path}", flush=True)

@@ -20,7 +20,13 @@ from kernels_lib.workbench import data
 from kernels_lib.workbench.bench import analysis, cli, environment
 from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS, available_providers, run_sweep
+from kernels_lib.workbench.bench.sweep import (
+    MEASURED_COLUMNS,
+    PUBLISHED_COLUMNS,
+    available_providers,
+    median_of_rounds,
+    run_sweep,
+)
 from kernels_lib.workbench.bench.timing import MODES, mode_callable
 
 DEVICE = default_device()
@@ -536,3 +542,24 @@ def test_package_version():
     assert environment.package_version("torch").split("+")[0] == torch.__version__.split("+")[0]
     assert environment.package_version("no-such-distribution-kernels-lib") == ""
     assert environment.device_name("cpu") == "CPU (Triton interpreter)"
+
+
+def test_median_of_rounds():
+    """Three rounds of two points: each y value is its median over the rounds, the rest the first
+    round's, the note says so (after any note the row had), and the round column is gone."""
+    base = {c: "" for c in MEASURED_COLUMNS}
+    rows = []
+    for number, (a, b) in enumerate([(3.0, 10.0), (1.0, 30.0), (2.0, 20.0)], start=1):
+        for provider, value, note in (("kernels_lib", a, ""), ("torch", b, "liger skipped (no wheel)")):
+            rows.append({**base, "kernel_name": "k", "kernel_provider": provider, "kernel_operation_mode": "full",
+                         "metric_name": "speed", "x_value": 8, "y_value_50": value, "y_value_20": value - 0.5,
+                         "y_value_80": value + 0.5, "timestamp": f"t{number}", "note": note, "round": number})
+    table = median_of_rounds(pd.DataFrame(rows))
+    assert list(table.columns) == MEASURED_COLUMNS
+    table = table.set_index("kernel_provider")
+    assert table.loc["kernels_lib", ["y_value_50", "y_value_20", "y_value_80"]].tolist() == [2.0, 1.5, 2.5]
+    assert table.loc["torch", "y_value_50"] == 20.0 and (table.timestamp == "t1").all()
+    assert table.loc["kernels_lib", "note"] == "median of 3 rounds, providers in alternating order"
+    assert table.loc["torch", "note"] == "liger skipped (no wheel); median of 3 rounds, providers in alternating order"
+    with pytest.raises(ValueError, match="round"):
+        median_of_rounds(pd.DataFrame(rows).drop(columns="round"))

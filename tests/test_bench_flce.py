@@ -397,5 +397,14 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
     assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
+    rounds = pd.read_csv(tmp_path / script.FILES["frontier_rounds"])
+    n_rounds = script.SIZES["small"]["rounds"]
+    assert sorted(rounds["round"].unique()) == list(range(1, n_rounds + 1)) and script.SIZES["full"]["rounds"] == 3
+    first_provider = rounds.groupby("round").kernel_provider.first()
+    assert first_provider[1] != first_provider[2], "every other round reverses the providers' order"
+    main = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])]
+    assert main.note.str.contains(f"median of {n_rounds} rounds").all()
+    assert len(main) == len(rounds) / n_rounds
     stages = pd.read_csv(tmp_path / script.FILES["stages"])
     assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns
+    assert set(stages.route) == {"cuBLAS logits", "epilogue GEMM", "epilogue GEMM, logits_out configs"}

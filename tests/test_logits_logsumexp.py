@@ -197,14 +197,20 @@ def test_tma_kernel_matches_float64(n, h, v, dtype, variant, tma_only):
     check(x, w, b, y, alpha=0.7, config=dict(INTERPRETED_CONFIG, **variant))
 
 
-@pytest.mark.parametrize("variant", [None] + (TMA_VARIANTS[:2] if INTERPRETED else []), ids=str)
+STORE_VARIANTS = [dict(TMA=True, TMA_STORE=True), dict(TMA=True, PERSISTENT=True, TMA_STORE=True)]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["16-byte rows", "odd rows"])
+@pytest.mark.parametrize("variant", [None] + (TMA_VARIANTS[:2] + STORE_VARIANTS if INTERPRETED else []), ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,h,v", [(1, 24, 33), (37, 72, 200)])
-def test_logits_out_holds_the_logits(n, h, v, dtype, variant):
+def test_logits_out_holds_the_logits(n, h, v, dtype, variant, aligned):
     """``logits_out`` (rows of a wider, NaN-poisoned buffer) gets every logit, rounded to the inputs'
-    dtype, and nothing beyond its ``V`` columns; lse and the target logits are unchanged by it."""
+    dtype, and nothing beyond its ``V`` columns; lse and the target logits are unchanged by it. Rows
+    of a multiple of 16 bytes take the TMA store where it is asked for; odd rows the masked stores."""
     x, w, b, y = make(n, h, v, dtype, seed=11)
-    wide = torch.full((n + 2, v + 5), float("nan"), dtype=dtype, device=DEVICE)
+    width = (v + 5 + 7) // 8 * 8 if aligned else v + 5 + (v % 2 == 0)
+    wide = torch.full((n + 2, width), float("nan"), dtype=dtype, device=DEVICE)
     out = wide[1 : n + 1, :v]
     config = None if variant is None else dict(INTERPRETED_CONFIG, **variant)
     lse, t = logits_logsumexp(x, w, b, y, alpha=0.7, ignore_index=IGNORE, config=config, logits_out=out)
@@ -288,6 +294,7 @@ def test_tma_falls_back_with_its_reason(dtype, h, cut, match):
         (dict(config=dict(TMA=1)), r"config\['TMA'\] must be a bool"),
         (dict(config=dict(PERSISTENT=True)), r"config\['PERSISTENT'\] needs config\['TMA'\]"),
         (dict(config=dict(WARP_SPECIALIZE=True)), r"config\['WARP_SPECIALIZE'\] needs config\['TMA'\]"),
+        (dict(config=dict(TMA_STORE=True)), r"config\['TMA_STORE'\] needs config\['TMA'\]"),
         (dict(config=dict(TMA=True, BLOCK_N=512)), r"config\['BLOCK_N'\] must be <= 256 with TMA"),
         (dict(logits_out=torch.zeros(4, 4)), r"logits_out must have shape \(N, V\)"),
         (dict(logits_out=torch.zeros(4, 5, dtype=torch.bfloat16)), "logits_out must have the dtype of x"),

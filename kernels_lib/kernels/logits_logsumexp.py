@@ -47,7 +47,8 @@ scratch comes from ``triton.set_allocator``, set to a torch allocation unless on
 The descriptors pad out-of-bounds rows, columns and ``H`` elements with zeros, so no index wraps or
 masks remain in the loop. With ``PERSISTENT`` a grid of one program per SM walks the tiles (same
 grouped order, stride = number of SMs) in one flattened loop, so the next tile's loads are issued
-while this tile's epilogue runs; ``WARP_SPECIALIZE`` asks Triton to split that loop between
+while this tile's epilogue runs; ``TMA_STORE`` stores the logits tile (``logits_out``) by TMA from
+shared memory instead of by each thread; ``WARP_SPECIALIZE`` asks Triton to split that loop between
 producer (TMA) and consumer (wgmma) warps. TMA needs compute capability >= 9.0, contiguous ``x``
 and ``W`` with 16-byte aligned data pointers and rows of a multiple of 16 bytes (``H`` a multiple
 of 8 for 16-bit inputs, of 4 for float32); otherwise :func:`tma_unsupported_reason` says why and the
@@ -110,13 +111,16 @@ CONFIGS = [
 #: N = 4096 / 8192 / 16384, 681 / 678 / 681 TFLOP/s, where cuBLAS's logits matmul alone took 6.33 /
 #: 12.39 / 24.87 ms and the pointer kernel below 7.35 / 15.17 / 30.07.
 TMA_DEFAULT_CONFIG = CONFIGS[2]
+#: The same where ``logits_out`` is given: the logits tile stored by TMA (not yet measured against the
+#: masked stores of TMA_DEFAULT_CONFIG: the frontier's ``stages`` part times both).
+TMA_LOGITS_OUT_CONFIG = dict(TMA_DEFAULT_CONFIG, TMA_STORE=True)
 #: The launch without ``config`` otherwise: the fastest measured pointer-based config.
 DEFAULT_CONFIG = CONFIGS[5]
 #: In Triton's interpreter every program is a Python loop: small tiles keep tests fast and still
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
 #: Boolean config keys, all False unless given: the Hopper path and its variants.
-FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE")
+FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")
 #: "SMs" of the interpreter: the persistent grid's size there (small, so programs take several tiles).
 INTERPRETED_NUM_SMS = 3
 #: Rows per program of the merge kernel.
@@ -125,20 +129,24 @@ BLOCK_R = 128
 
 @triton.jit
 def _tile_epilogue(
-    acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out, n_rows, n_cols,
-    alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out,
+    n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
+    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
-    holds and, with ``STORE_LOGITS``, the tile itself."""
+    holds and, with ``STORE_LOGITS``, the tile itself (by TMA through ``out_desc`` with ``OUT_TMA``,
+    which clips the rows and columns beyond N and V; else by masked stores)."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
     if STORE_LOGITS:
-        out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-        tl.store(out, z.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        if OUT_TMA:
+            out_desc.store([off_m, tl.cast(pid_n * BLOCK_N, tl.int32)], z.to(out_ptr.dtype.element_ty))
+        else:
+            out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+            tl.store(out, z.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     m = tl.max(z, axis=1)
     s = tl.sum(tl.exp(z - m[:, None]), axis=1)
     partial = pid_n.to(tl.int64) * n_rows + rows
@@ -207,8 +215,9 @@ def logits_lse_partials_kernel(
         x_tile += BLOCK_K * stride_xk
         w_tile += BLOCK_K * stride_wk
 
-    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
-                   n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, BLOCK_N)
+    _tile_epilogue(acc, rows, cols, pid_m * BLOCK_M, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
+                   out_ptr, stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, False,
+                   BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -223,10 +232,10 @@ def _tile_coordinates(tile, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _tma_tile(
-    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out, n_rows, n_cols,
-    hidden, alpha, ignore_index,
-    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, n_rows,
+    n_cols, hidden, alpha, ignore_index,
+    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -243,8 +252,9 @@ def _tma_tile(
         acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
-    _tile_epilogue(acc, rows, cols, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
-                   n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, BLOCK_N)
+    _tile_epilogue(acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
+                   stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, OUT_TMA,
+                   BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -266,6 +276,7 @@ def logits_lse_partials_tma_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_TARGET: tl.constexpr,
     STORE_LOGITS: tl.constexpr,
+    OUT_TMA: tl.constexpr,  # store the logits by TMA (16-byte aligned out and row stride)
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -281,18 +292,24 @@ def logits_lse_partials_tma_kernel(
                                        block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[n_cols, hidden], strides=[hidden, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
+    if OUT_TMA:
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, n_cols], strides=[stride_out, 1],
+                                             block_shape=[BLOCK_M, BLOCK_N])
+    else:
+        out_desc = out_ptr
     if PERSISTENT:
         n_tiles = tl.cdiv(n_rows, BLOCK_M) * tl.cdiv(n_cols, BLOCK_N)
         # Flattening the tile and H loops lets the pipeliner issue the next tile's loads during this
         # tile's epilogue (FLATTEN; Triton's Hopper warp specialization does not take a flattened loop).
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-            _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, stride_out,
-                      n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, INPUT_PRECISION,
-                      DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+            _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
+                      stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
+                      OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
         _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
-                  stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
-                  INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE)
+                  out_desc, stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
+                  STORE_LOGITS, OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                  WARP_SPECIALIZE)
 
 
 @triton.jit
@@ -363,7 +380,7 @@ def _config(config: dict | None, dtype: torch.dtype) -> dict:
             if chosen[key] > 256:
                 raise ValueError(f"config[{key!r}] must be <= 256 with TMA (a TMA box's limit); got {chosen[key]}")
     else:
-        for key in ("PERSISTENT", "WARP_SPECIALIZE"):
+        for key in ("PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE"):
             if chosen[key]:
                 raise ValueError(f"config[{key!r}] needs config['TMA'] = True (it applies to the TMA kernel only)")
     if chosen["WARP_SPECIALIZE"] and "warp_specialize" not in inspect.signature(tl.range.__init__).parameters:
@@ -435,8 +452,9 @@ def logits_logsumexp(
     ``[0, V)`` or ``ignore_index``. Returns float32 ``lse`` ``(N,)`` and float32 ``target_logit``
     ``(N,)`` (0 at ignored rows, NaN at targets outside ``[0, V)``), or ``None`` without ``target``.
     ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
-    ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``, ``WARP_SPECIALIZE`` (see
-    :data:`CONFIGS`; ``PERSISTENT`` and ``WARP_SPECIALIZE`` need ``TMA``). When ``TMA`` is asked for and
+    ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``, ``WARP_SPECIALIZE``,
+    ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE`` stores ``logits_out``'s
+    tiles by TMA where its base and row stride are 16-byte aligned). When ``TMA`` is asked for and
     :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and a
     :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's
     matmuls do (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor
@@ -471,10 +489,26 @@ def logits_logsumexp(
     v.require_same_device(tensors)
     v.require_real("alpha", alpha)
     v.require_int("ignore_index", ignore_index)
-    x, weight = x.contiguous(), weight.contiguous()
+    return launch_logits_logsumexp(x.contiguous(), weight.contiguous(), bias, target, alpha=alpha,
+                                   ignore_index=ignore_index, config=config, logits_out=logits_out)
+
+
+def launch_logits_logsumexp(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor | None,
+    *,
+    alpha: float,
+    ignore_index: int,
+    config: dict | None = None,
+    logits_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`logits_logsumexp` without its argument checks, for callers that made them (the fused
+    loss, once per call rather than once per chunk): contiguous ``x`` and ``weight``."""
     reason = tma_unsupported_reason(x, weight)
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
-        config = TMA_DEFAULT_CONFIG
+        config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
     cfg = _config(config, x.dtype)
 
     n_rows, hidden = x.shape
@@ -500,7 +534,10 @@ def logits_logsumexp(
     n_tiles = triton.cdiv(n_rows, cfg["BLOCK_M"]) * n_blocks
     if cfg["TMA"] and reason is not None:
         warnings.warn(f"logits_logsumexp: config {config!r} asks for the TMA kernel, but {reason}; "
-                      "running the pointer-based kernel instead", TmaFallbackWarning, stacklevel=2)
+                      "running the pointer-based kernel instead", TmaFallbackWarning, stacklevel=3)
+    # TMA stores need a 16-byte aligned base and row stride; otherwise the tile goes by masked stores.
+    out_tma = (cfg["TMA_STORE"] and logits_out is not None and logits_out.data_ptr() % 16 == 0
+               and logits_out.stride(0) * logits_out.element_size() % 16 == 0)
     if cfg["TMA"] and reason is None:
         if not INTERPRETED:
             _ensure_allocator()
@@ -510,7 +547,7 @@ def logits_logsumexp(
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
             out_arg.stride(0), n_rows, n_cols, hidden, float(alpha), int(ignore_index),
             PERSISTENT=cfg["PERSISTENT"], NUM_SMS=num_sms, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"],
-            FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], **common,
+            FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], OUT_TMA=out_tma, **common,
         )
     else:
         logits_lse_partials_kernel[(n_tiles,)](

@@ -166,3 +166,25 @@ def _measure_point(spec, fn, point, dtype, device, options, mode) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+#: What identifies one measured point across repeated rounds of a sweep.
+POINT_KEYS = ["kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value"]
+
+
+def median_of_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per point from a sweep measured in several rounds (a ``round`` column): the median over
+    the rounds of each of ``y_value_50``, ``y_value_20`` and ``y_value_80``, the rest from the first
+    round's row, and the note saying how many rounds it is the median of. Rounds measured in turn,
+    in alternating provider order, put a drift of the GPU over the run (clocks, heat) on every
+    provider alike instead of on whichever came later."""
+    if "round" not in rounds.columns:
+        raise ValueError("rounds must have a 'round' column (the round each row was measured in)")
+    n_rounds = rounds["round"].nunique()
+    values = ["y_value_50", "y_value_20", "y_value_80"]
+    medians = rounds.groupby(POINT_KEYS, sort=False)[values].median()
+    first = rounds.sort_values("round", kind="stable").drop_duplicates(POINT_KEYS).set_index(POINT_KEYS)
+    first[values] = medians.loc[first.index, values]
+    note = f"median of {n_rounds} rounds, providers in alternating order"
+    first["note"] = [f"{text}; {note}" if isinstance(text, str) and text else note for text in first["note"]]
+    return first.reset_index()[[c for c in rounds.columns if c != "round"]]
