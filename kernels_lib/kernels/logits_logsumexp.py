@@ -116,8 +116,8 @@ CONFIGS = [
 TMA_DEFAULT_CONFIG = CONFIGS[2]
 #: The same where ``logits_out`` is given: the logits tile stored by TMA. On the H200 (bf16, 4096 × 4096
 #: × 128256, commit e1d22d4, ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``) 6.42 ms
-#: (670 TFLOP/s) against 6.59 with masked stores and 6.40 for cuBLAS's logits alone; the non-persistent
-#: grid with TMA stores took 8.10.
+#: (670 TFLOP/s) against 6.59 with masked stores (cuBLAS's logits alone: 6.35 in the stages of that
+#: run); the non-persistent grid with TMA stores took 8.10.
 TMA_LOGITS_OUT_CONFIG = dict(TMA_DEFAULT_CONFIG, TMA_STORE=True)
 #: The launch without ``config`` otherwise: the fastest measured pointer-based config.
 DEFAULT_CONFIG = CONFIGS[5]
