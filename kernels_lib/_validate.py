@@ -167,29 +167,31 @@ def targets_out_of_range_error(name: str, target: torch.Tensor, bad: torch.Tenso
 class RangeCheck:
     """The targets' range check of ``host_checks=True`` without stalling the GPU.
 
-    On CUDA whether any target is out of range is computed first, copied to pinned host memory behind
-    an event, and read only by :meth:`raise_if_bad` at the end of the call: waiting for that event
-    waits for the check alone (queued before the call's kernels), never for the kernels, so the CPU
-    keeps launching ahead of the GPU. A bad target then raises :func:`targets_out_of_range_error`,
-    after work on inputs it discards (the kernels read only in-range targets' entries). Elsewhere the
-    check is read at once."""
+    ``n_bad`` is the number of targets outside ``[0, n_cols)`` (not ``ignore_index``), a one-element
+    device tensor computed before the call's kernels (:mod:`kernels_lib.kernels.target_totals`). On
+    CUDA it is copied to pinned host memory behind an event, and read only by :meth:`raise_if_bad` at
+    the end of the call: waiting for that event waits for the count alone (queued before the call's
+    kernels), never for the kernels, so the CPU keeps launching ahead of the GPU. A bad target then
+    raises :func:`targets_out_of_range_error` (the targets re-read to name one), after work on inputs it
+    discards (the kernels read only in-range targets' entries). Elsewhere the count is read at once."""
 
-    def __init__(self, target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int):
-        self.target, self.bad, self.n_cols, self.ignore_index = target, bad, n_cols, ignore_index
+    def __init__(self, target: torch.Tensor, n_bad: torch.Tensor, n_cols: int, ignore_index: int):
+        self.target, self.n_cols, self.ignore_index = target, n_cols, ignore_index
         self.event = None
-        if bad.is_cuda:
-            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            self.flag.copy_(bad.any(), non_blocking=True)
+        if n_bad.is_cuda:
+            self.count = torch.empty((), dtype=n_bad.dtype, pin_memory=True)
+            self.count.copy_(n_bad.reshape(()), non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
         else:
+            self.count = n_bad.reshape(())
             self.raise_if_bad()
 
     def raise_if_bad(self) -> None:
         if self.event is not None:
             self.event.synchronize()
-            if not bool(self.flag):
-                return
-        n_bad = int(self.bad.sum())
-        if n_bad:
-            raise targets_out_of_range_error("target", self.target, self.bad, n_bad, self.n_cols, self.ignore_index)
+        if not bool(self.count):
+            return
+        _, bad = out_of_range_targets(self.target, self.n_cols, self.ignore_index)
+        n_bad = int(bad.sum())
+        raise targets_out_of_range_error("target", self.target, bad, n_bad, self.n_cols, self.ignore_index)

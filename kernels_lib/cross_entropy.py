@@ -78,29 +78,13 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._target_totals import target_totals
 from .kernels.cross_entropy_rows import launch_cross_entropy_rows
 from .kernels.scale_gradient import launch_scale_gradient
 
 __all__ = ["cross_entropy", "CrossEntropyLoss", "REDUCTIONS"]
 
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def _row_totals(target, n_cols, ignore_index, weight, host_checks):
-    """``(Σ_valid w_y or the valid count, Σ_j w_j or None, check)``, the first two float32 device
-    tensors. The range check of ``target``: with ``host_checks`` a :class:`~kernels_lib._validate.RangeCheck`
-    whose ``raise_if_bad`` (a ValueError) the caller runs once the call's work is queued (on CUDA it
-    waits for the check alone, not for the kernel); else ``torch._assert_async`` and ``check`` None."""
-    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    check = None
-    if host_checks:
-        check = v.RangeCheck(target, bad, n_cols, ignore_index)
-    else:
-        torch._assert_async(~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}")
-    if weight is None:
-        return valid.sum().to(torch.float32), None, check
-    rows = weight[torch.where(valid & ~bad, target, 0).long()]
-    return (rows * valid).sum(), weight.sum().reshape(1), check
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
@@ -294,10 +278,10 @@ def cross_entropy(
     target = target.contiguous()
     weight = None if weight is None else weight.to(torch.float32).contiguous()
     n_classes = logits.shape[1] if shard is None else shard.n_classes
-    # With a shard, establish has checked the range on the host already.
-    valid_total, weight_sum, range_check = _row_totals(target, n_classes, ignore_index, weight, host_checks and shard is None)
-    # mean's denominator, 1 where no row counts (the loss is then 0, not 0/0); on the device.
-    normalizer = torch.where(valid_total != 0, valid_total, torch.ones_like(valid_total))
+    # With a shard, establish has checked the range on the host already. mean's denominator is 1 where
+    # no row counts (the loss is then 0, not 0/0); on the device.
+    _, normalizer, weight_sum, range_check = target_totals(target, n_classes, ignore_index, weight,
+                                                           host_checks and shard is None)
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
     loss = _CrossEntropyFunction.apply(
         logits, target, weight, weight_sum, normalizer, ignore_index, reduction, float(label_smoothing),

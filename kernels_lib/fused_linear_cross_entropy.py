@@ -119,6 +119,7 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._target_totals import target_totals
 from ._runtime import INTERPRETED
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
 from .kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp, tma_unsupported_reason
@@ -730,36 +731,13 @@ def _validate_num_items(num_items_in_batch, reduction: str) -> None:
         raise ValueError(f"num_items_in_batch must be >= 1; got {num_items_in_batch}")
 
 
-def _valid_totals(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None,
-                  host_checks: bool):
-    """``(Σ_valid w_y, Σ_j w_j, check)``: the total class weight of the rows whose target is not
-    ``ignore_index`` (their number without class weights; 0-dim) and of all classes (``(1,)``, the
-    kernel reads it; None without), float32 device tensors. Targets outside ``[0, V)`` are refused: with
-    ``host_checks`` by a ValueError naming them, from ``check`` (a :class:`~kernels_lib._validate.RangeCheck` whose
-    ``raise_if_bad`` the caller runs once the call's work is queued), else by ``torch._assert_async``
-    (on CUDA a device-side assert, as torch's own ``cross_entropy`` gives; on a CPU an immediate
-    RuntimeError), with no host sync; ``check`` is then None."""
-    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    check = None
-    if host_checks:
-        check = v.RangeCheck(target, bad, n_cols, ignore_index)
-    else:
-        torch._assert_async(
-            ~bad.any(), f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}"
-        )
-    if class_weight is None:
-        return valid.sum().to(torch.float32), None, check
-    rows = class_weight[torch.where(valid, target, 0).clamp(0, n_cols - 1).long()]
-    return (rows * valid).sum(), class_weight.sum().reshape(1), check
-
-
-def _normalizer(num_items_in_batch, valid_weight: torch.Tensor):
+def _normalizer(num_items_in_batch, valid_normalizer: torch.Tensor):
     """The denominator of ``mean``: ``num_items_in_batch`` when given, else the valid rows' total
-    weight (their number without class weights), a device tensor never read on the host; 1 where
-    that is 0, so an all-ignored batch gives 0."""
+    weight (their number without class weights; 1 where that is 0, so an all-ignored batch gives 0),
+    a device tensor never read on the host."""
     if num_items_in_batch is not None:
         return num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) else float(num_items_in_batch)
-    return torch.where(valid_weight != 0, valid_weight, torch.ones_like(valid_weight))
+    return valid_normalizer
 
 
 def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
@@ -920,10 +898,10 @@ def fused_linear_cross_entropy(
     n_classes = weight.shape[0] if shard is None else shard.n_classes
     float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
     # With a shard, establish has checked the range on the host already (as in kernels_lib.cross_entropy).
-    valid_weight, weight_sum, range_check = _valid_totals(
+    _, valid_normalizer, weight_sum, range_check = target_totals(
         target, n_classes, ignore_index, float_weight, host_checks and shard is None
     )
-    normalizer = _normalizer(num_items_in_batch, valid_weight)
+    normalizer = _normalizer(num_items_in_batch, valid_normalizer)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
