@@ -285,15 +285,8 @@ def validate_reference_model(target, weight, ref_x, ref_weight, ref_bias, batch:
     """A reference head that fits the policy's: ``ref_x`` ``(batch, T, H_ref)`` over ``target``'s
     tokens, ``ref_weight`` ``(V, H_ref)`` with the policy's ``V``, the optional ``ref_bias``; returns
     them by name."""
-    v.require_tensor("ref_x", ref_x)
-    v.require_tensor("ref_weight", ref_weight)
-    v.require_float("ref_x", ref_x)
-    v.require_float("ref_weight", ref_weight)
-    v.require_same_dtype("ref_x", ref_x, "ref_weight", ref_weight)
-    v.require_ndim("ref_x", ref_x, 3)
+    v.require_head_inputs(ref_x, ref_weight, x_ndim=3, names=("ref_x", "ref_weight"), n_cols=weight.shape[0])
     v.require_shape("ref_x", ref_x, (*target.shape, ref_x.shape[-1]), f"({batch}, T, H_ref) with ({batch}, T) = target.shape")
-    v.require_nonempty("ref_x", ref_x)
-    v.require_linear_head("ref_weight", ref_weight, ref_x.shape[-1], n_cols=weight.shape[0])
     tensors = {"ref_x": ref_x, "ref_weight": ref_weight}
     if ref_bias is not None:
         v.require_bias("ref_bias", ref_bias, ref_weight, "ref_weight")

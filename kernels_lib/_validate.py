@@ -130,20 +130,27 @@ def require_chunk_options(chunk_size, accurate) -> None:
     require_bool("accurate", accurate)
 
 
+def require_head_inputs(x, weight, x_ndim: int | None = None, names=("x", "weight"), n_cols: int | None = None) -> None:
+    """The checks of a head's input ``x`` (..., H) and ``weight`` (V, H): tensors, float dtypes that
+    agree, x's rank (``x_ndim``), non-empty, the head's shape (``n_cols`` classes when given)."""
+    x_name, weight_name = names
+    require_tensor(x_name, x)
+    require_tensor(weight_name, weight)
+    require_float(x_name, x)
+    require_float(weight_name, weight)
+    require_same_dtype(x_name, x, weight_name, weight)
+    if x_ndim is not None:
+        require_ndim(x_name, x, x_ndim)
+    require_nonempty(x_name, x)
+    require_linear_head(weight_name, weight, x.shape[-1], n_cols=n_cols)
+
+
 def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> None:
     """The checks every fused linear loss makes of ``x`` (..., H), ``weight`` (V, H) and ``target``
-    (``x.shape[:-1]``, integer): tensors, float dtypes that agree, non-empty, the head's shape and the
-    targets' shape. ``x_ndim`` fixes x's rank (the preference losses take (B, T, H))."""
-    require_tensor("x", x)
-    require_tensor("weight", weight)
+    (``x.shape[:-1]``, integer): :func:`require_head_inputs`, then the targets' dtype and shape.
+    ``x_ndim`` fixes x's rank (the preference losses take (B, T, H))."""
+    require_head_inputs(x, weight, x_ndim)
     require_tensor("target", target)
-    require_float("x", x)
-    require_float("weight", weight)
-    require_same_dtype("x", x, "weight", weight)
-    if x_ndim is not None:
-        require_ndim("x", x, x_ndim)
-    require_nonempty("x", x)
-    require_linear_head("weight", weight, x.shape[-1])
     require_index_dtype("target", target)
     require_shape("target", target, x.shape[:-1], "x.shape[:-1]")
 

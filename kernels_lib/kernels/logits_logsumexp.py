@@ -471,14 +471,7 @@ def logits_logsumexp(
     them, its log-sum-exp already done).
     """
     if target is None:
-        v.require_tensor("x", x)
-        v.require_tensor("weight", weight)
-        v.require_float("x", x)
-        v.require_float("weight", weight)
-        v.require_same_dtype("x", x, "weight", weight)
-        v.require_ndim("x", x, 2)
-        v.require_nonempty("x", x)
-        v.require_linear_head("weight", weight, x.shape[1])
+        v.require_head_inputs(x, weight, x_ndim=2)
     else:
         v.require_linear_loss_inputs(x, weight, target, x_ndim=2)
     tensors = {"x": x, "weight": weight}
