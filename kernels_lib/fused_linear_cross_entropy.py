@@ -529,16 +529,18 @@ def _loss_in_epilogue(opts: _Options, needs, class_weight, shard) -> bool:
 
 def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a gradient chunk's logits come from the epilogue GEMM: where its Hopper (TMA) kernel runs
-    for 16-bit operands, at cuBLAS's speed; elsewhere cuBLAS's matmul and the kernel's two passes are
-    the faster route. In Triton's interpreter: when :data:`EPILOGUE_GEMM_WHEN_INTERPRETED` says so."""
+    for 16-bit operands (its logits within 2% of cuBLAS's, and the kernel's first pass saved); elsewhere
+    cuBLAS's matmul and the kernel's two passes are the faster route. In Triton's interpreter: when
+    :data:`EPILOGUE_GEMM_WHEN_INTERPRETED` says so."""
     if INTERPRETED:
         return EPILOGUE_GEMM_WHEN_INTERPRETED
     return x_c.dtype in (torch.bfloat16, torch.float16) and tma_unsupported_reason(x_c, w) is None
 
 
 def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options) -> torch.Tensor:
-    """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which writes each row's lse into
-    ``lse_c`` as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns the logits."""
+    """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which gives each row's lse (copied
+    into ``lse_c``) and target logit as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns the
+    logits."""
     lse, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre,
                                                 ignore_index=opts.ignore_index, logits_out=buffer)
     lse_c.copy_(lse)
