@@ -85,6 +85,23 @@ def test_workloads_match_measured_rows_by_axis_and_sizes(tmp_path, monkeypatch):
     assert (charts_of_jsd["V"].measured.x_name == "V").all()
 
 
+def test_a_point_measured_under_two_config_strings_counts_once(tmp_path, monkeypatch):
+    """The tensor-parallel bench records the Megatron chart's workload with ``"TP": 1`` in its config,
+    the chart's sweep without: both belong to the chart, and the newer row of each point is the one
+    kept (the agreement table then has one row per point, not a duplicate-index error)."""
+    from kernels_lib.workbench import data
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    config = {"S": 2048, "B": 4, "dtype": "torch.bfloat16", "reduction": "sum"}
+    old = _rows(overview.H200, "kernels_lib", 2.0, config={**config, "TP": 1}, commit="old")
+    new = _rows(overview.H200, "kernels_lib", 1.0, config=config, commit="new", timestamp="2026-02-01 00:00:00")
+    pd.concat([old, new]).assign(kernel_name="megatron_cross_entropy").to_csv(tmp_path / "megatron_cross_entropy.csv", index=False)
+    (chart,) = [w for w in overview.workloads() if w.kernel_name == "megatron_cross_entropy"]
+    assert set(chart.measured.kernels_lib_commit) == {"new"} and len(chart.measured) == len(new)
+    table = overview.agreement_table(chart, None)
+    assert not table.duplicated(["provider", "mode", "x"]).any()
+
+
 def test_floor_is_the_longer_of_bytes_and_matmuls():
     ms, bound = overview.floor_ms("kl_div", {"N": 16384, "V": 4096}, torch.float32, "full", 4000.0, 700.0)
     assert bound == "bytes"

@@ -124,6 +124,15 @@ def of_chart(rows: pd.DataFrame, config: dict, x_name: str) -> pd.DataFrame:
     return same_axis[same_axis.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))]
 
 
+def newest_per_point(rows: pd.DataFrame) -> pd.DataFrame:
+    """The newest row per (provider, mode, metric, x) of one chart's rows: runs that recorded the same
+    workload under other config strings (the tensor-parallel bench adds ``TP``) give one point each."""
+    if not len(rows):
+        return rows
+    key = ["kernel_provider", "kernel_operation_mode", "metric_name", "x_value"]
+    return rows.sort_values("timestamp", kind="stable").drop_duplicates(key, keep="last").sort_index()
+
+
 def workload_runs(workload: "Workload", gpu_name: str = H200) -> pd.DataFrame:
     """Every run's rows of ``workload``'s chart on ``gpu_name`` (its ``measured`` keeps the newest per point)."""
     return of_chart(measured_on(workload.kernel_name, gpu_name, latest=False), workload.config, workload.x_name)
@@ -144,7 +153,7 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
         configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
         for key in configs.unique():
             config = json.loads(key)
-            mine = of_chart(measured, config, rows[configs == key].x_name.iloc[0])
+            mine = newest_per_point(of_chart(measured, config, rows[configs == key].x_name.iloc[0]))
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
             result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
     return result
