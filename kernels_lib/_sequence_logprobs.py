@@ -49,8 +49,7 @@ import torch
 
 from . import _validate as v
 from ._vocab_parallel import VocabShard
-from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, to_dtypes
-from .kernels.scale_gradient import launch_scale_gradient
+from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, scaled_to_dtypes
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
@@ -234,11 +233,7 @@ class FusedSequenceLoss(torch.autograd.Function):
                 "were already handed out; call the loss again instead of retain_graph=True"
             )
         ctx.handed_out = True
-        grads = ctx.saved_tensors
-        for grad in grads:
-            if grad is not None:
-                launch_scale_gradient(grad, grad_output.to(torch.float32).contiguous())
-        return (*to_dtypes(grads, ctx.dtypes), None)
+        return (*scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes), None)
 
 
 def reference_sums(

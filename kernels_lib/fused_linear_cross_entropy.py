@@ -342,6 +342,17 @@ def to_dtypes(grads, dtypes):
     return tuple(None if g is None else g.to(d) for g, d in zip(grads, dtypes))
 
 
+def scaled_to_dtypes(grads, grad_output: torch.Tensor, dtypes):
+    """Gradients formed in forward, handed out by backward: each multiplied in place by ``grad_output``
+    (read on the device, :mod:`kernels_lib.kernels.scale_gradient`: no host sync, nothing moves when
+    it is 1), then rounded to its input's dtype (:func:`to_dtypes`)."""
+    upstream = grad_output.to(torch.float32).contiguous()
+    for grad in grads:
+        if grad is not None:
+            launch_scale_gradient(grad, upstream)
+    return to_dtypes(grads, dtypes)
+
+
 def _chunks(n_rows: int, chunk_size: int):
     return (slice(start, min(start + chunk_size, n_rows)) for start in range(0, n_rows, chunk_size))
 
@@ -500,14 +511,8 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                     "call the loss again, or use reduction='none' (whose backward recomputes them)"
                 )
             ctx.handed_out = True
-            # In place, read on the device: nothing moves when grad_output is 1, and the host never
-            # waits (a wait here would leave the GPU idle until the next step's first launch).
-            dx, dw, db = ctx.saved_tensors
-            upstream = grad_output.to(torch.float32).contiguous()
-            for grad in (dx, dw, db):
-                if grad is not None:
-                    launch_scale_gradient(grad, upstream)
-        dx, dw, db = to_dtypes((dx, dw, db), ctx.dtypes)
+            # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
+            dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
         return dx, dw, db, None, None, None, None, None, None, None, None
 
 
