@@ -7,11 +7,13 @@ host-side cost can set its time. Per chart, provider and mode this measures: ``d
 the end: the throughput a training loop sees, ``max(host, device)`` per call) and the host time of one
 call issued after a sync (its latency). Providers: kernels_lib's default, kernels_lib with
 ``host_checks=False`` (no host sync), and the torch baseline. Then torch.profiler's host-side ops of
-kernels_lib's ``full`` (self CPU time per call), the costly ones first.
+kernels_lib's ``full`` (self CPU time per call), the costly ones first. Part ``breakdown``: the host
+time of each stage of a call alone (argument checks, the targets' totals, each launch, a bare Triton
+launch and a bare torch op for scale), issued back to back, in microseconds.
 
 On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/ce_small_vocab_profile.py --out $OUT``
 (about a minute); writes ``gpu_runs/cross_entropy_small_vocab_profile.csv`` and
-``gpu_runs/cross_entropy_small_vocab_ops.csv`` under ``--out``. ``--size small`` runs it on a CPU.
+``gpu_runs/cross_entropy_small_vocab_ops.csv`` (and ``..._breakdown.csv``) under ``--out``. ``--size small`` runs it on a CPU.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
+import triton
+import triton.language as tl
 from kernels_lib import reference
+from kernels_lib.cross_entropy import _validate as cross_entropy_checks
+from kernels_lib._target_totals import target_totals
+from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
+from kernels_lib.kernels.scale_gradient import launch_scale_gradient
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 
@@ -33,7 +41,50 @@ from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 CHARTS = {"megatron_cross_entropy": (8192, torch.bfloat16, "sum"), "cross_entropy": (16384, torch.float32, "mean")}
 SIZES = {"full": {"vocabs": [4096, 8192], "rows_scale": 1, "calls": 200},
          "small": {"vocabs": [64], "rows_scale": 1 / 256, "calls": 2}}
-FILES = {"times": "gpu_runs/cross_entropy_small_vocab_profile.csv", "ops": "gpu_runs/cross_entropy_small_vocab_ops.csv"}
+FILES = {"times": "gpu_runs/cross_entropy_small_vocab_profile.csv", "ops": "gpu_runs/cross_entropy_small_vocab_ops.csv",
+         "breakdown": "gpu_runs/cross_entropy_small_vocab_breakdown.csv"}
+
+
+@triton.jit
+def _bare_kernel(x_ptr):
+    """One store: what a Triton launch costs on the host with nothing to bind."""
+    tl.store(x_ptr, 1.0)
+
+
+def stage_calls(logits, target, reduction) -> dict:
+    """Each stage of one ``kernels_lib.cross_entropy`` call, callable alone on the chart's inputs."""
+    n, vocab = logits.shape
+    lse, loss = (torch.empty(n, device=logits.device) for _ in range(2))
+    grad = torch.empty_like(logits)
+    scale, one, small = (torch.ones(1, device=logits.device) for _ in range(3))
+
+    def totals(host_checks):
+        def run():
+            check = target_totals(target, vocab, -100, None, host_checks)[3]
+            if check is not None:
+                check.raise_if_bad()
+        return run
+
+    return {
+        "checks (_validate)": lambda: cross_entropy_checks(logits, target, None, -100, reduction, 0.0, False, True),
+        "target_totals + range check": totals(True),
+        "target_totals, host_checks=False": totals(False),
+        "cross_entropy_rows launch (fused)": lambda: launch_cross_entropy_rows(logits, target, lse=lse, loss=loss,
+                                                                               grad=grad, scale=scale),
+        "scale_gradient launch": lambda: launch_scale_gradient(grad, one),
+        "bare Triton launch": lambda: _bare_kernel[(1,)](small),
+        "bare torch op (add_)": lambda: small.add_(1.0),
+        "torch.empty(N)": lambda: torch.empty(n, device=logits.device),
+        "kernels_lib forward (with grad)": lambda: kernels_lib.cross_entropy(logits, target, reduction=reduction),
+        "torch forward (with grad)": lambda: reference.cross_entropy(logits, target, reduction=reduction),
+    }
+
+
+def host_microseconds(fn, device, calls: int) -> float:
+    """Host time per call in microseconds, ``calls`` issued back to back after three warm-ups."""
+    for _ in range(3):
+        fn()
+    return host_times(fn, device, calls)[0] * 1e3
 
 
 def providers():
@@ -66,17 +117,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--parts", default="times,ops,breakdown", help="comma-separated: times, ops, breakdown")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     size = SIZES[args.size]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows, ops = [], []
+    rows, ops, stages = [], [], []
     for chart, (n, dtype, reduction) in CHARTS.items():
         n = max(8, int(n * size["rows_scale"]))
         for vocab in size["vocabs"]:
             generator = torch.Generator(device=device).manual_seed(0)
             logits = torch.randn(n, vocab, generator=generator, device=device).to(dtype).requires_grad_()
             target = torch.randint(0, vocab, (n,), generator=generator, device=device)
-            for name, provider in providers().items():
+            if "breakdown" in parts and vocab == size["vocabs"][0]:
+                for stage, fn in stage_calls(logits, target, reduction).items():
+                    stages.append({"chart": chart, "V": vocab, "N": n, "stage": stage,
+                                   "host us per call": host_microseconds(fn, device, 10 * size["calls"])})
+                    print(stages[-1], flush=True)
+            for name, provider in providers().items() if "times" in parts else ():
                 for mode in ("forward", "full"):
                     fn = mode_callable(lambda: provider(logits, target, reduction), [logits], mode)
                     timing = time_callable(fn, device, grad_to_none=[logits])
@@ -85,7 +143,7 @@ def main(argv=None) -> int:
                                  "do_bench ms": timing.p50, "host ms per call, back to back": throughput,
                                  "host ms of one call after a sync": latency})
                     print(rows[-1], flush=True)
-            if vocab == size["vocabs"][0]:
+            if "ops" in parts and vocab == size["vocabs"][0]:
                 step = mode_callable(lambda: kernels_lib.cross_entropy(logits, target, reduction=reduction), [logits], "full")
                 for _ in range(3):
                     step()
@@ -98,7 +156,9 @@ def main(argv=None) -> int:
                                 "self cpu ms per step": event.self_cpu_time_total / 1e3 / calls,
                                 "cpu ms per step": event.cpu_time_total / 1e3 / calls})
     stamp = provenance(device)
-    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops))):
+    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("breakdown", pd.DataFrame(stages))):
+        if key not in parts:
+            continue
         if key == "ops":
             frame = frame.sort_values(["chart", "self cpu ms per step"], ascending=[True, False]).groupby("chart").head(25)
         path = args.out / FILES[key]
