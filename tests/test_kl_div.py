@@ -19,6 +19,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib import default_device
 from kernels_lib.workbench.check import TOLERANCE, relative_error
 from kernels_lib.kernels.kl_div_backward import launch_kl_div_backward
+from kernels_lib.kernels import scale_gradient
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient
 from kernels_lib.kernels.kl_div_forward import BLOCK, launch_kl_div_forward, num_programs
 from kernels_lib.kl_div import REDUCTIONS, KLDivLoss, kl_div
@@ -397,6 +398,18 @@ def test_launch_scale_gradient(dtype):
     kept = base.clone()
     launch_scale_gradient(kept, torch.tensor(1.0, dtype=torch.bfloat16, device=DEVICE))
     assert torch.equal(kept, base)
+
+
+def test_scale_gradient_programs_stride_over_every_block(monkeypatch):
+    """More blocks than programs (the grid's cap made small): each program scales every
+    ``programs``-th block, the ragged last one too, and nothing past the end."""
+    monkeypatch.setattr(scale_gradient, "MAX_PROGRAMS", 2)
+    numel = 5 * scale_gradient.BLOCK + 13
+    base = torch.randn(numel + 7, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    buffer = base.clone()
+    launch_scale_gradient(buffer[:numel], torch.tensor(0.5, device=DEVICE))
+    assert_close(buffer[:numel], base[:numel].double() * 0.5, TOLERANCE[torch.float32], "scaled")
+    assert torch.equal(buffer[numel:], base[numel:])
 
 
 # --------------------------------------------------------------------------- grad buffers
