@@ -89,7 +89,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, weight, weight_sum, normalizer, ignore_index, reduction, label_smoothing,
+    def forward(ctx, logits, target, weight, weight_sum, scale, ignore_index, reduction, label_smoothing,
                 inplace, needs_grad, shard):
         common = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, class_weight=weight,
                       weight_sum=weight_sum, **({} if shard is None else shard.kernel_args()))
@@ -97,7 +97,6 @@ class _CrossEntropyFunction(torch.autograd.Function):
         n_rows = logits.shape[0]
         lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         loss = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-        scale = 1.0 / normalizer.reshape(1) if reduction == "mean" else torch.ones(1, device=logits.device)
         fused = shard is None and reduction != "none" and needs_grad  # pass 1 and pass 2 in one launch
         grad = (logits if inplace else torch.empty_like(logits)) if reduction != "none" and needs_grad else None
         if fused:
@@ -109,7 +108,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         if grad is None:
             if needs_grad:
                 ctx.save_for_backward(logits, target, lse)
-            return (loss if reduction == "none" else loss.sum() * scale.reshape(())).to(logits.dtype)
+            return (loss if reduction == "none" else _reduced(loss, reduction, scale)).to(logits.dtype)
         if not fused:
             launch_cross_entropy_rows(logits, target, lse=lse, grad=grad, scale=scale, lse_given=True, **common)
         if inplace:
@@ -118,7 +117,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # very buffer; the logits (a reference, no copy) and lse serve a second backward.
         ctx.handed_out = False
         ctx.save_for_backward(grad, logits, target, lse, scale)
-        return (loss.sum() * scale.reshape(())).to(logits.dtype)
+        return _reduced(loss, reduction, scale).to(logits.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -146,6 +145,12 @@ class _CrossEntropyFunction(torch.autograd.Function):
         launch_cross_entropy_rows(logits, target, lse=lse, grad=fresh, scale=scale, lse_given=True, **ctx.common)
         launch_scale_gradient(fresh, grad_output)
         return (fresh, *nones)
+
+
+def _reduced(loss: torch.Tensor, reduction: str, scale: torch.Tensor) -> torch.Tensor:
+    """The per-row losses summed, times ``mean``'s factor ``scale`` (``sum``'s is 1: no op)."""
+    total = loss.sum()
+    return total * scale.reshape(()) if reduction == "mean" else total
 
 
 def _merged_pass_one(logits, target, lse, loss, shard: vp.VocabShard, common: dict) -> None:
@@ -280,15 +285,15 @@ def cross_entropy(
     n_classes = logits.shape[1] if shard is None else shard.n_classes
     # With a shard, establish has checked the range on the host already. mean's denominator is 1 where
     # no row counts (the loss is then 0, not 0/0); on the device.
-    _, normalizer, weight_sum, range_check = target_totals(target, n_classes, ignore_index, weight,
-                                                           host_checks and shard is None)
+    totals = target_totals(target, n_classes, ignore_index, weight, host_checks and shard is None)
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
+    scale = totals.mean_factor if reduction == "mean" else totals.sum_factor  # each row's gradient factor
     loss = _CrossEntropyFunction.apply(
-        logits, target, weight, weight_sum, normalizer, ignore_index, reduction, float(label_smoothing),
+        logits, target, weight, totals.weight_sum, scale, ignore_index, reduction, float(label_smoothing),
         inplace, needs_grad, shard,
     )
-    if range_check is not None:
-        range_check.raise_if_bad()
+    if totals.check is not None:
+        totals.check.raise_if_bad()
     return loss
 
 

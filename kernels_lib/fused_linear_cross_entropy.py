@@ -905,10 +905,9 @@ def fused_linear_cross_entropy(
     n_classes = weight.shape[0] if shard is None else shard.n_classes
     float_weight = None if class_weight is None else class_weight.detach().float().contiguous()
     # With a shard, establish has checked the range on the host already (as in kernels_lib.cross_entropy).
-    _, valid_normalizer, weight_sum, range_check = target_totals(
-        target, n_classes, ignore_index, float_weight, host_checks and shard is None
-    )
-    normalizer = _normalizer(num_items_in_batch, valid_normalizer)
+    totals = target_totals(target, n_classes, ignore_index, float_weight, host_checks and shard is None)
+    weight_sum, range_check = totals.weight_sum, totals.check
+    normalizer = _normalizer(num_items_in_batch, totals.normalizer)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _Options(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),

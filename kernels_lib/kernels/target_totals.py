@@ -11,8 +11,10 @@ weights :math:`w` (``V``), with :math:`\text{valid}_i = [y_i \ne \text{ignore\_i
     T = \sum_i [\text{valid}_i \wedge \neg\text{bad}_i]\, w_{y_i} \ \ (\text{the valid count without weights}),
     \qquad D = T \text{ if } T \ne 0 \text{ else } 1, \qquad B = \sum_i \text{bad}_i,
 
-written as float32 ``out = [T, D, B]``. ``D`` is the denominator of ``reduction="mean"`` (1 when no
-row counts, so an all-ignored batch gives 0, not 0/0); ``B > 0`` is what the range check reports.
+written as float32 ``out = [T, D, B, [B = 0], 1/D, 1]``. ``D`` is the denominator of
+``reduction="mean"`` (1 when no row counts, so an all-ignored batch gives 0, not 0/0); ``B > 0`` is
+what the range check reports. The last three are what the losses would otherwise make with one small
+launch each: the flag that a device-side assert takes, ``mean``'s gradient factor and ``sum``'s.
 
 Why a kernel
 ------------
@@ -33,14 +35,14 @@ import triton.language as tl
 #: Targets per loop step of the one program.
 BLOCK = 4096
 #: The columns of ``out``.
-TOTALS = ("valid_weight", "normalizer", "n_bad")
+TOTALS = ("valid_weight", "normalizer", "n_bad", "in_range", "mean_factor", "sum_factor")
 
 
 @triton.jit
 def target_totals_kernel(
     target_ptr,  # [N] int32/int64 class indices, ignore_index allowed
     class_weight_ptr,  # float32 [V] class weights (read only when HAS_WEIGHT)
-    out_ptr,  # float32 [3]: T, D, B (written)
+    out_ptr,  # float32 [6]: T, D, B, [B = 0], 1/D, 1 (written)
     n_rows,  # N
     n_cols,  # V
     ignore_index,  # target value of rows that count for nothing
@@ -63,14 +65,19 @@ def target_totals_kernel(
             weight_sum += good.to(tl.float32)
         bad_sum += bad.to(tl.float32)
     total = tl.sum(weight_sum, axis=0)
+    normalizer = tl.where(total != 0.0, total, 1.0)
+    n_bad = tl.sum(bad_sum, axis=0)
     tl.store(out_ptr, total)
-    tl.store(out_ptr + 1, tl.where(total != 0.0, total, 1.0))
-    tl.store(out_ptr + 2, tl.sum(bad_sum, axis=0))
+    tl.store(out_ptr + 1, normalizer)
+    tl.store(out_ptr + 2, n_bad)
+    tl.store(out_ptr + 3, tl.where(n_bad == 0.0, 1.0, 0.0))
+    tl.store(out_ptr + 4, 1.0 / normalizer)
+    tl.store(out_ptr + 5, 1.0)
 
 
 def launch_target_totals(target: torch.Tensor, n_cols: int, ignore_index: int,
                          class_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``out = [T, D, B]`` (float32, on ``target``'s device) for contiguous ``target`` and, optionally,
+    """``out = [T, D, B, [B = 0], 1/D, 1]`` (float32, on ``target``'s device) for contiguous ``target`` and, optionally,
     a contiguous float32 ``class_weight`` of ``n_cols`` classes."""
     out = torch.empty(len(TOTALS), dtype=torch.float32, device=target.device)
     target_totals_kernel[(1,)](
