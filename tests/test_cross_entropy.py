@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import kernels_lib
 from kernels_lib import default_device, reference
+from kernels_lib.kernels import cross_entropy_rows
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.workbench.check import TOLERANCE, relative_error
 
@@ -92,6 +93,31 @@ def test_class_weights(reduction, smoothing):
     logits, target = make(6, 29, seed=4, ignored=[0, 3])
     check(logits, target, reduction=reduction, label_smoothing=smoothing, weight=class_weight(29),
           upstream=upstream_for(reduction, 6))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("resident", [True, False], ids=["row-resident", "two-reads"])
+def test_both_forward_paths_with_every_option(resident, dtype, inplace, monkeypatch):
+    """The fused forward's two forms of pass 2, the row kept from pass 1 (``RESIDENT``, short rows) and
+    the row read again: class weights, smoothing, ignored rows and a non-unit upstream gradient."""
+    if not resident:
+        monkeypatch.setattr(cross_entropy_rows, "RESIDENT_MAX_COLS", 0)
+    logits, target = make(7, 1031, dtype, seed=11, ignored=[0, 4])
+    launches = []
+    original = cross_entropy_rows.cross_entropy_rows_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs["RESIDENT"])
+                return original[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(cross_entropy_rows, "cross_entropy_rows_kernel", Spy())
+    check(logits, target, reduction="sum", label_smoothing=0.2, weight=class_weight(1031, seed=3),
+          upstream=torch.tensor(-1.5, device=DEVICE), inplace=inplace)
+    assert launches == [resident]
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -33,7 +33,9 @@ formed as :math:`(1-\varepsilon) r ((m - z_y) + \log s) + \tfrac{\varepsilon}{V}
 z_j) + W \log s)`, which keeps a confident row's small loss accurate next to a large :math:`m`.
 Pass 2 (with ``WRITE_GRAD``) reads the row again and writes the gradient, into a separate buffer or
 over the logits themselves (the launcher's ``grad`` may be ``logits``: each element is read before
-it is written, by the same program). With ``LSE_GIVEN`` pass 1 is skipped and ``lse`` is read
+it is written, by the same program). With ``RESIDENT`` (the whole row in one block of at most
+:data:`RESIDENT_MAX_COLS`, the forward that writes the gradient) the row is read once: pass 2 takes
+the gradient from the block pass 1 holds in registers. With ``LSE_GIVEN`` pass 1 is skipped and ``lse`` is read
 instead: the backward of ``reduction="none"``, whose per-row factor arrives only then. An ignored
 row is not read at all (its loop is empty, its gradient a row of zeros).
 
@@ -54,8 +56,10 @@ What it costs
 -------------
 Per logit: pass 1 reads it (``e`` = 2 or 4 bytes); pass 2 reads it again and writes the gradient;
 one ``exp`` per pass and about 10 FLOPs in all: memory-bound. Forward with the gradient moves
-``3·N·V·e`` bytes (the floor is ``2·N·V·e``: one read, one write, if a row stayed in cache between
-the passes), without it ``N·V·e``; the ``LSE_GIVEN`` pass ``2·N·V·e``. Plus a few floats per row.
+``3·N·V·e`` bytes, or its floor ``2·N·V·e`` (one read, one write) with ``RESIDENT`` (``V`` up to
+16384: at the charts' small vocabularies, where the second read made the forward slower than
+torch's log-softmax, 1.20× at V = 16384 on the H200); without the gradient ``N·V·e``; the
+``LSE_GIVEN`` pass ``2·N·V·e``. Plus a few floats per row.
 Offsets are 64-bit, so ``N·V`` may exceed 2**31.
 """
 
@@ -67,6 +71,16 @@ import triton.language as tl
 
 from .cross_entropy_chunk import NUM_WARPS, block_v  # the loop step over V, shared with the fused loss's kernel
 from .row_logsumexp import row_logsumexp
+
+#: The longest row the fused forward holds whole in registers (``RESIDENT``): 16384 float32 logits,
+#: 32 per thread at :func:`resident_warps`'s 16 warps.
+RESIDENT_MAX_COLS = 16384
+
+
+def resident_warps(block: int) -> int:
+    """Warps for a resident row of ``block`` elements: 1024 elements a warp (32 a thread), at least
+    :data:`NUM_WARPS`."""
+    return max(NUM_WARPS, min(16, block // 1024))
 
 
 @triton.jit
@@ -93,6 +107,7 @@ def cross_entropy_rows_kernel(
     WRITE_LOSS: tl.constexpr,  # pass 1 writes the loss (the whole vocabulary only)
     WRITE_PARTIAL: tl.constexpr,  # pass 1 writes the shard's partial sums (vocabulary-parallel)
     WRITE_GRAD: tl.constexpr,  # pass 2 writes the gradient
+    RESIDENT: tl.constexpr,  # the row is one block (n_cols <= BLOCK_V): read once, kept for pass 2
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -109,13 +124,26 @@ def cross_entropy_rows_kernel(
         r = 1.0
         total = n_classes * 1.0
 
+    if RESIDENT:  # the whole row, read once (pass 1's online merge with a single block)
+        cols = tl.arange(0, BLOCK_V)
+        read = cols < n_read
+        z_row = tl.load(row_ptr + cols, mask=read, other=0.0).to(tl.float32)
+        m = tl.max(tl.where(read, z_row, -float("inf")), axis=0)
+        log_s = tl.log(tl.sum(tl.where(read, tl.exp(z_row - m), 0.0), axis=0))
+        if HAS_WEIGHT:
+            w_row = tl.load(class_weight_ptr + col_offset + cols, mask=read, other=0.0)
+            sum_wz = tl.sum(tl.where(read, w_row * z_row, 0.0), axis=0)
+        else:
+            sum_wz = tl.sum(tl.where(read, z_row, 0.0), axis=0)
+        lse = m + log_s
     if LSE_GIVEN:
         lse = tl.load(lse_ptr + row)
     else:
-        m, log_s, _, sum_wz, _, _ = row_logsumexp(
-            row_ptr, n_read, 1.0, class_weight_ptr + col_offset, False, HAS_WEIGHT, False, BLOCK_V
-        )
-        lse = m + log_s
+        if not RESIDENT:
+            m, log_s, _, sum_wz, _, _ = row_logsumexp(
+                row_ptr, n_read, 1.0, class_weight_ptr + col_offset, False, HAS_WEIGHT, False, BLOCK_V
+            )
+            lse = m + log_s
         tl.store(lse_ptr + row, lse)
         z_y = tl.load(row_ptr + tl.where(owned, y_local, 0), mask=owned, other=0.0).to(tl.float32)
         if WRITE_PARTIAL:
@@ -138,18 +166,27 @@ def cross_entropy_rows_kernel(
             a = 1.0
         out_ptr = grad_ptr + row * stride_grad_row
         cols = tl.arange(0, BLOCK_V)
-        for start in range(0, n_cols, BLOCK_V):
-            offs = start + cols
-            read = offs < n_read
-            z = tl.load(row_ptr + offs, mask=read, other=0.0).to(tl.float32)
-            hit = tl.where(offs == y_local, (1.0 - label_smoothing) * r, 0.0)
+        if RESIDENT:
+            hit = tl.where(cols == y_local, (1.0 - label_smoothing) * r, 0.0)
             if HAS_WEIGHT:
-                w = tl.load(class_weight_ptr + col_offset + offs, mask=read, other=0.0)
-                smooth = (label_smoothing / n_classes) * w
+                smooth = (label_smoothing / n_classes) * w_row
             else:
                 smooth = label_smoothing / n_classes
-            dz = (tl.exp(z - lse) * a - hit - smooth) * g
-            tl.store(out_ptr + offs, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=offs < n_cols)
+            dz = (tl.exp(z_row - lse) * a - hit - smooth) * g
+            tl.store(out_ptr + cols, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+        else:
+            for start in range(0, n_cols, BLOCK_V):
+                offs = start + cols
+                read = offs < n_read
+                z = tl.load(row_ptr + offs, mask=read, other=0.0).to(tl.float32)
+                hit = tl.where(offs == y_local, (1.0 - label_smoothing) * r, 0.0)
+                if HAS_WEIGHT:
+                    w = tl.load(class_weight_ptr + col_offset + offs, mask=read, other=0.0)
+                    smooth = (label_smoothing / n_classes) * w
+                else:
+                    smooth = label_smoothing / n_classes
+                dz = (tl.exp(z - lse) * a - hit - smooth) * g
+                tl.store(out_ptr + offs, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=offs < n_cols)
 
 
 def launch_cross_entropy_rows(
@@ -195,6 +232,9 @@ def launch_cross_entropy_rows(
         raise ValueError("with lse_given there is nothing to do unless grad is given")
     if (class_weight is None) != (weight_sum is None):
         raise ValueError("give class_weight and weight_sum together")
+    # The forward that writes the gradient keeps a short row whole: one read instead of two.
+    resident = grad is not None and not lse_given and n_cols <= RESIDENT_MAX_COLS
+    block = triton.next_power_of_2(n_cols) if resident else block_v(n_cols)
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_rows_kernel[(n_rows,)](
         logits,
@@ -219,6 +259,7 @@ def launch_cross_entropy_rows(
         WRITE_LOSS=loss is not None,
         WRITE_PARTIAL=partial is not None,
         WRITE_GRAD=grad is not None,
-        BLOCK_V=block_v(n_cols),
-        num_warps=NUM_WARPS,
+        RESIDENT=resident,
+        BLOCK_V=block,
+        num_warps=resident_warps(block) if resident else NUM_WARPS,
     )
