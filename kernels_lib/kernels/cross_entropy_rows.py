@@ -84,6 +84,18 @@ def resident_warps(block: int) -> int:
 
 
 @triton.jit
+def _row_gradient(z, cols, w, y_local, lse, a, r, g, label_smoothing, n_classes, HAS_WEIGHT: tl.constexpr):
+    """``g (a p_j - (1-ε) r δ_{j y} - ε w_j / V)`` for a block of logits ``z`` at row columns ``cols``
+    (``w`` the block's class weights, read only with ``HAS_WEIGHT``): the module's gradient."""
+    hit = tl.where(cols == y_local, (1.0 - label_smoothing) * r, 0.0)
+    if HAS_WEIGHT:
+        smooth = (label_smoothing / n_classes) * w
+    else:
+        smooth = label_smoothing / n_classes
+    return (tl.exp(z - lse) * a - hit - smooth) * g
+
+
+@triton.jit
 def cross_entropy_rows_kernel(
     logits_ptr,  # [N, n_cols] logits (fp32/bf16/fp16), unit stride along the row
     stride_row,  # elements between consecutive rows of logits
@@ -134,6 +146,7 @@ def cross_entropy_rows_kernel(
             w_row = tl.load(class_weight_ptr + col_offset + cols, mask=read, other=0.0)
             sum_wz = tl.sum(tl.where(read, w_row * z_row, 0.0), axis=0)
         else:
+            w_row = 0.0  # no class weights: unread
             sum_wz = tl.sum(tl.where(read, z_row, 0.0), axis=0)
         lse = m + log_s
     if LSE_GIVEN:
@@ -167,25 +180,18 @@ def cross_entropy_rows_kernel(
         out_ptr = grad_ptr + row * stride_grad_row
         cols = tl.arange(0, BLOCK_V)
         if RESIDENT:
-            hit = tl.where(cols == y_local, (1.0 - label_smoothing) * r, 0.0)
-            if HAS_WEIGHT:
-                smooth = (label_smoothing / n_classes) * w_row
-            else:
-                smooth = label_smoothing / n_classes
-            dz = (tl.exp(z_row - lse) * a - hit - smooth) * g
+            dz = _row_gradient(z_row, cols, w_row, y_local, lse, a, r, g, label_smoothing, n_classes, HAS_WEIGHT)
             tl.store(out_ptr + cols, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
         else:
             for start in range(0, n_cols, BLOCK_V):
                 offs = start + cols
                 read = offs < n_read
                 z = tl.load(row_ptr + offs, mask=read, other=0.0).to(tl.float32)
-                hit = tl.where(offs == y_local, (1.0 - label_smoothing) * r, 0.0)
                 if HAS_WEIGHT:
                     w = tl.load(class_weight_ptr + col_offset + offs, mask=read, other=0.0)
-                    smooth = (label_smoothing / n_classes) * w
                 else:
-                    smooth = label_smoothing / n_classes
-                dz = (tl.exp(z - lse) * a - hit - smooth) * g
+                    w = 0.0
+                dz = _row_gradient(z, offs, w, y_local, lse, a, r, g, label_smoothing, n_classes, HAS_WEIGHT)
                 tl.store(out_ptr + offs, tl.where(valid, dz, 0.0).to(grad_ptr.dtype.element_ty), mask=offs < n_cols)
 
 
