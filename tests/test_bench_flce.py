@@ -191,6 +191,16 @@ def test_load_run_absent_is_none(monkeypatch, tmp_path):
     assert flce_studies.load_run("dial").a.tolist() == [1]
 
 
+def test_load_run_gives_the_newest_of_several_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    (tmp_path / "gpu_runs").mkdir()
+    runs = pd.DataFrame({"a": [1, 2, 3, 4], "kernels_lib_commit": ["old", "old", "new", "new"],
+                         "timestamp": ["2026-11-30 19:00:00", "2026-11-30 19:05:00",
+                                       "2026-12-01 00:20:00", "2026-12-01 00:25:00"]})
+    runs.iloc[[2, 3, 0, 1]].to_csv(tmp_path / flce_studies.RUN_FILES["frontier"], index=False)  # order in the file is no clue
+    assert sorted(flce_studies.load_run("frontier").a.tolist()) == [3, 4]
+
+
 def test_published_rows_use_our_names():
     rows = flce.published_rows()
     assert set(rows.kernel_provider) == {"liger", "torch"}

@@ -39,9 +39,18 @@ RUN_FILES = {
 
 
 def load_run(part: str) -> pd.DataFrame | None:
-    """The committed GPU measurement of ``part`` (a :data:`RUN_FILES` key), or None when not measured yet."""
+    """The committed GPU measurement of ``part`` (a :data:`RUN_FILES` key), or None when not measured yet.
+
+    A file that keeps several runs (each appended with its ``kernels_lib_commit`` and ``timestamp``)
+    gives its newest: the rows of the commit of its newest row."""
     path = data.MEASURED_DIR / RUN_FILES[part]
-    return data.read_rows(path, required=[]) if path.is_file() else None
+    if not path.is_file():
+        return None
+    rows = data.read_rows(path, required=[])
+    if {"kernels_lib_commit", "timestamp"} <= set(rows.columns) and rows.kernels_lib_commit.nunique() > 1:
+        newest = rows.sort_values("timestamp", kind="stable").kernels_lib_commit.iloc[-1]
+        rows = rows[rows.kernels_lib_commit == newest].reset_index(drop=True)
+    return rows
 
 
 def dial_sweep(
