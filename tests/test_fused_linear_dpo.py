@@ -132,18 +132,19 @@ def test_ref_logps_given_equals_reference_model(average_log_prob):
 # --------------------------------------------------------------------------- TRL's own code
 
 
-class _FusedHeadModel:
+class _FusedHeadModel(torch.nn.Module):
     """Stands in for a causal LM under TRL 1.16's fused-head protocol: ``model(..., labels=labels,
     fused_lm_head=True)`` gives per-token log-probs of ``labels[:, 1:]`` (0 at -100) from the logits of
-    a head on ``hidden`` (fp32, as a model's head upcast), plus the logged fields (zeros)."""
+    a head on ``hidden`` (fp32, as a model's head upcast), plus the logged fields (zeros). A module, as
+    TRL's code may walk a model's submodules (on the H200's torch 2.11 it read ``_modules``)."""
 
-    training = True
     is_gradient_checkpointing = False
 
     def __init__(self, hidden, head, head_bias):
+        super().__init__()
         self.logits = F.linear(hidden.float(), head.float(), None if head_bias is None else head_bias.float())
 
-    def __call__(self, *, labels, fused_lm_head, **_model_kwargs):
+    def forward(self, *, labels, fused_lm_head, **_model_kwargs):
         assert fused_lm_head
         y = labels[:, 1:]
         mask = y != -100
