@@ -10,10 +10,14 @@ with ``logits_out``), then the CE kernel's pass 2 alone, which overwrites the lo
   ``mul_`` of the same buffer (one read and one write of the same bytes: the floor it streams
   against);
 * ``gemm``: the epilogue GEMM at Hopper tile configs beyond those of ``CONFIGS`` (group size, a
-  narrower tile with more stages), beside cuBLAS's logits matmul into the same buffer.
+  narrower tile with more stages, the tile stored in two halves with ``STORE_HALVES``, which leaves
+  shared memory for a fourth stage), beside cuBLAS's logits matmul into the same buffer;
+* ``full``: the default fused linear CE's ``full`` at N = 4096, 8192, 16384 (the published workload)
+  with the fastest of those GEMM configs in place of :data:`TMA_LOGITS_OUT_CONFIG`, against the
+  default config, in two rounds of alternating order (rows named ``full N=…``).
 
 On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/flce_chunk_tuning.py --out $OUT``
-(about a minute); writes ``gpu_runs/fused_linear_cross_entropy_chunk_tuning.csv`` under ``--out``.
+(about two minutes); writes ``gpu_runs/fused_linear_cross_entropy_chunk_tuning.csv`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import torch
 
 import kernels_lib  # noqa: F401  (before triton)
 import triton.testing
-from kernels_lib.kernels import cross_entropy_chunk
+from kernels_lib.kernels import cross_entropy_chunk, logits_logsumexp
 from kernels_lib.kernels.logits_logsumexp import TMA_LOGITS_OUT_CONFIG, launch_logits_logsumexp
 from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.registry import get_spec
+from kernels_lib.workbench.bench.timing import mode_callable
 
 ROWS, HIDDEN, VOCAB = 4096, 4096, 128256
 PASS2 = [(block, warps) for block in (2048, 4096, 8192) for warps in (4, 8, 16)]
@@ -40,7 +46,11 @@ GEMM = [
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_N=128, num_stages=4),
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_N=128, num_stages=5),
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_M=256, BLOCK_N=128, num_stages=3),
+    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True),
+    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True, num_stages=4),
+    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True, num_stages=4, GROUP_M=8),
 ]
+FULL_ROWS = (4096, 8192, 16384)
 
 
 def median_ms(fn) -> tuple[float, float, float]:
@@ -58,6 +68,11 @@ def main(argv=None) -> int:
     target = torch.randint(0, VOCAB, (ROWS,), generator=gen, device=device)
     buffer = torch.empty(ROWS, VOCAB, dtype=torch.bfloat16, device=device)
     rows = []
+    path = args.out / "gpu_runs/fused_linear_cross_entropy_chunk_tuning.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after each stage: what was measured survives a later failure
+        pd.DataFrame(rows).assign(rows=ROWS, H=HIDDEN, V=VOCAB, **provenance(device)).to_csv(path, index=False)
 
     def record(stage, variant, timing, moved=None, flops=None):
         p50, p20, p80 = timing
@@ -77,6 +92,9 @@ def main(argv=None) -> int:
             rows.append({"stage": "gemm", "variant": str(config), "error": f"{type(error).__name__}: {str(error)[:120]}"})
             print(rows[-1], flush=True)
 
+    save()
+    gemm_times = {r["variant"]: r["ms"] for r in rows if r["stage"] == "gemm" and "ms" in r and r["ms"] == r["ms"]}
+    fastest = min((GEMM[i] for i in range(len(GEMM)) if str(GEMM[i]) in gemm_times), key=lambda c: gemm_times[str(c)])
     lse, _ = launch_logits_logsumexp(x, w, None, target, alpha=1.0, ignore_index=-100, logits_out=buffer)
     scale = torch.full((1,), 1.0 / ROWS, device=device)
     moved = 2 * buffer.numel() * buffer.element_size()
@@ -87,10 +105,26 @@ def main(argv=None) -> int:
             buffer, target, lse=lse, loss=None, z_loss=None, grad_scale=scale, ignore_index=-100,
             label_smoothing=0.0, z_loss_scale=0.0, softcap=None))
         record("pass2", f"BLOCK_V={block} num_warps={warps}", timing, moved=moved)
+    cross_entropy_chunk.MAX_BLOCK_V, cross_entropy_chunk.NUM_WARPS = 4096, 8
+    del buffer, lse
+    save()
 
-    path = args.out / "gpu_runs/fused_linear_cross_entropy_chunk_tuning.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).assign(rows=ROWS, H=HIDDEN, V=VOCAB, **provenance(device)).to_csv(path, index=False)
+    spec = get_spec("fused_linear_cross_entropy")
+    provider = spec.providers["kernels_lib"].load()
+    candidates = {"default config": TMA_LOGITS_OUT_CONFIG, f"fastest GEMM config {fastest}": fastest}
+    for n in FULL_ROWS:
+        inputs = spec.make_inputs({"BT": n, "H": HIDDEN, "V": VOCAB}, torch.bfloat16, device, dict(spec.default_options))
+        full = mode_callable(lambda: provider(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+        for round_ in range(2):
+            names = list(candidates) if round_ == 0 else list(reversed(candidates))
+            for name in names:
+                logits_logsumexp.TMA_LOGITS_OUT_CONFIG = candidates[name]
+                p50, p20, p80 = triton.testing.do_bench(full, quantiles=[0.5, 0.2, 0.8], grad_to_none=inputs.grad_inputs)
+                record(f"full N={n}", f"{name} (round {round_ + 1})", (float(p50), float(p20), float(p80)))
+        logits_logsumexp.TMA_LOGITS_OUT_CONFIG = TMA_LOGITS_OUT_CONFIG
+        del inputs, full
+        torch.cuda.empty_cache()
+        save()
     print(f"{len(rows)} rows -> {path}")
     return 0
 
