@@ -10,8 +10,8 @@ with ``logits_out``), then the CE kernel's pass 2 alone, which overwrites the lo
   ``mul_`` of the same buffer (one read and one write of the same bytes: the floor it streams
   against);
 * ``gemm``: the epilogue GEMM at Hopper tile configs beyond those of ``CONFIGS`` (group size, a
-  narrower tile with more stages, the tile stored in two halves with ``STORE_HALVES``, which leaves
-  shared memory for a fourth stage), beside cuBLAS's logits matmul into the same buffer;
+  narrower tile with more stages), beside cuBLAS's logits matmul into the same buffer (the run of
+  fffe646 also tried the tile stored by TMA in two column halves, a flag not kept: no faster);
 * ``full``: the default fused linear CE's ``full`` at N = 4096, 8192, 16384 (the published workload)
   with the fastest of those GEMM configs in place of :data:`TMA_LOGITS_OUT_CONFIG`, against the
   default config, in two rounds of alternating order (rows named ``full N=…``).
@@ -46,9 +46,6 @@ GEMM = [
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_N=128, num_stages=4),
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_N=128, num_stages=5),
     dict(TMA_LOGITS_OUT_CONFIG, BLOCK_M=256, BLOCK_N=128, num_stages=3),
-    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True),
-    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True, num_stages=4),
-    dict(TMA_LOGITS_OUT_CONFIG, STORE_HALVES=True, num_stages=4, GROUP_M=8),
 ]
 FULL_ROWS = (4096, 8192, 16384)
 

@@ -197,8 +197,7 @@ def test_tma_kernel_matches_float64(n, h, v, dtype, variant, tma_only):
     check(x, w, b, y, alpha=0.7, config=dict(INTERPRETED_CONFIG, **variant))
 
 
-STORE_VARIANTS = [dict(TMA=True, TMA_STORE=True), dict(TMA=True, PERSISTENT=True, TMA_STORE=True),
-                  dict(TMA=True, PERSISTENT=True, TMA_STORE=True, STORE_HALVES=True)]
+STORE_VARIANTS = [dict(TMA=True, TMA_STORE=True), dict(TMA=True, PERSISTENT=True, TMA_STORE=True)]
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["16-byte rows", "odd rows"])
@@ -300,7 +299,6 @@ def test_tma_falls_back_with_its_reason(dtype, h, cut, match):
         (dict(config=dict(PERSISTENT=True)), r"config\['PERSISTENT'\] needs config\['TMA'\]"),
         (dict(config=dict(WARP_SPECIALIZE=True)), r"config\['WARP_SPECIALIZE'\] needs config\['TMA'\]"),
         (dict(config=dict(TMA_STORE=True)), r"config\['TMA_STORE'\] needs config\['TMA'\]"),
-        (dict(config=dict(TMA=True, STORE_HALVES=True)), r"config\['STORE_HALVES'\] splits the TMA store"),
         (dict(config=dict(TMA=True, BLOCK_N=512)), r"config\['BLOCK_N'\] must be <= 256 with TMA"),
         (dict(logits_out=torch.zeros(4, 4)), r"logits_out must have shape \(N, V\)"),
         (dict(logits_out=torch.zeros(4, 5, dtype=torch.bfloat16)), "logits_out must have the dtype of x"),

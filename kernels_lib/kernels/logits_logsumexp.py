@@ -51,8 +51,7 @@ The descriptors pad out-of-bounds rows, columns and ``H`` elements with zeros, s
 masks remain in the loop. With ``PERSISTENT`` a grid of one program per SM walks the tiles (same
 grouped order, stride = number of SMs) in one flattened loop, so the next tile's loads are issued
 while this tile's epilogue runs; ``TMA_STORE`` stores the logits tile (``logits_out``) by TMA from
-shared memory instead of by each thread (``STORE_HALVES``: in two column halves, so that the staging
-buffer takes half the shared memory and leaves room for another pipeline stage); ``WARP_SPECIALIZE`` asks Triton to split that loop between
+shared memory instead of by each thread; ``WARP_SPECIALIZE`` asks Triton to split that loop between
 producer (TMA) and consumer (wgmma) warps. TMA needs compute capability >= 9.0, contiguous ``x``
 and ``W`` with 16-byte aligned data pointers and rows of a multiple of 16 bytes (``H`` a multiple
 of 8 for 16-bit inputs, of 4 for float32); otherwise :func:`tma_unsupported_reason` says why and the
@@ -126,7 +125,7 @@ DEFAULT_CONFIG = CONFIGS[5]
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
 #: Boolean config keys, all False unless given: the Hopper path and its variants.
-FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "STORE_HALVES")
+FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")
 #: "SMs" of the interpreter: the persistent grid's size there (small, so programs take several tiles).
 INTERPRETED_NUM_SMS = 3
 #: Rows per program of the merge kernel.
@@ -137,13 +136,11 @@ BLOCK_R = 128
 def _tile_epilogue(
     acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out,
     n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
-    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, OUT_HALVES: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
     holds and, with ``STORE_LOGITS``, the tile itself (by TMA through ``out_desc`` with ``OUT_TMA``,
-    which clips the rows and columns beyond N and V, in two ``BLOCK_N / 2`` halves with ``OUT_HALVES``
-    (half the shared memory staged per store); else by masked stores)."""
+    which clips the rows and columns beyond N and V; else by masked stores)."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
@@ -152,13 +149,7 @@ def _tile_epilogue(
     if STORE_LOGITS:
         stored = z.to(out_ptr.dtype.element_ty)
         if OUT_TMA:
-            first_col = tl.cast(pid_n * BLOCK_N, tl.int32)
-            if OUT_HALVES:
-                left, right = tl.split(tl.permute(tl.reshape(stored, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                out_desc.store([off_m, first_col], left)
-                out_desc.store([off_m, first_col + BLOCK_N // 2], right)
-            else:
-                out_desc.store([off_m, first_col], stored)
+            out_desc.store([off_m, tl.cast(pid_n * BLOCK_N, tl.int32)], stored)
         else:
             out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
             tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
@@ -234,7 +225,7 @@ def logits_lse_partials_kernel(
 
     _tile_epilogue(acc, rows, cols, pid_m * BLOCK_M, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                    out_ptr, stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, False,
-                   False, BLOCK_M, BLOCK_N)
+                   BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -252,7 +243,7 @@ def _tma_tile(
     tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, n_rows,
     n_cols, hidden, alpha, ignore_index,
     HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr,
-    OUT_HALVES: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -271,7 +262,7 @@ def _tma_tile(
     cols = off_n + tl.arange(0, BLOCK_N)
     _tile_epilogue(acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                    stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, OUT_TMA,
-                   OUT_HALVES, BLOCK_M, BLOCK_N)
+                   BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -294,7 +285,6 @@ def logits_lse_partials_tma_kernel(
     HAS_TARGET: tl.constexpr,
     STORE_LOGITS: tl.constexpr,
     OUT_TMA: tl.constexpr,  # store the logits by TMA (16-byte aligned out and row stride)
-    OUT_HALVES: tl.constexpr,  # ... in two halves of BLOCK_N / 2 columns
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -312,7 +302,7 @@ def logits_lse_partials_tma_kernel(
                                        block_shape=[BLOCK_N, BLOCK_K])
     if OUT_TMA:
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, n_cols], strides=[stride_out, 1],
-                                             block_shape=[BLOCK_M, BLOCK_N // 2 if OUT_HALVES else BLOCK_N])
+                                             block_shape=[BLOCK_M, BLOCK_N])
     else:
         out_desc = out_ptr
     if PERSISTENT:
@@ -322,11 +312,11 @@ def logits_lse_partials_tma_kernel(
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
             _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                       stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
-                      OUT_TMA, OUT_HALVES, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+                      OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
         _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                   out_desc, stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                  STORE_LOGITS, OUT_TMA, OUT_HALVES, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                  STORE_LOGITS, OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
                   WARP_SPECIALIZE)
 
 
@@ -398,11 +388,9 @@ def _config(config: dict | None, dtype: torch.dtype) -> dict:
             if chosen[key] > 256:
                 raise ValueError(f"config[{key!r}] must be <= 256 with TMA (a TMA box's limit); got {chosen[key]}")
     else:
-        for key in ("PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "STORE_HALVES"):
+        for key in ("PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE"):
             if chosen[key]:
                 raise ValueError(f"config[{key!r}] needs config['TMA'] = True (it applies to the TMA kernel only)")
-    if chosen["STORE_HALVES"] and not chosen["TMA_STORE"]:
-        raise ValueError("config['STORE_HALVES'] splits the TMA store: it needs config['TMA_STORE'] = True")
     if chosen["WARP_SPECIALIZE"] and "warp_specialize" not in inspect.signature(tl.range.__init__).parameters:
         raise ValueError(f"config['WARP_SPECIALIZE'] needs tl.range(warp_specialize=...), absent from triton {triton.__version__}")
     return chosen
@@ -473,9 +461,8 @@ def logits_logsumexp(
     ``(N,)`` (0 at ignored rows, NaN at targets outside ``[0, V)``), or ``None`` without ``target``.
     ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
     ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``, ``WARP_SPECIALIZE``,
-    ``TMA_STORE``, ``STORE_HALVES`` (see :data:`CONFIGS`; all but ``TMA`` need it; ``TMA_STORE`` stores
-    ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned, ``STORE_HALVES``
-    in two halves of ``BLOCK_N / 2`` columns, staging half the shared memory per store). When ``TMA`` is asked for and
+    ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE`` stores ``logits_out``'s
+    tiles by TMA where its base and row stride are 16-byte aligned). When ``TMA`` is asked for and
     :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and a
     :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's
     matmuls do (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor
@@ -564,8 +551,7 @@ def launch_logits_logsumexp(
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
             out_arg.stride(0), n_rows, n_cols, hidden, float(alpha), int(ignore_index),
             PERSISTENT=cfg["PERSISTENT"], NUM_SMS=num_sms, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"],
-            FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], OUT_TMA=out_tma,
-            OUT_HALVES=out_tma and cfg["STORE_HALVES"], **common,
+            FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], OUT_TMA=out_tma, **common,
         )
     else:
         logits_lse_partials_kernel[(n_tiles,)](
