@@ -287,3 +287,7 @@ def test_small_vocab_profile_script_cpu_path(tmp_path):
     assert (times[["host ms per call, back to back", "host ms of one call after a sync"]] > 0).all().all()
     ops = pd.read_csv(tmp_path / script.FILES["ops"])
     assert "_CrossEntropyFunction" in set(ops.op) and "kernels_lib_commit" in ops.columns
+    stages = pd.read_csv(tmp_path / script.FILES["breakdown"])
+    assert set(stages.chart) == set(script.CHARTS) and "kernels_lib_commit" in stages.columns
+    assert {"target_totals + range check", "cross_entropy_rows launch (fused)", "bare Triton launch"} <= set(stages.stage)
+    assert (stages["host us per call"] > 0).all()
