@@ -91,7 +91,7 @@ def main(argv=None) -> int:
 
     save()
     gemm_times = {r["variant"]: r["ms"] for r in rows if r["stage"] == "gemm" and "ms" in r and r["ms"] == r["ms"]}
-    fastest = min((GEMM[i] for i in range(len(GEMM)) if str(GEMM[i]) in gemm_times), key=lambda c: gemm_times[str(c)])
+    fastest = min((c for c in GEMM if str(c) in gemm_times), key=lambda c: gemm_times[str(c)])
     lse, _ = launch_logits_logsumexp(x, w, None, target, alpha=1.0, ignore_index=-100, logits_out=buffer)
     scale = torch.full((1,), 1.0 / ROWS, device=device)
     moved = 2 * buffer.numel() * buffer.element_size()

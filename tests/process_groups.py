@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from kernels_lib._runtime import INTERPRETED
+
+#: The vocab-parallel gloo tests' marks: gloo present, and kernels that take the ranks' CPU tensors
+#: (the interpreter's; on a CUDA machine scripts/tensor_parallel_check.py runs the checks over NCCL).
+GLOO_CPU_MARKS = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
+    pytest.mark.skipif(not INTERPRETED, reason="gloo ranks hold CPU tensors; on CUDA see scripts/tensor_parallel_check.py"),
+]
 
 #: Seconds a spawned group may take before the test calls it a hang.
 GROUP_DEADLINE_S = 240

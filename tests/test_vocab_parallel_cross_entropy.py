@@ -18,17 +18,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from process_groups import outcomes, spawn_group
+from process_groups import GLOO_CPU_MARKS, outcomes, spawn_group
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib._runtime import INTERPRETED
 from kernels_lib import CrossEntropyLoss, cross_entropy, reference
 
-pytestmark = [
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
-    # The gloo ranks hold CPU tensors, which only the interpreter's kernels take; on a CUDA machine
-    # scripts/tensor_parallel_check.py runs the same checks over NCCL.
-    pytest.mark.skipif(not INTERPRETED, reason="gloo ranks hold CPU tensors; on CUDA see scripts/tensor_parallel_check.py"),
-]
+pytestmark = GLOO_CPU_MARKS
 
 V, ROWS = 1031, 6
 SPLITS = {2: (700, 331), 3: (400, 231, 400)}

@@ -136,27 +136,26 @@ def cross_entropy_rows_kernel(
         r = 1.0
         total = n_classes * 1.0
 
-    if RESIDENT:  # the whole row, read once (pass 1's online merge with a single block)
-        cols = tl.arange(0, BLOCK_V)
-        read = cols < n_read
-        z_row = tl.load(row_ptr + cols, mask=read, other=0.0).to(tl.float32)
-        m = tl.max(tl.where(read, z_row, -float("inf")), axis=0)
-        log_s = tl.log(tl.sum(tl.where(read, tl.exp(z_row - m), 0.0), axis=0))
-        if HAS_WEIGHT:
-            w_row = tl.load(class_weight_ptr + col_offset + cols, mask=read, other=0.0)
-            sum_wz = tl.sum(tl.where(read, w_row * z_row, 0.0), axis=0)
-        else:
-            w_row = 0.0  # no class weights: unread
-            sum_wz = tl.sum(tl.where(read, z_row, 0.0), axis=0)
-        lse = m + log_s
     if LSE_GIVEN:
         lse = tl.load(lse_ptr + row)
     else:
-        if not RESIDENT:
+        if RESIDENT:  # the whole row, read once (pass 1's online merge with a single block)
+            cols = tl.arange(0, BLOCK_V)
+            read = cols < n_read
+            z_row = tl.load(row_ptr + cols, mask=read, other=0.0).to(tl.float32)
+            m = tl.max(tl.where(read, z_row, -float("inf")), axis=0)
+            log_s = tl.log(tl.sum(tl.where(read, tl.exp(z_row - m), 0.0), axis=0))
+            if HAS_WEIGHT:
+                w_row = tl.load(class_weight_ptr + col_offset + cols, mask=read, other=0.0)
+                sum_wz = tl.sum(tl.where(read, w_row * z_row, 0.0), axis=0)
+            else:
+                w_row = 0.0  # no class weights: unread
+                sum_wz = tl.sum(tl.where(read, z_row, 0.0), axis=0)
+        else:
             m, log_s, _, sum_wz, _, _ = row_logsumexp(
                 row_ptr, n_read, 1.0, class_weight_ptr + col_offset, False, HAS_WEIGHT, False, BLOCK_V
             )
-            lse = m + log_s
+        lse = m + log_s
         tl.store(lse_ptr + row, lse)
         z_y = tl.load(row_ptr + tl.where(owned, y_local, 0), mask=owned, other=0.0).to(tl.float32)
         if WRITE_PARTIAL:

@@ -96,9 +96,8 @@ class Chart:
 
 
 def _newest_run(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rows of the newest run (:func:`overview.run_commit`) and its commit."""
-    commit = overview.run_commit(rows)
-    return rows[rows.kernels_lib_commit == commit].reset_index(drop=True), commit
+    """The rows of the newest run (:func:`data.newest_run`) and its commit."""
+    return data.newest_run(rows), data.run_commit(rows)
 
 
 def charts(gpu_name: str = overview.H200) -> list[Chart]:

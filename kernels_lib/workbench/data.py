@@ -72,6 +72,19 @@ def load_measured(kernel_name: str, *, latest: bool = True) -> pd.DataFrame:
     return frame
 
 
+def run_commit(rows: pd.DataFrame) -> str | None:
+    """The commit of the newest kernels_lib row (else of the newest row): the run whose ceilings judge them."""
+    if not len(rows):
+        return None
+    ours = rows[rows.kernel_provider.str.startswith("kernels_lib")] if "kernel_provider" in rows else rows.iloc[:0]
+    return str((ours if len(ours) else rows).sort_values("timestamp", kind="stable").kernels_lib_commit.iloc[-1])
+
+
+def newest_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the newest run (:func:`run_commit`) of rows that several runs appended."""
+    return rows[rows.kernels_lib_commit == run_commit(rows)].reset_index(drop=True)
+
+
 def append_measured(rows: pd.DataFrame, kernel_name: str) -> Path:
     """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path.
 

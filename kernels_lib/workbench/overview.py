@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from . import data
+from .data import run_commit  # noqa: F401  (the notebooks call overview.run_commit)
 from .bench.analysis import ceiling
 from .bench.registry import get_spec
 
@@ -157,14 +158,6 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
             result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
     return result
-
-
-def run_commit(rows: pd.DataFrame) -> str | None:
-    """The commit of the newest kernels_lib row (else of the newest row): the run whose ceilings judge them."""
-    if not len(rows):
-        return None
-    ours = rows[rows.kernel_provider.str.startswith("kernels_lib")]
-    return str((ours if len(ours) else rows).sort_values("timestamp").kernels_lib_commit.iloc[-1])
 
 
 def _flops_function(kernel_name: str):

@@ -42,15 +42,13 @@ def load_run(part: str) -> pd.DataFrame | None:
     """The committed GPU measurement of ``part`` (a :data:`RUN_FILES` key), or None when not measured yet.
 
     A file that keeps several runs (each appended with its ``kernels_lib_commit`` and ``timestamp``)
-    gives its newest: the rows of the commit of its newest row."""
+    gives its newest (:func:`data.newest_run`)."""
     path = data.MEASURED_DIR / RUN_FILES[part]
     if not path.is_file():
         return None
     rows = data.read_rows(path, required=[])
-    if {"kernels_lib_commit", "timestamp"} <= set(rows.columns) and rows.kernels_lib_commit.nunique() > 1:
-        newest = rows.sort_values("timestamp", kind="stable").kernels_lib_commit.iloc[-1]
-        rows = rows[rows.kernels_lib_commit == newest].reset_index(drop=True)
-    return rows
+    several = {"kernels_lib_commit", "timestamp"} <= set(rows.columns) and rows.kernels_lib_commit.nunique() > 1
+    return data.newest_run(rows) if several else rows
 
 
 def dial_sweep(
