@@ -90,10 +90,10 @@ REDUCTIONS = ("mean", "sum", "none")
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, weight_sum, scale, ignore_index, reduction, label_smoothing,
-                inplace, needs_grad, shard):
+                inplace, needs_grad, shard, range_check):
         common = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, class_weight=weight,
                       weight_sum=weight_sum, **({} if shard is None else shard.kernel_args()))
-        ctx.common, ctx.reduction, ctx.inplace = common, reduction, inplace
+        ctx.common, ctx.reduction, ctx.inplace, ctx.range_check = common, reduction, inplace, range_check
         n_rows = logits.shape[0]
         lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         loss = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
@@ -121,7 +121,10 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        nones = (None,) * 10
+        nones = (None,) * 11
+        if ctx.range_check is not None:  # the forward's targets, read here (see cross_entropy)
+            check, ctx.range_check = ctx.range_check, None
+            check.raise_if_bad()
         if ctx.reduction == "none":
             # inplace: a second backward finds the saved logits' version bumped and autograd refuses it.
             logits, target, lse = ctx.saved_tensors
@@ -225,9 +228,11 @@ def cross_entropy(
         label_smoothing: ε in [0, 1], as torch defines it.
         inplace: write the gradient over the logits (no ``N × V`` gradient buffer; the logits are
             then lost, see the module's "Memory").
-        host_checks: True: a target out of range raises a ValueError naming it (on CUDA read at the
-            end of the call behind an event that waits for the check alone, not for the kernel). False: no host sync; the range is asserted on the device (``torch._assert_async``:
-            a device-side assert on CUDA, as torch's own gives).
+        host_checks: True: a target out of range raises a ValueError naming it, read on the host behind
+            an event that waits for the check alone, not for the kernel: at the end of the call, or,
+            when the call forms a gradient, by its backward (the forward then returns without waiting
+            for the GPU, and its loss is NaN at such rows). False: no host sync; the range is asserted
+            on the device (``torch._assert_async``: a device-side assert on CUDA, as torch's own gives).
         process_group: a ``torch.distributed`` group over which the classes are split: ``logits`` is
             this rank's ``(N, V_r)`` column shard (ranks in group order, any sizes), ``target`` the
             global class indices and ``weight`` the whole ``(V,)`` vector, the same on every rank;
@@ -247,7 +252,8 @@ def cross_entropy(
         ValueError: logits not 2-D or empty, a target not of shape ``(N,)``, a weight not of shape
             ``(V,)`` or requiring grad, tensors on different devices or on one the kernels cannot
             run on, an unknown reduction, ``label_smoothing`` outside [0, 1], targets outside
-            ``[0, V)`` other than ``ignore_index`` (with ``host_checks``). With a process group, on
+            ``[0, V)`` other than ``ignore_index`` (with ``host_checks``; from backward when the call
+            forms a gradient). With a process group, on
             every rank: any of these on any rank (the others raise the same type, naming it), ranks
             that disagree on the rows, the targets or the options, a ``weight`` whose length is not
             the shards' sum, targets outside the global ``[0, V)``, DTensor logits not placed
@@ -288,11 +294,14 @@ def cross_entropy(
     totals = target_totals(target, n_classes, ignore_index, weight, host_checks and shard is None)
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
     scale = totals.mean_factor if reduction == "mean" else totals.sum_factor  # each row's gradient factor
+    # The range check: read at the end of the call, or, when a gradient is formed, at the start of
+    # backward (the count is long on the host by then: no wait for the GPU in forward).
+    deferred = totals.check if needs_grad else None
     loss = _CrossEntropyFunction.apply(
         logits, target, weight, totals.weight_sum, scale, ignore_index, reduction, float(label_smoothing),
-        inplace, needs_grad, shard,
+        inplace, needs_grad, shard, deferred,
     )
-    if totals.check is not None:
+    if totals.check is not None and deferred is None:
         totals.check.raise_if_bad()
     return loss
 

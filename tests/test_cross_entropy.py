@@ -379,6 +379,30 @@ def test_bad_inputs_raise_naming_the_argument(case):
         cross_entropy(*args, **kwargs)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_bad_target_with_a_gradient_raises_in_backward(reduction):
+    """With a gradient to form, the range check is read by backward (no wait in forward): the forward's
+    loss is NaN at the bad row (the others exact), and backward raises naming the target; without a
+    gradient the forward itself raises."""
+    logits, _ = make(3, 10, seed=24)
+    bad = torch.tensor([2, 10, -100], device=DEVICE)
+    leaf = logits.clone().requires_grad_()
+    loss = cross_entropy(leaf, bad, reduction=reduction)
+    if reduction == "none":
+        assert torch.isnan(loss[1]) and loss[2] == 0
+        assert_close(loss[0], reference.cross_entropy(logits[:1].double(), bad[:1], reduction="sum"),
+                     TOLERANCE[torch.float32], "the good row")
+    else:
+        assert torch.isnan(loss)
+    with pytest.raises(ValueError, match="target holds 1 value.*outside \\[0, 10\\)"):
+        loss.sum().backward()
+    assert leaf.grad is None
+    with pytest.raises(ValueError, match="outside \\[0, 10\\)"):
+        cross_entropy(leaf.detach(), bad, reduction=reduction)
+    with torch.no_grad(), pytest.raises(ValueError, match="outside \\[0, 10\\)"):
+        cross_entropy(leaf, bad, reduction=reduction)
+
+
 def test_without_host_checks():
     """No host sync: the range is asserted on the device (on CUDA a device-side assert, which would end
     the process's CUDA context, so the bad case runs on the CPU only)."""

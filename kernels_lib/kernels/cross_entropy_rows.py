@@ -22,7 +22,9 @@ gradient of that row),
         - \tfrac{\varepsilon}{V} w_j\big), \qquad
     p_j = e^{z_j - \mathrm{lse}}, \quad a = (1-\varepsilon)\,r + \varepsilon W / V
 
-(:math:`a = 1` without class weights), and 0 on ignored rows.
+(:math:`a = 1` without class weights), and 0 on ignored rows. A target outside ``[0, V)`` that is not
+``ignore_index`` gives :math:`\ell = \mathrm{NaN}` (its logit is not read): the caller's range check may
+raise only in backward, and the loss must not look right meanwhile.
 
 The kernel
 ----------
@@ -168,7 +170,10 @@ def cross_entropy_rows_kernel(
             loss = (1.0 - label_smoothing) * r * ((m - z_y) + log_s) + (label_smoothing / n_classes) * (
                 (total * m - sum_wz) + total * log_s
             )
-            tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+            # A target outside [0, V) (not ignore_index) gives a NaN loss: the range check may be read
+            # only in backward, and until then the loss must not look right.
+            stray = valid & ((y < 0) | (y >= n_classes))
+            tl.store(loss_ptr + row, tl.where(valid, tl.where(stray, float("nan"), loss), 0.0))
 
     if WRITE_GRAD:
         g = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
