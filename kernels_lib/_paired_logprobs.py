@@ -29,8 +29,7 @@ ops on ``n_c`` floats, nothing of size ``T`` or ``V``): the gradient is then by 
 of the very formula the loss evaluates.
 
 A reference model (DPO, KTO) goes through the same chunks first, without gradient
-(:func:`kernels_lib._sequence_logprobs.reference_sums`): one matmul per chunk (its epilogue forms the
-log-probs where it runs, else a stats pass follows), nothing kept but its sums.
+(:func:`kernels_lib._sequence_logprobs.reference_sums`): one matmul and the stats pass per chunk, nothing kept but its sums.
 """
 
 from __future__ import annotations

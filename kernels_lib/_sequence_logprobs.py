@@ -9,11 +9,7 @@ rows ``x`` (``S·T × H``), head ``W`` (``V × H``), optional bias ``b`` and tar
     \qquad m_{kt} = [y_{kt} \ne \text{ignore\_index}],
 
 is computed without the ``S·T × V`` logits: chunks of whole sequences go through one logits matmul
-into a reused buffer and the stats pass of :mod:`kernels_lib.kernels.token_logprobs`. Where the
-epilogue GEMM of :mod:`kernels_lib.kernels.logits_logsumexp` runs (Hopper, 16-bit operands, one
-target, no entropy, no shard: the fused cross-entropy's gradient route), it forms each row's lse and
-target logit as it writes the chunk's logits, and there is no stats pass; without a gradient (a
-reference head) it writes no logits at all, and there is no buffer.
+into a reused buffer and the stats pass of :mod:`kernels_lib.kernels.token_logprobs`.
 
 A loss :math:`L` that depends on each sequence only through its own :math:`s_k` (and on constants)
 has :math:`\partial L / \partial \log p_{kt} = w_k` for every valid token, with
@@ -53,10 +49,7 @@ import torch
 
 from . import _validate as v
 from ._vocab_parallel import VocabShard
-from .fused_linear_cross_entropy import (
-    _epilogue_gemm_takes, _GradientSums, _logits_chunk, _Operands, lean_chunk_size, scaled_to_dtypes,
-)
-from .kernels.logits_logsumexp import launch_logits_logsumexp
+from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, scaled_to_dtypes
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
@@ -140,48 +133,33 @@ def sequence_logprobs(
     col_offset = 0 if shard is None else shard.offset
     n_rows = x.shape[0]
     n_seqs = n_rows // seq_len
-    grads = _GradientSums(x, weight, bias, needs, accurate) if any(needs) else None
-    # The log-sum-exp and the target's logit from the logits GEMM's epilogue where it runs (no stats
-    # pass; without a gradient no logits buffer at all), for the plain one-target pass.
-    ops = _Operands(x, weight, bias, rows_per_chunk, pre=logit_scale, buffer=False)
-    epilogue = target2 is None and token_entropy is None and shard is None and _epilogue_gemm_takes(
-        x[:1].to(ops.w.dtype), ops.w)
-    if grads is not None or not epilogue:
-        ops.allocate_buffer()
-    if not epilogue:  # the stats pass's outputs
-        lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
-        logp2 = None if target2 is None else torch.empty_like(logp)
+    ops = _Operands(x, weight, bias, rows_per_chunk, pre=logit_scale)
+    lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
+    logp2 = None if target2 is None else torch.empty_like(logp)
     sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
     sums2 = None if target2 is None else torch.empty_like(sums)
-    for rows, x_c, buffer in ops.chunks():
+    grads = _GradientSums(x, weight, bias, needs, accurate) if any(needs) else None
+    for rows, x_c, logits in ops:
         n = rows.stop - rows.start
         seqs = slice(rows.start // seq_len, rows.stop // seq_len)
         y2 = None if target2 is None else target2[rows]
-        if epilogue:
-            lse_n, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target[rows], alpha=ops.pre,
-                                                          ignore_index=ignore_index, logits_out=buffer)
-            logp_n = torch.where(target[rows] != ignore_index, target_logit - lse_n, 0.0)
-            logits = buffer
-        else:
-            lse_n, logp_n = lse[:n], logp[:n]
-            logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
-            launch_token_logprobs(
-                logits, target[rows], lse=lse_n, logp=logp_n, ignore_index=ignore_index,
-                target2=y2, logp2=None if y2 is None else logp2[:n],
-                entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
-            )
+        launch_token_logprobs(
+            logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+            target2=y2, logp2=None if y2 is None else logp2[:n],
+            entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+        )
         if shard is not None:
-            pairs = [(target[rows], logp_n)] + ([] if y2 is None else [(y2, logp2[:n])])
-            shard.merge_token_logprobs(lse_n, pairs, ignore_index)
-        sums[seqs] = logp_n.view(-1, seq_len).sum(1)
+            pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
+            shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
+        sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
         if sums2 is not None:
             sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
         if token_logps is not None:
-            token_logps[rows] = logp_n
+            token_logps[rows] = logp[:n]
         if grads is None:
             continue
         if token_coefficients is not None:
-            w, w2, rows_per_weight = token_coefficients(rows, logp_n), None, 1
+            w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
         else:
             (w, w2), rows_per_weight = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs]), seq_len
         if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
@@ -191,7 +169,7 @@ def sequence_logprobs(
         if unscale != 1.0:
             w, w2 = w / unscale, None if w2 is None else w2 / unscale
         launch_token_logprobs_grad(
-            logits, target[rows], lse=lse_n, logp=logp_n, weight=w.contiguous(), rows_per_weight=rows_per_weight,
+            logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=rows_per_weight,
             ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
             col_offset=col_offset,
         )

@@ -375,12 +375,9 @@ class _Operands:
 
     ``compute_dtype`` (default: x's) is the dtype the head runs in, e.g. the autocast dtype for
     float32 inputs: the operands are rounded to it (then held in float32 when interpreted, where
-    the matmuls run in float32). ``pre`` multiplies the logits as they are formed. ``buffer=False``:
-    no logits buffer until :meth:`allocate_buffer` (without it the chunks' logits never reach memory,
-    and :meth:`chunks` yields None in its place)."""
+    the matmuls run in float32). ``pre`` multiplies the logits as they are formed."""
 
-    def __init__(self, x, weight, bias, chunk_size: int | None, compute_dtype: torch.dtype | None = None, pre: float = 1.0,
-                 buffer: bool = True):
+    def __init__(self, x, weight, bias, chunk_size: int | None, compute_dtype: torch.dtype | None = None, pre: float = 1.0):
         self.compute_dtype = compute_dtype or x.dtype
         dtype = matmul_dtype(self.compute_dtype)
         self.x, self.w = x, weight.to(self.compute_dtype).to(dtype)
@@ -390,20 +387,14 @@ class _Operands:
         if chunk_size is None:
             chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, dtype.itemsize, free_device_bytes(x.device))
         self.chunk_size = min(chunk_size, n_rows)
-        self.buffer = None
-        if buffer:
-            self.allocate_buffer()
-
-    def allocate_buffer(self) -> None:
-        """The reused ``chunk_size × V`` logits buffer, in the matmul dtype."""
-        self.buffer = torch.empty((self.chunk_size, self.w.shape[0]), dtype=self.w.dtype, device=self.x.device)
+        self.buffer = torch.empty((self.chunk_size, n_cols), dtype=dtype, device=x.device)
 
     def chunks(self):
         """Yield ``(rows, x_c, buffer_c)`` chunk by chunk: the chunk's operand and its rows of the reused
         buffer, the logits not yet formed."""
         for rows in _chunks(self.x.shape[0], self.chunk_size):
             x_c = self.x[rows].to(self.compute_dtype).to(self.w.dtype)
-            yield rows, x_c, None if self.buffer is None else self.buffer[: x_c.shape[0]]
+            yield rows, x_c, self.buffer[: x_c.shape[0]]
 
     def __iter__(self):
         """Yield ``(rows, x_c, logits_c)`` chunk by chunk, the logits formed by cuBLAS into the buffer."""

@@ -31,23 +31,3 @@ def assert_errors_below(out_loss, want_loss, leaves, ref_leaves, errors: dict, t
             errors[name] = rel_err(gx, r)
     assert all(e < tol for e in errors.values()), errors
     return errors
-
-
-def take_epilogue_route(monkeypatch) -> list:
-    """Make the sequence pipeline take the epilogue GEMM in the interpreter too (the lse and target
-    logit formed in the logits matmul's epilogue); returns the list of ``logits_out`` each of its
-    launches got (None: a pass without gradient, whose logits never reach memory)."""
-    import importlib
-
-    _sequence_logprobs = importlib.import_module("kernels_lib._sequence_logprobs")
-    fused_linear_cross_entropy = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-    calls = []
-    original = _sequence_logprobs.launch_logits_logsumexp
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("logits_out"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(fused_linear_cross_entropy, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
-    monkeypatch.setattr(_sequence_logprobs, "launch_logits_logsumexp", spy)
-    return calls

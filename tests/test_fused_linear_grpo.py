@@ -31,7 +31,7 @@ from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
 from kernels_lib.fused_linear_grpo import LOSS_TYPES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from kernels_lib.workbench.check import TOLERANCE
-from sequence_loss_checks import assert_errors_below, double_leaves, grads_of, take_epilogue_route
+from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 DEVICE = default_device()
 
@@ -148,18 +148,6 @@ def test_reference_model_and_chunks(chunk_size):
         x, w, b, target, tensors, TOL[torch.float32], beta=0.04, loss_type="bnpo", chunk_size=chunk_size,
         temperature=1.3, return_entropy=True,
     )
-
-
-@pytest.mark.parametrize("level", LEVELS)
-def test_epilogue_gemm_route_matches_reference(level, monkeypatch):
-    """Policy and reference head through the epilogue GEMM (Hopper's route), with a temperature (the
-    logits' scale rides on the GEMM): the reference pass writes no logits, no stats pass runs."""
-    calls = take_epilogue_route(monkeypatch)
-    x, w, b, target, tensors, model = make_inputs()
-    tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
-    check_against_reference(x, w, b, target, tensors, TOL[torch.float32], beta=0.04, loss_type="bnpo",
-                            chunk_size=6, temperature=1.3, importance_sampling_level=level)
-    assert None in calls and any(c is not None for c in calls), calls
 
 
 def test_reference_model_equals_its_logps():
