@@ -23,6 +23,7 @@ from kernels_lib.fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
 )
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
 # The module itself (for monkeypatching), whatever the package's __init__ exports under that name.
 flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
@@ -155,6 +156,65 @@ def test_epilogue_gemm_route_nan_and_all_ignored(epilogue_route):
     x, w, b, target = make_inputs()
     loss = fused_linear_cross_entropy(x, w, torch.full_like(target, -100), b, chunk_size=16)
     assert loss == 0 and all((g == 0).all() for g in torch.autograd.grad(loss, (x, w, b)))
+
+
+#: The class-major route shares one buffer between dW and the logits: float32 operands in the
+#: interpreter (where the matmuls run in float32), bfloat16 on a GPU (where the route is Hopper's).
+ROUTE_DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
+
+
+@pytest.fixture
+def class_major_route(monkeypatch, epilogue_route):
+    """The epilogue route in the interpreter, ``dW`` formed in slabs of 64 rows; yields the calls of the
+    class-major route (one per forward that took it)."""
+    calls = []
+    original = flce_module._class_major_gradients
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].x.shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flce_module, "CLASS_MAJOR_SLAB_ROWS", 64)
+    monkeypatch.setattr(flce_module, "_class_major_gradients", spy)
+    yield calls
+
+
+@pytest.mark.parametrize(
+    "lead, hidden, vocab, bias, options",
+    [
+        ((37,), 72, 1031, True, dict(reduction="mean")),  # N < H; 17 slabs, the last of 7 rows
+        ((5, 8), 40, 517, False, dict(reduction="sum", logit_scale=0.5, temperature=2.0)),  # N = H
+        ((1,), 24, 2053, True, dict(reduction="mean", chunk_size=1)),  # N = 1
+    ],
+)
+def test_class_major_route_matches_reference(lead, hidden, vocab, bias, options, class_major_route, poisoned_allocations):
+    """One chunk of at most H rows: the logits class-major inside dW's own buffer, dW formed slab by
+    slab over the logits already read. Loss and every gradient as the float64 reference, every
+    element written (allocations NaN-poisoned)."""
+    x, w, b, target = make_inputs(lead, hidden, vocab, ROUTE_DTYPE, bias=bias, ignore_every=5 if lead != (1,) else 0)
+    check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], **options)
+    assert len(class_major_route) == 1
+
+
+def test_class_major_route_only_where_it_fits(class_major_route):
+    """More rows than H, several chunks, float32 sums (accurate), or no dW wanted: the chunked route."""
+    for lead, hidden, options in [((73,), 72, {}), ((37,), 72, dict(chunk_size=16)), ((37,), 72, dict(accurate=True))]:
+        x, w, b, target = make_inputs(lead, hidden, 517, ROUTE_DTYPE)
+        fused_linear_cross_entropy(x, w, target, b, **options)
+    x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)
+    fused_linear_cross_entropy(x, w.detach(), target, b)
+    assert class_major_route == []
+    fused_linear_cross_entropy(x, w, target, b)
+    assert len(class_major_route) == 1
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_class_major_route_nan(class_major_route):
+    x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)
+    x.data[3, 5] = float("nan")
+    loss = fused_linear_cross_entropy(x, w, target, b)
+    dx, dw = torch.autograd.grad(loss, (x, w))
+    assert class_major_route and loss.isnan() and dx[3].isnan().all() and dw.isnan().any()
 
 
 @pytest.mark.parametrize(

@@ -200,25 +200,29 @@ def test_tma_kernel_matches_float64(n, h, v, dtype, variant, tma_only):
 STORE_VARIANTS = [dict(TMA=True, TMA_STORE=True), dict(TMA=True, PERSISTENT=True, TMA_STORE=True)]
 
 
+@pytest.mark.parametrize("layout", ["row-major", "class-major"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["16-byte rows", "odd rows"])
 @pytest.mark.parametrize("variant", [None] + (TMA_VARIANTS[:2] + STORE_VARIANTS if INTERPRETED else []), ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,h,v", [(1, 24, 33), (37, 72, 200)])
-def test_logits_out_holds_the_logits(n, h, v, dtype, variant, aligned):
-    """``logits_out`` (rows of a wider, NaN-poisoned buffer) gets every logit, rounded to the inputs'
-    dtype, and nothing beyond its ``V`` columns; lse and the target logits are those of the stored
-    logits. Rows of a multiple of 16 bytes take the TMA store where it is asked for (where ``V`` fills
-    whole 16 bytes); odd rows the masked stores."""
+@pytest.mark.parametrize("n,h,v", [(1, 24, 33), (37, 72, 200), (40, 24, 77)])
+def test_logits_out_holds_the_logits(n, h, v, dtype, variant, aligned, layout):
+    """``logits_out`` (rows of a wider, NaN-poisoned buffer; or, class-major, the ``.t()`` of such a
+    ``V × N`` buffer) gets every logit, rounded to the inputs' dtype, and nothing beyond its ``(N, V)``;
+    lse and the target logits are those of the stored logits. Rows of a multiple of 16 bytes take the
+    TMA store where it is asked for (where the inner size fills whole 16 bytes); odd rows the masked
+    stores."""
     x, w, b, y = make(n, h, v, dtype, seed=11)
-    width = (v + 5 + 7) // 8 * 8 if aligned else v + 5 + (v % 2 == 0)
-    wide = torch.full((n + 2, width), float("nan"), dtype=dtype, device=DEVICE)
-    out = wide[1 : n + 1, :v]
+    outer, inner = (n, v) if layout == "row-major" else (v, n)
+    width = (inner + 5 + 7) // 8 * 8 if aligned else inner + 5 + (inner % 2 == 0)
+    wide = torch.full((outer + 2, width), float("nan"), dtype=dtype, device=DEVICE)
+    out = wide[1 : outer + 1, :inner]
+    out = out if layout == "row-major" else out.t()
     config = None if variant is None else dict(INTERPRETED_CONFIG, **variant)
     lse, t = logits_logsumexp(x, w, b, y, alpha=0.7, ignore_index=IGNORE, config=config, logits_out=out)
     z = 0.7 * (x.double() @ w.double().T + b.double())
     assert not out.isnan().any(), "every logit written"
     assert relative_error(out, z) <= (TOL if dtype == torch.float32 else 2**-8)
-    assert wide[0].isnan().all() and wide[-1].isnan().all() and wide[:, v:].isnan().all(), "nothing outside (N, V)"
+    assert wide[0].isnan().all() and wide[-1].isnan().all() and wide[:, inner:].isnan().all(), "nothing outside"
     # lse and the target logit are those of the logits as stored (their softmax sums to 1)
     stored = out.double()
     assert relative_error(lse, torch.logsumexp(stored, 1)) <= TOL
@@ -302,7 +306,7 @@ def test_tma_falls_back_with_its_reason(dtype, h, cut, match):
         (dict(config=dict(TMA=True, BLOCK_N=512)), r"config\['BLOCK_N'\] must be <= 256 with TMA"),
         (dict(logits_out=torch.zeros(4, 4)), r"logits_out must have shape \(N, V\)"),
         (dict(logits_out=torch.zeros(4, 5, dtype=torch.bfloat16)), "logits_out must have the dtype of x"),
-        (dict(logits_out=torch.zeros(5, 4).t()), "logits_out must have unit stride along V"),
+        (dict(logits_out=torch.zeros(4, 10)[:, ::2]), "logits_out must have unit stride along V, or along N"),
         (dict(logits_out=[[0.0] * 5] * 4), "logits_out must be a torch.Tensor"),
     ],
 )

@@ -13,7 +13,9 @@ For hidden states :math:`x` (``N × H``), a head :math:`W` (``V × H``), an opti
 both float32; :math:`t` only with targets :math:`y` (``N``). On request (``logits_out``) the
 epilogue also stores :math:`z` itself, in the inputs' dtype: the fused loss's gradient pass
 (:mod:`kernels_lib.fused_linear_cross_entropy`) then reads the logits once with the log-sum-exp
-known, instead of twice. Then :math:`\mathrm{lse}` and :math:`t` are those of the logits as stored
+known, instead of twice; or class-major, :math:`z^\top` (``V × N``, given as the ``.t()`` of such a
+buffer: the tile goes out transposed), for the route that keeps the logits inside the weight
+gradient's buffer. Then :math:`\mathrm{lse}` and :math:`t` are those of the logits as stored
 (rounded to that dtype), so that :math:`e^{z_{ij} - \mathrm{lse}_i}` over the stored row sums to 1: on
 the H200 the float32 lse beside bf16 logits gave dW 1.5 times the error of the two-pass kernel
 (4.5e-3 against 3.0e-3 at N = 256, H = 32, V = 257), the softmax's rounding no longer normalized away. A NaN anywhere in row :math:`i` of
@@ -136,11 +138,13 @@ BLOCK_R = 128
 def _tile_epilogue(
     acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out,
     n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
-    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, OUT_TRANSPOSED: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
     holds and, with ``STORE_LOGITS``, the tile itself (by TMA through ``out_desc`` with ``OUT_TMA``,
-    which clips the rows and columns beyond N and V; else by masked stores)."""
+    which clips the rows and columns beyond N and V; else by masked stores), transposed into a
+    class-major ``[V, N]`` output with ``OUT_TRANSPOSED``."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
@@ -148,8 +152,13 @@ def _tile_epilogue(
     z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
     if STORE_LOGITS:
         stored = z.to(out_ptr.dtype.element_ty)
-        if OUT_TMA:
+        if OUT_TMA and OUT_TRANSPOSED:
+            out_desc.store([tl.cast(pid_n * BLOCK_N, tl.int32), off_m], tl.trans(stored))
+        elif OUT_TMA:
             out_desc.store([off_m, tl.cast(pid_n * BLOCK_N, tl.int32)], stored)
+        elif OUT_TRANSPOSED:
+            out = out_ptr + cols.to(tl.int64)[None, :] * stride_out + rows[:, None]
+            tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
         else:
             out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
             tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
@@ -177,8 +186,8 @@ def logits_lse_partials_kernel(
     m_ptr,  # float32 [n_blocks, N]: per tile row maxima m_bi (written)
     s_ptr,  # float32 [n_blocks, N]: per tile row sums s_bi = sum_j exp(z_ij - m_bi) (written)
     target_logit_ptr,  # float32 [N]: z_{i, y_i}, written by the tile holding column y_i (HAS_TARGET)
-    out_ptr,  # [N, V] the logits z, dtype of x, unit stride along V (written only when STORE_LOGITS)
-    stride_out,  # elements between rows of out
+    out_ptr,  # [N, V] the logits z, dtype of x, unit stride along V, or [V, N] with OUT_TRANSPOSED (STORE_LOGITS)
+    stride_out,  # elements between rows of out (between classes with OUT_TRANSPOSED)
     n_rows,  # N
     n_cols,  # V
     hidden,  # H
@@ -189,6 +198,7 @@ def logits_lse_partials_kernel(
     HAS_BIAS: tl.constexpr,  # add b before scaling
     HAS_TARGET: tl.constexpr,  # store the target logits
     STORE_LOGITS: tl.constexpr,  # also store the logits themselves (the fused loss's gradient pass reads them)
+    OUT_TRANSPOSED: tl.constexpr,  # store them class-major: out is [V, N] with unit stride along N
     INPUT_PRECISION: tl.constexpr,  # tl.dot's precision for fp32 inputs: "ieee" or "tf32" (ignored for 16-bit)
     DOT_IN_FP32: tl.constexpr,  # upcast the tiles before tl.dot (Triton's interpreter multiplies bf16's raw bits)
     BLOCK_M: tl.constexpr,  # rows per tile
@@ -225,7 +235,7 @@ def logits_lse_partials_kernel(
 
     _tile_epilogue(acc, rows, cols, pid_m * BLOCK_M, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                    out_ptr, stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, False,
-                   BLOCK_M, BLOCK_N)
+                   OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -243,7 +253,7 @@ def _tma_tile(
     tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, n_rows,
     n_cols, hidden, alpha, ignore_index,
     HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    OUT_TRANSPOSED: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -262,7 +272,7 @@ def _tma_tile(
     cols = off_n + tl.arange(0, BLOCK_N)
     _tile_epilogue(acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                    stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, OUT_TMA,
-                   BLOCK_M, BLOCK_N)
+                   OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -274,8 +284,8 @@ def logits_lse_partials_tma_kernel(
     m_ptr,  # float32 [n_blocks, N]: per tile row maxima (written)
     s_ptr,  # float32 [n_blocks, N]: per tile shifted row sums (written)
     target_logit_ptr,  # float32 [N]: target logits (HAS_TARGET)
-    out_ptr,  # [N, V] the logits (STORE_LOGITS)
-    stride_out,  # elements between rows of out
+    out_ptr,  # [N, V] the logits, or [V, N] with OUT_TRANSPOSED (STORE_LOGITS)
+    stride_out,  # elements between rows of out (between classes with OUT_TRANSPOSED)
     n_rows,  # N
     n_cols,  # V
     hidden,  # H (also the row stride of x and W)
@@ -285,6 +295,7 @@ def logits_lse_partials_tma_kernel(
     HAS_TARGET: tl.constexpr,
     STORE_LOGITS: tl.constexpr,
     OUT_TMA: tl.constexpr,  # store the logits by TMA (16-byte aligned out and row stride)
+    OUT_TRANSPOSED: tl.constexpr,  # store them class-major ([V, N], unit stride along N)
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -300,7 +311,10 @@ def logits_lse_partials_tma_kernel(
                                        block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[n_cols, hidden], strides=[hidden, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
-    if OUT_TMA:
+    if OUT_TMA and OUT_TRANSPOSED:
+        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_cols, n_rows], strides=[stride_out, 1],
+                                             block_shape=[BLOCK_N, BLOCK_M])
+    elif OUT_TMA:
         out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, n_cols], strides=[stride_out, 1],
                                              block_shape=[BLOCK_M, BLOCK_N])
     else:
@@ -312,12 +326,12 @@ def logits_lse_partials_tma_kernel(
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
             _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                       stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
-                      OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+                      OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
         _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                   out_desc, stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                  STORE_LOGITS, OUT_TMA, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                  WARP_SPECIALIZE)
+                  STORE_LOGITS, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M, WARP_SPECIALIZE)
 
 
 @triton.jit
@@ -466,9 +480,9 @@ def logits_logsumexp(
     :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and a
     :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's
     matmuls do (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor
-    of x's dtype with unit stride along ``V`` (a slice of a larger buffer's rows will do), into which the
-    epilogue also writes the logits (``e·N·V`` more bytes written; the fused loss's gradient pass reads
-    them, its log-sum-exp already done).
+    of x's dtype with unit stride along ``V`` (a slice of a larger buffer's rows will do), or along ``N``
+    (the ``.t()`` of a class-major ``(V, N)`` buffer), into which the epilogue also writes the logits
+    (``e·N·V`` more bytes written; the fused loss's gradient pass reads them, its log-sum-exp already done).
     """
     if target is None:
         v.require_head_inputs(x, weight, x_ndim=2)
@@ -484,8 +498,9 @@ def logits_logsumexp(
         v.require_tensor("logits_out", logits_out)
         v.require_shape("logits_out", logits_out, (x.shape[0], weight.shape[0]), "(N, V)")
         v.require_same_dtype("x", x, "logits_out", logits_out)
-        if logits_out.stride(1) != 1:
-            raise ValueError(f"logits_out must have unit stride along V; got strides {tuple(logits_out.stride())}")
+        if logits_out.stride(1) != 1 and logits_out.stride(0) != 1:
+            raise ValueError("logits_out must have unit stride along V, or along N (a class-major buffer's .t()); "
+                             f"got strides {tuple(logits_out.stride())}")
         tensors["logits_out"] = logits_out
     v.require_same_device(tensors)
     v.require_real("alpha", alpha)
@@ -524,9 +539,14 @@ def launch_logits_logsumexp(
     bias_arg = bias.contiguous() if bias is not None else x
     # "tf32" is tl.dot's default and ignored for 16-bit inputs; fp32 inputs get IEEE products unless torch allows TF32.
     ieee = x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    # A class-major logits_out (unit stride along N: the .t() of a [V, N] buffer) takes the tiles transposed.
+    transposed = logits_out is not None and logits_out.stride(1) != 1
+    stride_out = 0 if logits_out is None else logits_out.stride(1 if transposed else 0)
+    inner = n_rows if transposed else n_cols
     out_arg = logits_out if logits_out is not None else lse
     common = dict(
         HAS_BIAS=bias is not None, HAS_TARGET=target is not None, STORE_LOGITS=logits_out is not None,
+        OUT_TRANSPOSED=transposed,
         INPUT_PRECISION="ieee" if ieee else "tf32",
         DOT_IN_FP32=INTERPRETED and x.dtype == torch.bfloat16,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
@@ -541,7 +561,7 @@ def launch_logits_logsumexp(
     # otherwise the tile goes by masked stores.
     itemsize = x.element_size()
     out_tma = (cfg["TMA_STORE"] and logits_out is not None and logits_out.data_ptr() % 16 == 0
-               and logits_out.stride(0) * itemsize % 16 == 0 and n_cols * itemsize % 16 == 0)
+               and stride_out * itemsize % 16 == 0 and inner * itemsize % 16 == 0)
     if cfg["TMA"] and reason is None:
         if not INTERPRETED:
             _ensure_allocator()
@@ -549,14 +569,14 @@ def launch_logits_logsumexp(
         grid = (min(num_sms, n_tiles) if cfg["PERSISTENT"] else n_tiles,)
         logits_lse_partials_tma_kernel[grid](
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
-            out_arg.stride(0), n_rows, n_cols, hidden, float(alpha), int(ignore_index),
+            stride_out, n_rows, n_cols, hidden, float(alpha), int(ignore_index),
             PERSISTENT=cfg["PERSISTENT"], NUM_SMS=num_sms, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"],
             FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], OUT_TMA=out_tma, **common,
         )
     else:
         logits_lse_partials_kernel[(n_tiles,)](
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
-            out_arg.stride(0), n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            stride_out, n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             float(alpha), int(ignore_index), **common,
         )
     merge_lse_partials_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
