@@ -9,11 +9,16 @@ call issued after a sync (its latency). Providers: kernels_lib's default, kernel
 ``host_checks=False`` (no host sync), and the torch baseline. Then torch.profiler's host-side ops of
 kernels_lib's ``full`` (self CPU time per call), the costly ones first. Part ``breakdown``: the host
 time of each stage of a call alone (argument checks, the targets' totals, each launch, a bare Triton
-launch and a bare torch op for scale), issued back to back, in microseconds.
+launch and a bare torch op for scale), issued back to back, in microseconds. Part ``step``: the loss
+inside a step, as a training loop issues it: GPU work queued before the call (a chain of matmuls,
+about a millisecond), then forward and backward; ``do_bench`` of the chain alone and of the whole step,
+three rounds in alternating order, and the loss's share, step minus chain: what the loss adds to a
+step once the host runs ahead of the GPU.
 
 On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/ce_small_vocab_profile.py --out $OUT``
 (about a minute); writes ``gpu_runs/cross_entropy_small_vocab_profile.csv`` and
-``gpu_runs/cross_entropy_small_vocab_ops.csv`` (and ``..._breakdown.csv``) under ``--out``. ``--size small`` runs it on a CPU.
+``gpu_runs/cross_entropy_small_vocab_ops.csv`` (and ``..._breakdown.csv``, ``..._step.csv``) under ``--out``.
+``--size small`` runs it on a CPU.
 """
 
 from __future__ import annotations
@@ -39,10 +44,10 @@ from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 
 #: chart -> (rows, logits dtype, reduction), the published workloads at V = 4096 and 8192
 CHARTS = {"megatron_cross_entropy": (8192, torch.bfloat16, "sum"), "cross_entropy": (16384, torch.float32, "mean")}
-SIZES = {"full": {"vocabs": [4096, 8192], "rows_scale": 1, "calls": 200},
-         "small": {"vocabs": [64], "rows_scale": 1 / 256, "calls": 2}}
+SIZES = {"full": {"vocabs": [4096, 8192], "rows_scale": 1, "calls": 200, "chain": (4096, 5), "rounds": 3},
+         "small": {"vocabs": [64], "rows_scale": 1 / 256, "calls": 2, "chain": (64, 2), "rounds": 1}}
 FILES = {"times": "gpu_runs/cross_entropy_small_vocab_profile.csv", "ops": "gpu_runs/cross_entropy_small_vocab_ops.csv",
-         "breakdown": "gpu_runs/cross_entropy_small_vocab_breakdown.csv"}
+         "breakdown": "gpu_runs/cross_entropy_small_vocab_breakdown.csv", "step": "gpu_runs/cross_entropy_small_vocab_step.csv"}
 
 
 @triton.jit
@@ -95,6 +100,35 @@ def providers():
     }
 
 
+def step_rows(logits, target, reduction, size: dict, device) -> list[dict]:
+    """The loss inside a step (module docstring, part ``step``): per round and provider, ``do_bench`` of
+    the matmul chain alone and of chain + forward + backward, and the loss's share (their difference)."""
+    n, links = size["chain"]
+    a = torch.randn(n, n, device=device, dtype=logits.dtype)
+
+    def chain():
+        y = a
+        for _ in range(links):
+            y = y @ a
+        return y
+
+    def step(provider):
+        def run():
+            chain()
+            logits.grad = None
+            provider(logits, target, reduction).backward()
+        return run
+
+    calls = {"chain": chain, **{name: step(provider) for name, provider in providers().items()}}
+    rows = []
+    for round_ in range(size["rounds"]):
+        names = list(calls) if round_ % 2 == 0 else list(reversed(calls))
+        times = {name: time_callable(calls[name], device).p50 for name in names}
+        rows += [{"round": round_ + 1, "provider": name, "chain ms": times["chain"], "step ms": times[name],
+                  "loss in step ms": times[name] - times["chain"]} for name in names if name != "chain"]
+    return rows
+
+
 def host_times(fn, device, calls: int) -> tuple[float, float]:
     """(host ms per call issued back to back, host ms of one call issued after a sync)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -117,12 +151,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
-    parser.add_argument("--parts", default="times,ops,breakdown", help="comma-separated: times, ops, breakdown")
+    parser.add_argument("--parts", default="times,ops,breakdown,step", help="comma-separated: times, ops, breakdown, step")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     size = SIZES[args.size]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows, ops, stages = [], [], []
+    rows, ops, stages, steps = [], [], [], []
     for chart, (n, dtype, reduction) in CHARTS.items():
         n = max(8, int(n * size["rows_scale"]))
         for vocab in size["vocabs"]:
@@ -134,6 +168,10 @@ def main(argv=None) -> int:
                     stages.append({"chart": chart, "V": vocab, "N": n, "stage": stage,
                                    "host us per call": host_microseconds(fn, device, 10 * size["calls"])})
                     print(stages[-1], flush=True)
+            if "step" in parts:
+                for row in step_rows(logits, target, reduction, size, device):
+                    steps.append({"chart": chart, "V": vocab, "N": n, **row})
+                    print(steps[-1], flush=True)
             for name, provider in providers().items() if "times" in parts else ():
                 for mode in ("forward", "full"):
                     fn = mode_callable(lambda: provider(logits, target, reduction), [logits], mode)
@@ -156,7 +194,8 @@ def main(argv=None) -> int:
                                 "self cpu ms per step": event.self_cpu_time_total / 1e3 / calls,
                                 "cpu ms per step": event.cpu_time_total / 1e3 / calls})
     stamp = provenance(device)
-    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("breakdown", pd.DataFrame(stages))):
+    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("breakdown", pd.DataFrame(stages)),
+                       ("step", pd.DataFrame(steps))):
         if key not in parts:
             continue
         if key == "ops":

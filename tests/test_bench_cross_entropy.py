@@ -291,3 +291,7 @@ def test_small_vocab_profile_script_cpu_path(tmp_path):
     assert set(stages.chart) == set(script.CHARTS) and "kernels_lib_commit" in stages.columns
     assert {"target_totals + range check", "cross_entropy_rows launch (fused)", "bare Triton launch"} <= set(stages.stage)
     assert (stages["host us per call"] > 0).all()
+    steps = pd.read_csv(tmp_path / script.FILES["step"])
+    assert set(steps.chart) == set(script.CHARTS) and set(steps.provider) == set(script.providers())
+    assert (steps["step ms"] > 0).all() and (steps["chain ms"] > 0).all() and "kernels_lib_commit" in steps.columns
+    assert (steps["loss in step ms"] == steps["step ms"] - steps["chain ms"]).all()
