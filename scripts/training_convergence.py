@@ -88,12 +88,12 @@ def main() -> int:
     args = parser.parse_args()
     import pandas as pd
 
-    from kernels_lib.workbench.training_step import MODEL_SHAPES, training_provenance
+    from kernels_lib.workbench.training_step import MODEL_SHAPES, new_run_id, training_provenance
 
     device = torch.device("cuda")
     stream = markov_stream(MODEL_SHAPES[MODEL]["vocab_size"], args.active, args.batch, args.seq, args.steps, args.seed, device)
     env = training_provenance(device)
-    run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    run_id = new_run_id()
     rows = []
     for mode in ("autocast", "bf16"):
         base_losses = base_weights = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -344,3 +345,13 @@ def test_provider_names_carry_the_patch_options():
     for bad in ("liger[chunk_size=2]", "kernels_lib[accurate=yes]", "kernels_lib[chunk_size=0]", "torch"):
         with pytest.raises(ValueError):
             ts.provider_base(bad)
+
+
+def test_run_ids_of_one_second_differ_and_sort_in_time():
+    """Two runs started within one second (the script's own test does so) get different ids, and a
+    later id sorts after an earlier one, the committed ids to the second included."""
+    first = ts.new_run_id()
+    time.sleep(0.002)
+    second = ts.new_run_id()
+    assert first < second
+    assert "20261130T235959" < first and len(first) == len("20261201T052445.123456")

@@ -25,6 +25,7 @@ wall-clock times and the memory columns are NaN: there is no allocator statistic
 
 from __future__ import annotations
 
+import datetime
 import gc
 import json
 import math
@@ -286,6 +287,12 @@ def _run_point(model_name, provider, checkpointing, batch, seq, device, warmup, 
     }
 
 
+def new_run_id() -> str:
+    """A run's id: the UTC time to the microsecond (``20261201T052445.123456``), so that two runs of one
+    second differ and a later run's id sorts after an earlier one's (older ids stop at the second)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+
+
 def _blank_row(run_id: str, model: str, provider: str, checkpointing: bool, batch: int, seq: int,
                device: torch.device, note: str = "") -> dict:
     """A row of :data:`COLUMNS` with the point's identity and provenance, figures NaN."""
@@ -496,7 +503,7 @@ def run_sweep(models: Sequence[str], providers: Sequence[str] = PROVIDERS, check
     checkpointing setting saying why. ``on_row`` sees each row as it comes (the script appends it to a
     CSV); ``log`` gets a line per row. Returns the rows as a DataFrame of :data:`COLUMNS`."""
     device = torch.device(device)
-    run_id = run_id or time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    run_id = run_id or new_run_id()
     start = time.perf_counter()
     done: list[dict] = []
     rows: list[dict] = []
