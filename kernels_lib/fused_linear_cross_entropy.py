@@ -36,16 +36,18 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   4096-row chunk took 6.49 + 0.57 ms this way against 6.35 + 0.95 ms for cuBLAS's logits and the
   two passes (``..._frontier_stages.csv``).
 * The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, ``dW`` in the inputs'
-  dtype: the default chunk at the published N = 4096): the epilogue GEMM writes the logits
-  transposed into the weight gradient's own buffer, ``dz`` is formed there in place
-  (:mod:`kernels_lib.kernels.class_major_gradient`), and ``dW`` is then written slab by slab over
-  the logits already read (:func:`_class_major_gradients`). The logits take no memory of their own:
+  dtype: the default chunk at the published N = 4096): forward's epilogue GEMM writes the logits
+  transposed into the weight gradient's own buffer and gives the loss (:func:`_class_major_logits`);
+  backward forms ``dz`` there in place with the upstream gradient in its factor
+  (:mod:`kernels_lib.kernels.class_major_gradient`), then ``dx`` and ``dW``, ``dW`` slab by slab over
+  the logits already read (:func:`_class_major_gradients`). Forward holds nothing the gradients
+  would not hold anyway, so the work waits for backward. The logits take no memory of their own:
   on the H200 at N = 4096 (bf16, H = 4096, V = 128256) the peak of ``full`` fell from 2052 to 1098 MiB
   at the same time (18.87 and 19.24 ms against 18.88 and 19.32, two alternating rounds in one call;
   in the frontier run of commit 7942f44, ``gpu_runs/fused_linear_cross_entropy_frontier.csv``, 19.49
   ms at 1098 MiB against QuACK's 18.98 ms at 2036 MiB).
-* ``mean``/``sum``: the gradient is known in forward, so all of the above happens there (three
-  matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
+* ``mean``/``sum`` (the class-major route apart): the gradient is known in forward, so all of the
+  above happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
   (no host sync; no pass at all when it is 1), and hands the buffers out: a second backward through
   a retained graph is refused.
 * ``none``: the upstream gradient is per row and arrives only in backward, so forward keeps just
@@ -457,9 +459,11 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             fuse_grad = any(needs) and opts.reduction != "none"
             scale = _factor_tensor(opts.pre_scale, normalizer, opts.reduction, x.device)
             plain = fuse_grad and _plain_loss(opts, class_weight, shard)
-            if plain and _class_major_route_takes(ops, weight, needs, opts.accurate):
+            class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate)
+            if class_major:  # the gradients wait for backward, in the buffer that will be dW
                 z_loss.zero_()
-                result = _class_major_gradients(ops, target, scale, lse, loss, opts.ignore_index, needs)
+                storage, x_c = _class_major_logits(ops, target, lse, loss, opts.ignore_index)
+                result = (storage, x_c, ops.w, target, lse, scale)
             else:
                 grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
@@ -500,7 +504,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                     shard.sum_(grads.dx)
                 result = grads.result() if fuse_grad else None
         ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
-        ctx.shard, ctx.handed_out = shard, False
+        ctx.shard, ctx.handed_out, ctx.class_major = shard, False, fuse_grad and class_major
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if fuse_grad:
             ctx.save_for_backward(*result)
@@ -528,12 +532,19 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             if ctx.handed_out:
                 raise RuntimeError(
                     "backward ran twice through kernels_lib.fused_linear_cross_entropy (retain_graph=True): with "
-                    "reduction 'mean' or 'sum' its gradients are formed in forward and were already handed out; "
+                    "reduction 'mean' or 'sum' its gradients are formed once, over the logits' buffer, and were "
+                    "already handed out; "
                     "call the loss again, or use reduction='none' (whose backward recomputes them)"
                 )
             ctx.handed_out = True
-            # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
-            dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
+            if ctx.class_major:
+                storage, x_c, w, target, lse, scale = ctx.saved_tensors
+                factor = scale * grad_output.reshape(1).to(torch.float32)
+                dx, dw, db = _class_major_gradients(storage, x_c, w, target, lse, factor, ctx.opts.ignore_index,
+                                                    ctx.needs, ctx.dtypes)
+            else:
+                # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
+                dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
         return dx, dw, db, None, None, None, None, None, None, None, None
 
 
@@ -589,34 +600,49 @@ def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accu
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))
 
 
-def _class_major_gradients(ops: "_Operands", target, scale, lse, loss, ignore_index: int, needs):
-    r"""One chunk's loss and gradients with the logits inside the weight gradient's buffer: ``(dx, dW, db)``.
+def _class_major_logits(ops: "_Operands", target, lse, loss, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Forward of the class-major route: the logits inside the weight gradient's buffer, the loss.
 
-    ``dW`` (``V × H``) takes the first ``V·H`` elements of a buffer of ``(V + S)·H`` (``S`` =
+    ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``(V + S)·H`` (``S`` =
     :data:`CLASS_MAJOR_SLAB_ROWS`); the epilogue GEMM writes the logits class-major, :math:`z^\top`
-    (``V × N``, ``N ≤ H``), into its last ``V·N`` elements and gives each row's lse and target logit;
-    :mod:`kernels_lib.kernels.class_major_gradient` turns :math:`z^\top` into :math:`dz^\top` in place;
-    ``dx = dz W`` and ``db`` read it whole; then ``dW[v:v+S] = dz^T[v:v+S] x``, ``v = 0, S, 2S, …``,
-    each written below the slabs still to be read (slab ``k`` ends at ``(v+S)·H``, the unread ones
-    begin at ``(V+S)·H - (V-v)·N``: no overlap while ``N ≤ H``). The logits take no memory of their
-    own: peak memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at
-    the same three matmuls. Loss and lse go to ``loss``/``lse`` (float32 ``(N,)``); ``scale`` is the
-    gradient's factor (one element)."""
+    (``V × N``, ``N ≤ H``), into its last ``V·N`` elements and gives each row's lse and target logit:
+    ``lse`` and ``loss = lse - z_y`` (0 at ignored rows) are written (float32 ``(N,)``). Returns the
+    buffer and the operand ``x`` in the matmul dtype, for :func:`_class_major_gradients`."""
     n_rows, hidden = ops.x.shape
     n_cols = ops.w.shape[0]
     x_c = ops.operand(slice(0, n_rows))
-    slab = min(CLASS_MAJOR_SLAB_ROWS, n_cols)
-    storage = torch.empty((n_cols + slab) * hidden, dtype=ops.w.dtype, device=x_c.device)
-    z_t = storage[storage.numel() - n_cols * n_rows:].view(n_cols, n_rows)
-    lse_c, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target, alpha=ops.pre,
-                                                  ignore_index=ignore_index, logits_out=z_t.t())
+    storage = torch.empty((n_cols + min(CLASS_MAJOR_SLAB_ROWS, n_cols)) * hidden, dtype=ops.w.dtype, device=x_c.device)
+    lse_c, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target, alpha=ops.pre, ignore_index=ignore_index,
+                                                  logits_out=_class_major_view(storage, n_cols, n_rows).t())
     lse.copy_(lse_c)
     loss.copy_(torch.where(target != ignore_index, lse_c - target_logit, 0.0))
-    launch_class_major_gradient(z_t, lse_c, target, scale, ignore_index)
+    return storage, x_c
+
+
+def _class_major_view(storage: torch.Tensor, n_cols: int, n_rows: int) -> torch.Tensor:
+    """The class-major logits :math:`z^\top` (``V × N``): the last ``V·N`` elements of ``storage``."""
+    return storage[storage.numel() - n_cols * n_rows:].view(n_cols, n_rows)
+
+
+def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: int, needs, dtypes):
+    r"""Backward of the class-major route: ``(dx, dW, db)`` from the logits :func:`_class_major_logits` left.
+
+    :mod:`kernels_lib.kernels.class_major_gradient` turns :math:`z^\top` into :math:`dz^\top` in place,
+    times ``factor`` (the reduction's, times the upstream gradient: one element); ``dx = dz W`` and
+    ``db`` read it whole; then ``dW[v:v+S] = dz^T[v:v+S] x``, ``v = 0, S, 2S, …``, each written below
+    the slabs still to be read (slab ``k`` ends at ``(v+S)·H``, the unread ones begin at
+    ``(V+S)·H - (V-v)·N``: no overlap while ``N ≤ H``). The logits take no memory of their own: peak
+    memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
+    three matmuls. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``."""
+    n_rows, hidden = x_c.shape
+    n_cols = w.shape[0]
+    z_t = _class_major_view(storage, n_cols, n_rows)
+    launch_class_major_gradient(z_t, lse, target, factor, ignore_index)
     need_x, _, need_b = needs
-    dx = torch.mm(z_t.t(), ops.w) if need_x else None
-    db = z_t.sum(1, dtype=torch.float32).to(ops.b.dtype) if need_b else None
+    dx = torch.mm(z_t.t(), w) if need_x else None
+    db = z_t.sum(1, dtype=torch.float32).to(dtypes[2]) if need_b else None
     dw = storage[: n_cols * hidden].view(n_cols, hidden)
+    slab = min(CLASS_MAJOR_SLAB_ROWS, n_cols)
     for start in range(0, n_cols, slab):
         torch.mm(z_t[start:start + slab], x_c, out=dw[start:start + slab])
     return dx, dw, db

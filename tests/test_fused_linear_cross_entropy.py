@@ -168,14 +168,14 @@ def class_major_route(monkeypatch, epilogue_route):
     """The epilogue route in the interpreter, ``dW`` formed in slabs of 64 rows; yields the calls of the
     class-major route (one per forward that took it)."""
     calls = []
-    original = flce_module._class_major_gradients
+    original = flce_module._class_major_logits
 
     def spy(*args, **kwargs):
         calls.append(args[0].x.shape)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(flce_module, "CLASS_MAJOR_SLAB_ROWS", 64)
-    monkeypatch.setattr(flce_module, "_class_major_gradients", spy)
+    monkeypatch.setattr(flce_module, "_class_major_logits", spy)
     yield calls
 
 
@@ -194,6 +194,21 @@ def test_class_major_route_matches_reference(lead, hidden, vocab, bias, options,
     x, w, b, target = make_inputs(lead, hidden, vocab, ROUTE_DTYPE, bias=bias, ignore_every=5 if lead != (1,) else 0)
     check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], **options)
     assert len(class_major_route) == 1
+
+
+def test_class_major_route_waits_for_backward(class_major_route):
+    """Forward gives the loss and keeps the logits in dW's buffer; backward forms the gradients with the
+    upstream gradient in their factor, once: a second backward through the graph is refused."""
+    x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)
+    loss = fused_linear_cross_entropy(x, w, target, b)
+    assert class_major_route and x.grad is None
+    loss.backward(torch.tensor(2.0, device=DEVICE), retain_graph=True)
+    once = w.grad.clone()
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+    ref_inputs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    (2.0 * reference.fused_linear_cross_entropy(*ref_inputs[:2], target, ref_inputs[2])).backward()
+    assert rel_err(once, ref_inputs[1].grad) < TOL[ROUTE_DTYPE]
 
 
 def test_class_major_route_only_where_it_fits(class_major_route):
