@@ -462,7 +462,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate)
             if class_major:  # the gradients wait for backward, in the buffer that will be dW
                 z_loss.zero_()
-                storage, x_c = _class_major_logits(ops, target, lse, loss, opts.ignore_index)
+                storage, x_c = _class_major_logits(ops, target, lse, loss, opts)
                 result = (storage, x_c, ops.w, target, lse, scale)
             else:
                 grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
@@ -600,7 +600,7 @@ def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accu
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))
 
 
-def _class_major_logits(ops: "_Operands", target, lse, loss, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Forward of the class-major route: the logits inside the weight gradient's buffer, the loss.
 
     ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``(V + S)·H`` (``S`` =
@@ -612,10 +612,7 @@ def _class_major_logits(ops: "_Operands", target, lse, loss, ignore_index: int) 
     n_cols = ops.w.shape[0]
     x_c = ops.operand(slice(0, n_rows))
     storage = torch.empty((n_cols + min(CLASS_MAJOR_SLAB_ROWS, n_cols)) * hidden, dtype=ops.w.dtype, device=x_c.device)
-    lse_c, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target, alpha=ops.pre, ignore_index=ignore_index,
-                                                  logits_out=_class_major_view(storage, n_cols, n_rows).t())
-    lse.copy_(lse_c)
-    loss.copy_(torch.where(target != ignore_index, lse_c - target_logit, 0.0))
+    _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts)
     return storage, x_c
 
 

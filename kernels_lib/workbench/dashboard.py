@@ -97,7 +97,8 @@ class Chart:
 
 def _newest_run(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The rows of the newest run (:func:`data.newest_run`) and its commit."""
-    return data.newest_run(rows), data.run_commit(rows)
+    newest = data.newest_run(rows)
+    return newest, str(newest.kernels_lib_commit.iloc[0]) if len(newest) else None
 
 
 def charts(gpu_name: str = overview.H200) -> list[Chart]:
