@@ -42,10 +42,10 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   (:mod:`kernels_lib.kernels.class_major_gradient`), then ``dx`` and ``dW``, ``dW`` slab by slab over
   the logits already read (:func:`_class_major_gradients`). Forward holds nothing the gradients
   would not hold anyway, so the work waits for backward. The logits take no memory of their own:
-  on the H200 at N = 4096 (bf16, H = 4096, V = 128256) the peak of ``full`` fell from 2052 to 1098 MiB
-  at the same time (18.87 and 19.24 ms against 18.88 and 19.32, two alternating rounds in one call;
-  in the frontier run of commit 7942f44, ``gpu_runs/fused_linear_cross_entropy_frontier.csv``, 19.49
-  ms at 1098 MiB against QuACK's 18.98 ms at 2036 MiB).
+  on the H200 at N = 4096 (bf16, H = 4096, V = 128256; ``scripts/flce_frontier.py --parts frontier``,
+  ``gpu_runs/fused_linear_cross_entropy_frontier.csv``) the peak of ``full`` was 2052 MiB in the run of
+  3d4b700 (18.97 ms) and 1098 MiB with this route in the run of 7942f44 (19.49 ms, QuACK's 18.98 ms
+  at 2036 MiB), the gradients then still formed in forward.
 * ``mean``/``sum`` (the class-major route apart): the gradient is known in forward, so all of the
   above happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
   (no host sync; no pass at all when it is 1), and hands the buffers out: a second backward through
