@@ -137,6 +137,7 @@ from .kernels.class_major_gradient import launch_class_major_gradient
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
 from .kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp, tma_unsupported_reason
 from .kernels.scale_gradient import launch_scale_gradient
+from .kernels.shifted_exponentials import launch_target_logit_shift
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -154,6 +155,12 @@ DEFAULT_CHUNK_FREE_FRACTION = 0.25
 #: In Triton's interpreter the epilogue GEMM is a Python loop over tiles, ten times the rest of a test's
 #: time: the gradient chunks take it there only when this is True (the tests of that route set it).
 EPILOGUE_GEMM_WHEN_INTERPRETED = False
+#: The epilogue GEMM of a gradient chunk stores shifted exponentials instead of the logits
+#: (:mod:`kernels_lib.kernels.shifted_exponentials`): each row's factor then goes on the matmuls'
+#: ``N × H`` side, and no pass reads the ``N × V`` buffer between the GEMM and the matmuls. Not for
+#: float16, whose range cannot hold them (its route keeps the logits and the kernel's pass 2); False
+#: gives every dtype that route (the A/B of ``scripts/flce_frontier.py --parts exponentials``).
+STORE_EXPONENTIALS = True
 
 
 @dataclass(frozen=True)
@@ -341,6 +348,21 @@ class _GradientSums:
                 self.db.add_(column_sums, alpha=unscale)
         self.first = False
 
+    def add_exponentials(self, e: torch.Tensor, factors: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor,
+                         rows: slice) -> None:
+        """Add the contribution of one chunk whose buffer holds the shifted exponentials ``ẽ``, with
+        ``dz = diag(factors) ẽ`` (:func:`_row_factors`): ``dx[rows] = diag(r) (ẽ W)``,
+        ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch the ``N × V`` buffer."""
+        if self.dx is not None:
+            _matmul_into(self.dx[rows], e, w)
+            self.dx[rows].mul_(factors[:, None])
+        if self.dw is not None:
+            _addmm_into(self.dw, e.t(), _scaled_rows(x_c, factors), max_temp_numel=e.numel(), first=self.first)
+        if self.db is not None:
+            _addmm_into(self.db.view(1, -1), factors.to(e.dtype).view(1, -1), e, max_temp_numel=e.numel(),
+                        first=self.first)
+        self.first = False
+
     def result(self):
         """``(dx, dW, db)``: in the inputs' dtypes, or float32 when ``wide``."""
         if self.wide:
@@ -348,6 +370,19 @@ class _GradientSums:
         dw = None if self.dw is None else self.dw.to(self.dtypes[0])
         db = None if self.db is None else self.db.to(self.dtypes[1])
         return self.dx, dw, db
+
+
+def _scaled_rows(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """``diag(factors) x`` in ``x``'s dtype, each product rounded once."""
+    return torch.mul(x, factors[:, None], out=torch.empty_like(x))
+
+
+def _row_factors(lse, shift, target, ignore_index: int, n_cols: int, factor: torch.Tensor) -> torch.Tensor:
+    """Each row's gradient factor on the shifted exponentials, ``factor · exp(c*_i - lse_i)`` (float32;
+    0 at ignored rows, NaN at targets outside ``[0, V)``: such a row's gradient is not defined)."""
+    kept = target != ignore_index
+    stray = kept & ((target < 0) | (target >= n_cols))
+    return torch.exp(shift - lse).mul_(factor).masked_fill_(~kept, 0.0).masked_fill_(stray, float("nan"))
 
 
 def to_dtypes(grads, dtypes):
@@ -463,8 +498,8 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate)
             if class_major:  # the gradients wait for backward, in the buffer that will be dW
                 z_loss.zero_()
-                storage, x_c = _class_major_logits(ops, target, lse, loss, opts)
-                result = (storage, x_c, ops.w, target, lse, scale)
+                storage, x_c, shift = _class_major_logits(ops, target, lse, loss, opts)
+                result = (storage, x_c, ops.w, target, lse, scale, shift)
             else:
                 grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
@@ -479,12 +514,20 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 if plain:
                     z_loss.zero_()
                 epilogue = None  # decided at the first chunk: every chunk's operand is aligned alike
+                exponentials = STORE_EXPONENTIALS and not grads.wide if fuse_grad else False
                 for rows, x_c, buffer in ops.chunks():
                     if epilogue is None:
                         epilogue = plain and _epilogue_gemm_takes(x_c, ops.w)
+                    if epilogue and exponentials:
+                        # The GEMM stores the shifted exponentials: no pass over them, the factors on x and dx.
+                        e, shift = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
+                                                     exponentials=True)
+                        factors = _row_factors(lse[rows], shift, target[rows], opts.ignore_index, ops.w.shape[0], scale)
+                        grads.add_exponentials(e, factors, x_c, ops.w, rows)
+                        continue
                     if epilogue:
                         # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
-                        logits = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
+                        logits, _ = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
                         chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
                     else:
                         logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
@@ -539,10 +582,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 )
             ctx.handed_out = True
             if ctx.class_major:
-                storage, x_c, w, target, lse, scale = ctx.saved_tensors
+                storage, x_c, w, target, lse, scale, shift = ctx.saved_tensors
                 factor = scale * grad_output.reshape(1).to(torch.float32)
                 dx, dw, db = _class_major_gradients(storage, x_c, w, target, lse, factor, ctx.opts.ignore_index,
-                                                    ctx.needs, ctx.dtypes)
+                                                    ctx.needs, ctx.dtypes, shift)
             else:
                 # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
                 dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
@@ -575,15 +618,20 @@ def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
     return x_c.dtype in (torch.bfloat16, torch.float16) and tma_unsupported_reason(x_c, w) is None
 
 
-def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options) -> torch.Tensor:
+def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options,
+                      exponentials: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which gives each row's lse (copied
-    into ``lse_c``) and target logit as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns the
-    logits."""
+    into ``lse_c``) and target logit as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns
+    ``(buffer, None)``; with ``exponentials`` the buffer holds the shifted exponentials ``ẽ`` instead
+    (:mod:`kernels_lib.kernels.shifted_exponentials`), and the second element is each row's shift ``c*``."""
+    shift = None
+    if exponentials:
+        shift = launch_target_logit_shift(x_c, ops.w, ops.b, target_c, ops.pre, opts.ignore_index)
     lse, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre,
-                                                ignore_index=opts.ignore_index, logits_out=buffer)
+                                                ignore_index=opts.ignore_index, logits_out=buffer, shift=shift)
     lse_c.copy_(lse)
     loss_c.copy_(torch.where(target_c != opts.ignore_index, lse - target_logit, 0.0))
-    return buffer
+    return buffer, shift
 
 
 #: Rows of ``dW`` each matmul of the class-major route forms; its buffer holds as many rows beyond ``V``.
@@ -601,20 +649,23 @@ def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accu
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))
 
 
-def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options) -> tuple[torch.Tensor, torch.Tensor]:
+def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options):
     r"""Forward of the class-major route: the logits inside the weight gradient's buffer, the loss.
 
     ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``(V + S)·H`` (``S`` =
     :data:`CLASS_MAJOR_SLAB_ROWS`); the epilogue GEMM writes the logits class-major, :math:`z^\top`
     (``V × N``, ``N ≤ H``), into its last ``V·N`` elements and gives each row's lse and target logit:
-    ``lse`` and ``loss = lse - z_y`` (0 at ignored rows) are written (float32 ``(N,)``). Returns the
-    buffer and the operand ``x`` in the matmul dtype, for :func:`_class_major_gradients`."""
+    ``lse`` and ``loss = lse - z_y`` (0 at ignored rows) are written (float32 ``(N,)``). With
+    :data:`STORE_EXPONENTIALS` the GEMM writes the shifted exponentials :math:`\tilde e^\top` there instead.
+    Returns the buffer, the operand ``x`` in the matmul dtype and the rows' shifts (or None), for
+    :func:`_class_major_gradients`."""
     n_rows, hidden = ops.x.shape
     n_cols = ops.w.shape[0]
     x_c = ops.operand(slice(0, n_rows))
     storage = torch.empty((n_cols + min(CLASS_MAJOR_SLAB_ROWS, n_cols)) * hidden, dtype=ops.w.dtype, device=x_c.device)
-    _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts)
-    return storage, x_c
+    _, shift = _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
+                                 exponentials=STORE_EXPONENTIALS)
+    return storage, x_c, shift
 
 
 def _class_major_view(storage: torch.Tensor, n_cols: int, n_rows: int) -> torch.Tensor:
@@ -622,7 +673,7 @@ def _class_major_view(storage: torch.Tensor, n_cols: int, n_rows: int) -> torch.
     return storage[storage.numel() - n_cols * n_rows:].view(n_cols, n_rows)
 
 
-def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: int, needs, dtypes):
+def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: int, needs, dtypes, shift=None):
     r"""Backward of the class-major route: ``(dx, dW, db)`` from the logits :func:`_class_major_logits` left.
 
     :mod:`kernels_lib.kernels.class_major_gradient` turns :math:`z^\top` into :math:`dz^\top` in place,
@@ -631,18 +682,32 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
     the slabs still to be read (slab ``k`` ends at ``(v+S)·H``, the unread ones begin at
     ``(V+S)·H - (V-v)·N``: no overlap while ``N ≤ H``). The logits take no memory of their own: peak
     memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
-    three matmuls. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``."""
+    three matmuls. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
+
+    With ``shift`` the buffer holds the shifted exponentials :math:`\tilde e^\top` instead, and no kernel
+    touches it: ``dz = diag(r) ẽ`` (:func:`_row_factors`), so ``dx = diag(r) (ẽ W)``, ``db = ẽᵀ r`` and
+    the slabs read ``diag(r) x``."""
     n_rows, hidden = x_c.shape
     n_cols = w.shape[0]
     z_t = _class_major_view(storage, n_cols, n_rows)
-    launch_class_major_gradient(z_t, lse, target, factor, ignore_index)
     need_x, _, need_b = needs
+    if shift is None:
+        launch_class_major_gradient(z_t, lse, target, factor, ignore_index)
+        operand = x_c
+    else:
+        factors = _row_factors(lse, shift, target, ignore_index, n_cols, factor)
+        operand = _scaled_rows(x_c, factors)
     dx = torch.mm(z_t.t(), w) if need_x else None
-    db = z_t.sum(1, dtype=torch.float32).to(dtypes[2]) if need_b else None
+    if dx is not None and shift is not None:
+        dx.mul_(factors[:, None])
+    db = None
+    if need_b:
+        db = z_t.sum(1, dtype=torch.float32) if shift is None else torch.mv(z_t, factors.to(z_t.dtype))
+        db = db.to(dtypes[2])
     dw = storage[: n_cols * hidden].view(n_cols, hidden)
     slab = min(CLASS_MAJOR_SLAB_ROWS, n_cols)
     for start in range(0, n_cols, slab):
-        torch.mm(z_t[start:start + slab], x_c, out=dw[start:start + slab])
+        torch.mm(z_t[start:start + slab], operand, out=dw[start:start + slab])
     return dx, dw, db
 
 

@@ -21,6 +21,11 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     ``gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv``): the GPU drifts over a run (clocks,
     heat; a variant measured second once ran 15% slower than in a later round), and alternating
     rounds spread that drift over every provider.
+``exponentials``: ``gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv`` (each round's rows in
+    ``..._exponentials_ab_rounds.csv``). The A/B of the shifted exponentials
+    (:data:`kernels_lib.fused_linear_cross_entropy.STORE_EXPONENTIALS`): the ``frontier`` part's peers
+    and default in the same alternating rounds, beside ``kernels_lib[store_exponentials=False]`` (the
+    default with the logits stored and the kernel's pass 2), no dial.
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
     ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
@@ -57,6 +62,7 @@ parts are ordered so that the peers come first.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 import traceback
@@ -84,9 +90,13 @@ SIZES = {
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
 MODES = ("forward_no_grad", "full")
 DTYPE = torch.bfloat16
+#: The module (its name is shadowed by the function on the package).
+flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
 FILES = {
     "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
     "frontier_rounds": "gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv",
+    "exponentials": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
+    "exponentials_rounds": "gpu_runs/fused_linear_cross_entropy_exponentials_ab_rounds.csv",
     "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
     "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
     "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
@@ -95,10 +105,26 @@ FILES = {
 }
 
 
-def frontier(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
-    """Every peer, kernels_lib's default and each point of its dial, at each N of the chart. The peers and
-    the default in ``size["rounds"]`` rounds, the providers' order reversed every other round, one row
-    per point the median over the rounds (each round's rows written to ``rounds_path``)."""
+#: kernels_lib's default with the logits stored and the kernel's pass 2: the other arm of the ``exponentials`` A/B.
+LOGITS_ARM = "kernels_lib[store_exponentials=False]"
+
+
+def _logits_arm(**sweep) -> pd.DataFrame:
+    """kernels_lib's default with :data:`~kernels_lib.fused_linear_cross_entropy.STORE_EXPONENTIALS` off."""
+    setting = flce_module.STORE_EXPONENTIALS
+    flce_module.STORE_EXPONENTIALS = False
+    try:
+        return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], **sweep).assign(kernel_provider=LOGITS_ARM)
+    finally:
+        flce_module.STORE_EXPONENTIALS = setting
+
+
+def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, *, dial: bool = True,
+             logits_arm: bool = False) -> pd.DataFrame:
+    """Every peer, kernels_lib's default and (``dial``) each point of its dial, at each N of the chart. The
+    peers and the default (and with ``logits_arm`` :data:`LOGITS_ARM`) in ``size["rounds"]`` rounds, the
+    providers' order reversed every other round, one row per point the median over the rounds (each
+    round's rows written to ``rounds_path``)."""
     common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
                   device=device)
     main = PEERS + ["kernels_lib"]
@@ -106,7 +132,11 @@ def frontier(size: dict, device: torch.device, rounds_path: Path | None = None) 
     for number in range(1, size["rounds"] + 1):
         order = main if number % 2 else main[::-1]
         # The published chart's forward (with the gradient's work, where a provider does it there) too.
-        rows = run_sweep(flce.KERNEL_NAME, providers=order, modes=("forward",) + MODES, **common)
+        sweep = dict(modes=("forward",) + MODES, **common)
+        sweeps = [lambda: run_sweep(flce.KERNEL_NAME, providers=order, **sweep)]
+        if logits_arm:
+            sweeps.append(lambda: _logits_arm(**sweep))
+        rows = pd.concat([run() for run in (sweeps if number % 2 else sweeps[::-1])], ignore_index=True)
         rounds.append(rows.assign(round=number))
         print(f"frontier: round {number} of {size['rounds']} done", flush=True)
     rounds = pd.concat(rounds, ignore_index=True)
@@ -114,7 +144,7 @@ def frontier(size: dict, device: torch.device, rounds_path: Path | None = None) 
         rounds.to_csv(rounds_path, index=False)
     frames = [median_of_rounds(rounds)]
     common["modes"] = MODES
-    for chunk in size["chunks"]:
+    for chunk in size["chunks"] if dial else ():
         options = {"chunk_size": chunk, "accurate": False}
         rows = run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], options=options, **common)
         frames.append(rows.assign(kernel_provider=flce.variant_name(options)))
@@ -266,7 +296,12 @@ def overhead(size: dict, device: torch.device) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
 
 
-PARTS = {"frontier": frontier, "stages": stages, "forward": forward, "default": default, "profile": profile, "overhead": overhead}
+def exponentials(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """The A/B of the shifted exponentials: the frontier's rounds with :data:`LOGITS_ARM`, no dial."""
+    return frontier(size, device, rounds_path, dial=False, logits_arm=True)
+
+
+PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default, "profile": profile, "overhead": overhead}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
             extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
-            if part == "frontier":
-                extra = {"rounds_path": args.out / FILES["frontier_rounds"]}
+            if part in ("frontier", "exponentials"):
+                extra = {"rounds_path": args.out / FILES[f"{part}_rounds"]}
             rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)
             print(f"{part}: {len(rows)} rows in {time.perf_counter() - start:.0f} s -> {path}", flush=True)

@@ -418,3 +418,7 @@ def test_frontier_script_cpu_paths(tmp_path):
     stages = pd.read_csv(tmp_path / script.FILES["stages"])
     assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns
     assert set(stages.route) == {"cuBLAS logits", "epilogue GEMM", "epilogue GEMM, logits_out configs"}
+    ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
+    assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
+    assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
+    assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"

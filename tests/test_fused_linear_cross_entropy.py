@@ -95,11 +95,13 @@ def test_options_and_reductions_match_reference(reduction, options):
     check_against_reference(x, w, b, target, TOL[torch.float32], reduction=reduction, chunk_size=16, **options)
 
 
-@pytest.fixture
-def epilogue_route(monkeypatch):
-    """The gradient chunks take the epilogue GEMM (lse in its epilogue, the logits written beside it)
-    in the interpreter too; yields the list of ``logits_out`` buffers it was called with."""
+@pytest.fixture(params=[True, False], ids=["exponentials", "logits"])
+def epilogue_route(monkeypatch, request):
+    """The gradient chunks take the epilogue GEMM (lse in its epilogue, the logits or the shifted
+    exponentials written beside it: both settings of ``STORE_EXPONENTIALS``) in the interpreter too;
+    yields the list of ``logits_out`` buffers it was called with."""
     calls = []
+    monkeypatch.setattr(flce_module, "STORE_EXPONENTIALS", request.param)
 
     def spy(original):
         def call(*args, **kwargs):
@@ -158,9 +160,53 @@ def test_epilogue_gemm_route_nan_and_all_ignored(epilogue_route):
     assert loss == 0 and all((g == 0).all() for g in torch.autograd.grad(loss, (x, w, b)))
 
 
-#: The class-major route shares one buffer between dW and the logits: float32 operands in the
-#: interpreter (where the matmuls run in float32), bfloat16 on a GPU (where the route is Hopper's).
+#: The epilogue and class-major routes' operands: float32 in the interpreter (where the matmuls run in
+#: float32), bfloat16 on a GPU (where the routes are Hopper's; the class-major one shares a buffer
+#: between dW and the logits, so one dtype).
 ROUTE_DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """Counts the launches of the kernels that read the logits buffer after the GEMM (pass 2 and the
+    class-major gradient kernel)."""
+    counts = {"pass": 0}
+
+    def spy(original):
+        def call(*args, **kwargs):
+            counts["pass"] += 1
+            return original(*args, **kwargs)
+        return call
+
+    for name in ("launch_cross_entropy_chunk", "launch_class_major_gradient"):
+        monkeypatch.setattr(flce_module, name, spy(getattr(flce_module, name)))
+    return counts
+
+
+@pytest.mark.parametrize("chunk_size", [16, None], ids=["chunked", "class-major"])
+def test_exponentials_need_no_pass_over_the_buffer(chunk_size, epilogue_route, passes):
+    """With the shifted exponentials stored, no kernel reads the N × V buffer between the GEMM and the
+    matmuls, on either route; with the logits stored, pass 2 (or the class-major kernel) does."""
+    x, w, b, target = make_inputs(dtype=ROUTE_DTYPE)
+    loss = fused_linear_cross_entropy(x, w, target, b, chunk_size=chunk_size)
+    torch.autograd.grad(loss, (x, w, b))
+    assert epilogue_route and (passes["pass"] == 0) == flce_module.STORE_EXPONENTIALS
+
+
+@pytest.mark.parametrize("chunk_size", [16, None], ids=["chunked", "class-major"])
+def test_rows_far_from_their_target_match_reference(chunk_size, epilogue_route):
+    """Rows whose target logit lies hundreds below their maximum (beyond the exponentials' headroom: their
+    tiles take shifts of their own, then are rescaled) still give the reference's loss and gradients."""
+    x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)
+    with torch.no_grad():
+        for row in (2, 9):
+            x[row] *= 40
+            target[row] = int((x[row] @ w.T + b).argmin())
+    z = x.detach().double() @ w.detach().double().T + b.detach().double()
+    assert (z.max(1).values - z.gather(1, target[:, None].clamp(min=0))[:, 0])[[2, 9]].min() > 64
+    check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], chunk_size=chunk_size)
+
+
 
 
 @pytest.fixture

@@ -86,6 +86,7 @@ import triton.language as tl
 
 from .. import _validate as v
 from .._runtime import INTERPRETED
+from .shifted_exponentials import EXP_HEADROOM, launch_rescale_flagged_rows
 
 #: Hopper candidates for bf16/fp16 inputs, best guess first (shared memory per stage:
 #: ``(BLOCK_M + BLOCK_N) · BLOCK_K · 2`` bytes, 48 KiB at 128 × 256 × 64). First the TMA kernels
@@ -135,37 +136,59 @@ BLOCK_R = 128
 
 
 @triton.jit
+def _store_tile(stored, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok,
+                OUT_TMA: tl.constexpr, OUT_TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store a tile of the output: by TMA through ``out_desc`` with ``OUT_TMA`` (which clips the rows and
+    columns beyond N and V), else by masked stores; transposed into a class-major ``[V, N]`` output
+    with ``OUT_TRANSPOSED``."""
+    if OUT_TMA and OUT_TRANSPOSED:
+        out_desc.store([tl.cast(pid_n * BLOCK_N, tl.int32), off_m], tl.trans(stored))
+    elif OUT_TMA:
+        out_desc.store([off_m, tl.cast(pid_n * BLOCK_N, tl.int32)], stored)
+    elif OUT_TRANSPOSED:
+        out = out_ptr + cols.to(tl.int64)[None, :] * stride_out + rows[:, None]
+        tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
+    else:
+        out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+        tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def _tile_epilogue(
     acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out,
-    n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
-    STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr, OUT_TRANSPOSED: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
+    STORE_LOGITS: tl.constexpr, SHIFTED: tl.constexpr, HEADROOM: tl.constexpr, OUT_TMA: tl.constexpr,
+    OUT_TRANSPOSED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
-    holds and, with ``STORE_LOGITS``, the tile itself (by TMA through ``out_desc`` with ``OUT_TMA``,
-    which clips the rows and columns beyond N and V; else by masked stores), transposed into a
-    class-major ``[V, N]`` output with ``OUT_TRANSPOSED``."""
+    holds and, with ``STORE_LOGITS``, the tile itself (:func:`_store_tile`). With ``SHIFTED``, the
+    tile's shifted exponentials instead (:mod:`~kernels_lib.kernels.shifted_exponentials`): the row's
+    shift ``max(c_i, tile max - HEADROOM)`` stored as the partial maximum, the row flagged where that
+    is not ``c_i``, zeros stored at ignored rows."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
-    if STORE_LOGITS:
-        stored = z.to(out_ptr.dtype.element_ty)
-        if OUT_TMA and OUT_TRANSPOSED:
-            out_desc.store([tl.cast(pid_n * BLOCK_N, tl.int32), off_m], tl.trans(stored))
-        elif OUT_TMA:
-            out_desc.store([off_m, tl.cast(pid_n * BLOCK_N, tl.int32)], stored)
-        elif OUT_TRANSPOSED:
-            out = out_ptr + cols.to(tl.int64)[None, :] * stride_out + rows[:, None]
-            tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
-        else:
-            out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-            tl.store(out, stored, mask=row_ok[:, None] & col_ok[None, :])
-        # The statistics of the logits as stored: a softmax of the stored row then sums to 1.
-        z = stored.to(tl.float32)
-    m = tl.max(z, axis=1)
-    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    if SHIFTED:
+        c = tl.load(shift_ptr + rows, mask=row_ok, other=-float("inf"))
+        m = tl.maximum(c, tl.max(z, axis=1) - HEADROOM)
+        e = tl.exp(z - m[:, None]).to(out_ptr.dtype.element_ty)
+        kept = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index) != ignore_index
+        _store_tile(tl.where(kept[:, None], e, 0.0).to(out_ptr.dtype.element_ty), rows, cols, off_m, pid_n, out_ptr,
+                    out_desc, stride_out, row_ok, col_ok, OUT_TMA, OUT_TRANSPOSED, BLOCK_N)
+        tl.store(flag_ptr + rows, tl.full((BLOCK_M,), 1, tl.int32), mask=row_ok & kept & (m > c))
+        # The sums of the exponentials as stored: the softmax of the stored row sums to 1.
+        s = tl.sum(e.to(tl.float32), axis=1)
+    else:
+        if STORE_LOGITS:
+            stored = z.to(out_ptr.dtype.element_ty)
+            _store_tile(stored, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
+                        OUT_TRANSPOSED, BLOCK_N)
+            # The statistics of the logits as stored: a softmax of the stored row then sums to 1.
+            z = stored.to(tl.float32)
+        m = tl.max(z, axis=1)
+        s = tl.sum(tl.exp(z - m[:, None]), axis=1)
     partial = pid_n.to(tl.int64) * n_rows + rows
     tl.store(m_ptr + partial, m, mask=row_ok)
     tl.store(s_ptr + partial, s, mask=row_ok)
@@ -188,6 +211,8 @@ def logits_lse_partials_kernel(
     target_logit_ptr,  # float32 [N]: z_{i, y_i}, written by the tile holding column y_i (HAS_TARGET)
     out_ptr,  # [N, V] the logits z, dtype of x, unit stride along V, or [V, N] with OUT_TRANSPOSED (STORE_LOGITS)
     stride_out,  # elements between rows of out (between classes with OUT_TRANSPOSED)
+    shift_ptr,  # float32 [N]: each row's shift c_i, -inf at ignored rows (SHIFTED)
+    flag_ptr,  # int32 [N], zeros: set to 1 where a row's tiles take shifts of their own (SHIFTED)
     n_rows,  # N
     n_cols,  # V
     hidden,  # H
@@ -198,6 +223,8 @@ def logits_lse_partials_kernel(
     HAS_BIAS: tl.constexpr,  # add b before scaling
     HAS_TARGET: tl.constexpr,  # store the target logits
     STORE_LOGITS: tl.constexpr,  # also store the logits themselves (the fused loss's gradient pass reads them)
+    SHIFTED: tl.constexpr,  # store the shifted exponentials exp(z - shift) instead of the logits
+    HEADROOM: tl.constexpr,  # the largest exponent stored with SHIFTED
     OUT_TRANSPOSED: tl.constexpr,  # store them class-major: out is [V, N] with unit stride along N
     INPUT_PRECISION: tl.constexpr,  # tl.dot's precision for fp32 inputs: "ieee" or "tf32" (ignored for 16-bit)
     DOT_IN_FP32: tl.constexpr,  # upcast the tiles before tl.dot (Triton's interpreter multiplies bf16's raw bits)
@@ -234,8 +261,8 @@ def logits_lse_partials_kernel(
         w_tile += BLOCK_K * stride_wk
 
     _tile_epilogue(acc, rows, cols, pid_m * BLOCK_M, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
-                   out_ptr, stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, False,
-                   OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
+                   out_ptr, stride_out, shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
+                   STORE_LOGITS, SHIFTED, HEADROOM, False, OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -250,9 +277,10 @@ def _tile_coordinates(tile, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _tma_tile(
-    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, n_rows,
-    n_cols, hidden, alpha, ignore_index,
-    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, OUT_TMA: tl.constexpr,
+    tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, shift_ptr,
+    flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index,
+    HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, SHIFTED: tl.constexpr,
+    HEADROOM: tl.constexpr, OUT_TMA: tl.constexpr,
     OUT_TRANSPOSED: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
@@ -271,8 +299,8 @@ def _tma_tile(
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     _tile_epilogue(acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
-                   stride_out, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS, OUT_TMA,
-                   OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
+                   stride_out, shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
+                   STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -286,6 +314,8 @@ def logits_lse_partials_tma_kernel(
     target_logit_ptr,  # float32 [N]: target logits (HAS_TARGET)
     out_ptr,  # [N, V] the logits, or [V, N] with OUT_TRANSPOSED (STORE_LOGITS)
     stride_out,  # elements between rows of out (between classes with OUT_TRANSPOSED)
+    shift_ptr,  # float32 [N]: each row's shift (SHIFTED)
+    flag_ptr,  # int32 [N]: rows whose tiles take shifts of their own (SHIFTED)
     n_rows,  # N
     n_cols,  # V
     hidden,  # H (also the row stride of x and W)
@@ -294,6 +324,8 @@ def logits_lse_partials_tma_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_TARGET: tl.constexpr,
     STORE_LOGITS: tl.constexpr,
+    SHIFTED: tl.constexpr,
+    HEADROOM: tl.constexpr,
     OUT_TMA: tl.constexpr,  # store the logits by TMA (16-byte aligned out and row stride)
     OUT_TRANSPOSED: tl.constexpr,  # store them class-major ([V, N], unit stride along N)
     INPUT_PRECISION: tl.constexpr,
@@ -325,12 +357,13 @@ def logits_lse_partials_tma_kernel(
         # tile's epilogue (FLATTEN; Triton's Hopper warp specialization does not take a flattened loop).
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
             _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
-                      stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, STORE_LOGITS,
-                      OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+                      stride_out, shift_ptr, flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
+                      STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M,
+                      BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
         _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
-                  out_desc, stride_out, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                  STORE_LOGITS, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                  out_desc, stride_out, shift_ptr, flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS,
+                  HAS_TARGET, STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
                   GROUP_M, WARP_SPECIALIZE)
 
 
@@ -345,7 +378,13 @@ def merge_lse_partials_kernel(
     n_cols,  # V
     n_blocks,  # ceil(V / BLOCK_N) of the tile kernel
     ignore_index,  # target value of rows without a target logit
+    out_ptr,  # the stored exponentials, element (i, j) at i * stride_row + j * stride_col (SHIFTED)
+    stride_row,  # elements between rows of out (SHIFTED)
+    stride_col,  # elements between classes of out (SHIFTED)
+    shift_ptr,  # float32 [N]: each row's largest shift c*_i = max of its partial maxima (written with SHIFTED)
+    flag_ptr,  # int32 [N]: rows whose tiles took shifts of their own (SHIFTED; their one-hot term is the rescaling's)
     HAS_TARGET: tl.constexpr,  # finish the target logits
+    SHIFTED: tl.constexpr,  # the tiles stored shifted exponentials: subtract exp(lse - c*) at each target
     BLOCK_R: tl.constexpr,  # rows per program
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -361,12 +400,23 @@ def merge_lse_partials_kernel(
         # exp(-inf - new_m) = 0 before the first block; a NaN in s (or m) stays in big_s.
         big_s = big_s * tl.exp(big_m - new_m) + s * tl.exp(m - new_m)
         big_m = new_m
-    tl.store(lse_ptr + rows, big_m + tl.log(big_s), mask=row_ok)
+    lse = big_m + tl.log(big_s)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
     if HAS_TARGET:
         y = tl.load(target_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         ignored = y == ignore_index
         stray = ~ignored & ((y < 0) | (y >= n_cols))
         tl.store(target_logit_ptr + rows, tl.where(ignored, 0.0, float("nan")), mask=row_ok & (ignored | stray))
+        if SHIFTED:
+            # The one-hot term: the target's exponential minus exp(lse - c*), where every tile of the row
+            # took the shift c* (unflagged rows).
+            tl.store(shift_ptr + rows, big_m, mask=row_ok)
+            flagged = tl.load(flag_ptr + rows, mask=row_ok, other=0) != 0
+            mine = row_ok & ~ignored & ~stray & ~flagged
+            y = tl.where(mine, y, 0)
+            at_target = out_ptr + rows.to(tl.int64) * stride_row + y * stride_col
+            e_y = tl.load(at_target, mask=mine, other=0.0).to(tl.float32)
+            tl.store(at_target, (e_y - tl.exp(lse - big_m)).to(out_ptr.dtype.element_ty), mask=mine)
 
 
 class TmaFallbackWarning(UserWarning):
@@ -519,9 +569,17 @@ def launch_logits_logsumexp(
     ignore_index: int,
     config: dict | None = None,
     logits_out: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`logits_logsumexp` without its argument checks, for callers that made them (the fused
-    loss, once per call rather than once per chunk): contiguous ``x`` and ``weight``."""
+    r""":func:`logits_logsumexp` without its argument checks, for callers that made them (the fused
+    loss, once per call rather than once per chunk): contiguous ``x`` and ``weight``.
+
+    ``shift`` (with ``logits_out`` and ``target``): float32 ``(N,)``, each row's target logit from
+    :func:`~kernels_lib.kernels.shifted_exponentials.launch_target_logit_shift`. Then ``logits_out``
+    receives the shifted exponentials with the one-hot term subtracted at each target, :math:`\tilde e`
+    of :mod:`~kernels_lib.kernels.shifted_exponentials` (zeros at ignored rows), and ``shift`` is
+    overwritten with the shift they are relative to, :math:`c^*_i`: the gradient of the plain loss is
+    :math:`g\,e^{c^*_i - \mathrm{lse}_i}\,\tilde e_{ij}`."""
     reason = tma_unsupported_reason(x, weight)
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
@@ -544,9 +602,14 @@ def launch_logits_logsumexp(
     stride_out = 0 if logits_out is None else logits_out.stride(1 if transposed else 0)
     inner = n_rows if transposed else n_cols
     out_arg = logits_out if logits_out is not None else lse
+    shifted = shift is not None
+    if shifted and (logits_out is None or target is None):
+        raise ValueError("launch_logits_logsumexp: shift needs logits_out and target")
+    flags = torch.zeros(n_rows, dtype=torch.int32, device=x.device) if shifted else None
+    shift_args = (shift, flags) if shifted else (lse, lse)
     common = dict(
         HAS_BIAS=bias is not None, HAS_TARGET=target is not None, STORE_LOGITS=logits_out is not None,
-        OUT_TRANSPOSED=transposed,
+        SHIFTED=shifted, HEADROOM=EXP_HEADROOM, OUT_TRANSPOSED=transposed,
         INPUT_PRECISION="ieee" if ieee else "tf32",
         DOT_IN_FP32=INTERPRETED and x.dtype == torch.bfloat16,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
@@ -569,18 +632,21 @@ def launch_logits_logsumexp(
         grid = (min(num_sms, n_tiles) if cfg["PERSISTENT"] else n_tiles,)
         logits_lse_partials_tma_kernel[grid](
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
-            stride_out, n_rows, n_cols, hidden, float(alpha), int(ignore_index),
+            stride_out, *shift_args, n_rows, n_cols, hidden, float(alpha), int(ignore_index),
             PERSISTENT=cfg["PERSISTENT"], NUM_SMS=num_sms, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"],
             FLATTEN=cfg["PERSISTENT"] and not cfg["WARP_SPECIALIZE"], OUT_TMA=out_tma, **common,
         )
     else:
         logits_lse_partials_kernel[(n_tiles,)](
             x, weight, bias_arg, target_arg, m, s, target_logit if target is not None else lse, out_arg,
-            stride_out, n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            stride_out, *shift_args, n_rows, n_cols, hidden, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             float(alpha), int(ignore_index), **common,
         )
     merge_lse_partials_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         m, s, target_arg, lse, target_logit if target is not None else lse, n_rows, n_cols, n_blocks,
-        int(ignore_index), HAS_TARGET=target is not None, BLOCK_R=BLOCK_R, num_warps=4,
+        int(ignore_index), out_arg, *(logits_out.stride() if shifted else (0, 0)), shift if shifted else lse,
+        flags if shifted else lse, HAS_TARGET=target is not None, SHIFTED=shifted, BLOCK_R=BLOCK_R, num_warps=4,
     )
+    if shifted:
+        launch_rescale_flagged_rows(logits_out, m, shift, flags, lse, target_arg, cfg["BLOCK_N"])
     return lse, target_logit

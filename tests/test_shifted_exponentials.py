@@ -1,0 +1,103 @@
+"""The epilogue GEMM's shifted exponentials (kernels_lib.kernels.shifted_exponentials) against float64.
+
+What the fused loss's gradient reads: ``exp(c* - lse) · ẽ`` must be ``softmax(z) - onehot`` row by
+row (0 at ignored rows), in row-major and class-major buffers, with rows whose target logit lies
+more than the headroom below their maximum (their tiles shifted apart, then rescaled), N = 1, odd
+H and V, a bias and a scale; every element of the buffer written (it starts NaN). Without a GPU the
+kernels run in Triton's interpreter (float32 operands)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import INTERPRETED, default_device
+from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp
+from kernels_lib.kernels.shifted_exponentials import EXP_HEADROOM, launch_target_logit_shift
+from kernels_lib.workbench.check import relative_error
+
+DEVICE = default_device()
+IGNORE = -100
+DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
+TOL = 1e-5 if INTERPRETED else 1e-2
+WIDE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32) if INTERPRETED else None
+
+
+def make(n, h, v, *, seed=0, outliers=()):
+    """x, W, b, targets (every fourth row ignored); rows in ``outliers`` scaled by 40 and aimed at their
+    smallest logit, so that it lies hundreds below their maximum."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=gen)
+    w = torch.randn(v, h, generator=gen) / math.sqrt(h) * 3
+    b = torch.randn(v, generator=gen)
+    y = torch.randint(0, v, (n,), generator=gen)
+    y[3::4] = IGNORE
+    for row in outliers:
+        x[row] *= 40
+        y[row] = int((x[row] @ w.T + b).argmin())
+    return x.to(DEVICE, DTYPE), w.to(DEVICE, DTYPE), b.to(DEVICE, DTYPE), y.to(DEVICE)
+
+
+def run(x, w, b, y, alpha, class_major):
+    n, v = x.shape[0], w.shape[0]
+    if class_major:
+        out = torch.full((v, n + 3), float("nan"), dtype=DTYPE, device=DEVICE)[:, :n].t()
+    else:
+        out = torch.full((n, v + 5), float("nan"), dtype=DTYPE, device=DEVICE)[:, :v]
+    shift = launch_target_logit_shift(x, w, b, y, alpha, IGNORE)
+    lse, target_logit = launch_logits_logsumexp(x, w, b, y, alpha=alpha, ignore_index=IGNORE, config=WIDE,
+                                                logits_out=out, shift=shift)
+    return out, shift, lse, target_logit
+
+
+@pytest.mark.parametrize("class_major", [False, True], ids=["row-major", "class-major"])
+@pytest.mark.parametrize("n, h, v, outliers", [(37, 72, 1031, (5, 8)), (1, 40, 517, (0,)), (20, 24, 300, ())])
+def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_major):
+    x, w, b, y = make(n, h, v, outliers=outliers)
+    alpha = 0.7
+    out, shift, lse, target_logit = run(x, w, b, y, alpha, class_major)
+    z = alpha * (x.double() @ w.double().T + b.double())
+    valid = y != IGNORE
+    onehot = torch.nn.functional.one_hot(torch.where(valid, y, 0), v).double()
+    want = torch.where(valid[:, None], torch.softmax(z, 1) - onehot, 0.0)
+    got = torch.exp(shift.double() - lse.double())[:, None] * out.double()
+    got = torch.where(valid[:, None], got, 0.0)
+    assert not out.isnan().any(), "every element written"
+    assert (out[~valid] == 0).all(), "ignored rows store zeros"
+    assert relative_error(got, want) < TOL
+    assert relative_error(lse[valid], torch.logsumexp(z, 1)[valid]) < TOL
+    z_y = z.gather(1, torch.where(valid, y, 0)[:, None])[:, 0]
+    assert relative_error(target_logit[valid], z_y[valid]) < TOL and (target_logit[~valid] == 0).all()
+    for row in outliers:  # tiles shifted apart and rescaled: the row's shift is its maximum less the headroom
+        assert z[row].max() - z_y[row] > EXP_HEADROOM
+        assert abs(float(shift[row]) - (float(z[row].max()) - EXP_HEADROOM)) < 1e-3 * float(z[row].abs().max())
+    assert out.abs().max() <= math.exp(EXP_HEADROOM + math.log(v)), "no stored exponent beyond the headroom"
+
+
+def test_shift_is_the_target_logit():
+    x, w, b, y = make(37, 72, 1031)
+    shift = launch_target_logit_shift(x, w, b, y, 0.7, IGNORE)
+    z = 0.7 * (x.double() @ w.double().T + b.double())
+    valid = y != IGNORE
+    want = z.gather(1, torch.where(valid, y, 0)[:, None])[:, 0]
+    assert relative_error(shift[valid], want[valid]) < TOL
+    assert (shift[~valid] == -math.inf).all()
+    stray = y.clone()
+    stray[0] = w.shape[0]
+    assert launch_target_logit_shift(x, w, None, stray, 1.0, IGNORE)[0] == -math.inf
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:All-NaN slice:RuntimeWarning")
+def test_nan_and_stray_targets():
+    """A NaN logit makes its row's exponentials NaN (the gradient then NaN); a target outside [0, V)
+    gets a NaN target logit and its row no one-hot write (nothing written outside the buffer)."""
+    x, w, b, y = make(20, 24, 300)
+    x[2, 3] = float("nan")
+    y[5] = 300
+    out, shift, lse, target_logit = run(x, w, b, y, 1.0, False)
+    assert out[2].isnan().any() and lse[2].isnan()
+    assert target_logit[5].isnan() and not out[5].isnan().any()
+    assert not out[[0, 1, 4]].isnan().any()
