@@ -137,7 +137,7 @@ from .kernels.class_major_gradient import launch_class_major_gradient
 from .kernels.cross_entropy_chunk import PARTIAL_COLUMNS, launch_cross_entropy_chunk, launch_cross_entropy_partials
 from .kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp, tma_unsupported_reason
 from .kernels.scale_gradient import launch_scale_gradient
-from .kernels.shifted_exponentials import launch_target_logit_shift
+from .kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -348,18 +348,19 @@ class _GradientSums:
                 self.db.add_(column_sums, alpha=unscale)
         self.first = False
 
-    def add_exponentials(self, e: torch.Tensor, factors: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor,
-                         rows: slice) -> None:
+    def add_exponentials(self, e: torch.Tensor, factors: torch.Tensor, scale: torch.Tensor, x_c: torch.Tensor,
+                         w: torch.Tensor, rows: slice) -> None:
         """Add the contribution of one chunk whose buffer holds the shifted exponentials ``ẽ``, with
-        ``dz = diag(factors) ẽ`` (:func:`_row_factors`): ``dx[rows] = diag(r) (ẽ W)``,
+        ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`_logits_with_loss`): ``dx[rows] = diag(r) (ẽ W)``,
         ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch the ``N × V`` buffer."""
         if self.dx is not None:
             _matmul_into(self.dx[rows], e, w)
-            self.dx[rows].mul_(factors[:, None])
+            launch_scale_rows(self.dx[rows], factors, scale, out=self.dx[rows])
         if self.dw is not None:
-            _addmm_into(self.dw, e.t(), _scaled_rows(x_c, factors), max_temp_numel=e.numel(), first=self.first)
+            _addmm_into(self.dw, e.t(), launch_scale_rows(x_c, factors, scale), max_temp_numel=e.numel(),
+                        first=self.first)
         if self.db is not None:
-            _addmm_into(self.db.view(1, -1), factors.to(e.dtype).view(1, -1), e, max_temp_numel=e.numel(),
+            _addmm_into(self.db.view(1, -1), (factors * scale).to(e.dtype).view(1, -1), e, max_temp_numel=e.numel(),
                         first=self.first)
         self.first = False
 
@@ -370,19 +371,6 @@ class _GradientSums:
         dw = None if self.dw is None else self.dw.to(self.dtypes[0])
         db = None if self.db is None else self.db.to(self.dtypes[1])
         return self.dx, dw, db
-
-
-def _scaled_rows(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """``diag(factors) x`` in ``x``'s dtype, each product rounded once."""
-    return torch.mul(x, factors[:, None], out=torch.empty_like(x))
-
-
-def _row_factors(lse, shift, target, ignore_index: int, n_cols: int, factor: torch.Tensor) -> torch.Tensor:
-    """Each row's gradient factor on the shifted exponentials, ``factor · exp(c*_i - lse_i)`` (float32;
-    0 at ignored rows, NaN at targets outside ``[0, V)``: such a row's gradient is not defined)."""
-    kept = target != ignore_index
-    stray = kept & ((target < 0) | (target >= n_cols))
-    return torch.exp(shift - lse).mul_(factor).masked_fill_(~kept, 0.0).masked_fill_(stray, float("nan"))
 
 
 def to_dtypes(grads, dtypes):
@@ -498,8 +486,8 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate)
             if class_major:  # the gradients wait for backward, in the buffer that will be dW
                 z_loss.zero_()
-                storage, x_c, shift = _class_major_logits(ops, target, lse, loss, opts)
-                result = (storage, x_c, ops.w, target, lse, scale, shift)
+                storage, x_c, factors = _class_major_logits(ops, target, lse, loss, opts)
+                result = (storage, x_c, ops.w, target, lse, scale, factors)
             else:
                 grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
@@ -520,10 +508,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                         epilogue = plain and _epilogue_gemm_takes(x_c, ops.w)
                     if epilogue and exponentials:
                         # The GEMM stores the shifted exponentials: no pass over them, the factors on x and dx.
-                        e, shift = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
-                                                     exponentials=True)
-                        factors = _row_factors(lse[rows], shift, target[rows], opts.ignore_index, ops.w.shape[0], scale)
-                        grads.add_exponentials(e, factors, x_c, ops.w, rows)
+                        e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
+                                                       exponentials=True)
+                        grads.add_exponentials(e, factors, scale, x_c, ops.w, rows)
                         continue
                     if epilogue:
                         # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
@@ -582,10 +569,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 )
             ctx.handed_out = True
             if ctx.class_major:
-                storage, x_c, w, target, lse, scale, shift = ctx.saved_tensors
+                storage, x_c, w, target, lse, scale, factors = ctx.saved_tensors
                 factor = scale * grad_output.reshape(1).to(torch.float32)
                 dx, dw, db = _class_major_gradients(storage, x_c, w, target, lse, factor, ctx.opts.ignore_index,
-                                                    ctx.needs, ctx.dtypes, shift)
+                                                    ctx.needs, ctx.dtypes, factors)
             else:
                 # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
                 dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
@@ -623,15 +610,17 @@ def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, op
     """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which gives each row's lse (copied
     into ``lse_c``) and target logit as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns
     ``(buffer, None)``; with ``exponentials`` the buffer holds the shifted exponentials ``ẽ`` instead
-    (:mod:`kernels_lib.kernels.shifted_exponentials`), and the second element is each row's shift ``c*``."""
-    shift = None
-    if exponentials:
-        shift = launch_target_logit_shift(x_c, ops.w, ops.b, target_c, ops.pre, opts.ignore_index)
+    (:mod:`kernels_lib.kernels.shifted_exponentials`), and the second element is each row's factor
+    ``u_i = exp(c*_i - lse_i)`` (float32; 0 at ignored rows, NaN at targets outside ``[0, V)``), so
+    that ``dz = g · diag(u) ẽ``."""
+    factors = None
+    if exponentials:  # the shift goes in, the row factors come out
+        factors = launch_target_logit_shift(x_c, ops.w, ops.b, target_c, ops.pre, opts.ignore_index)
     lse, target_logit = launch_logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre,
-                                                ignore_index=opts.ignore_index, logits_out=buffer, shift=shift)
+                                                ignore_index=opts.ignore_index, logits_out=buffer, shift=factors)
     lse_c.copy_(lse)
     loss_c.copy_(torch.where(target_c != opts.ignore_index, lse - target_logit, 0.0))
-    return buffer, shift
+    return buffer, factors
 
 
 #: Rows of ``dW`` each matmul of the class-major route forms; its buffer holds as many rows beyond ``V``.
@@ -657,15 +646,15 @@ def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options):
     (``V × N``, ``N ≤ H``), into its last ``V·N`` elements and gives each row's lse and target logit:
     ``lse`` and ``loss = lse - z_y`` (0 at ignored rows) are written (float32 ``(N,)``). With
     :data:`STORE_EXPONENTIALS` the GEMM writes the shifted exponentials :math:`\tilde e^\top` there instead.
-    Returns the buffer, the operand ``x`` in the matmul dtype and the rows' shifts (or None), for
+    Returns the buffer, the operand ``x`` in the matmul dtype and the rows' factors (or None), for
     :func:`_class_major_gradients`."""
     n_rows, hidden = ops.x.shape
     n_cols = ops.w.shape[0]
     x_c = ops.operand(slice(0, n_rows))
     storage = torch.empty((n_cols + min(CLASS_MAJOR_SLAB_ROWS, n_cols)) * hidden, dtype=ops.w.dtype, device=x_c.device)
-    _, shift = _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
-                                 exponentials=STORE_EXPONENTIALS)
-    return storage, x_c, shift
+    _, factors = _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
+                                   exponentials=STORE_EXPONENTIALS)
+    return storage, x_c, factors
 
 
 def _class_major_view(storage: torch.Tensor, n_cols: int, n_rows: int) -> torch.Tensor:
@@ -673,7 +662,7 @@ def _class_major_view(storage: torch.Tensor, n_cols: int, n_rows: int) -> torch.
     return storage[storage.numel() - n_cols * n_rows:].view(n_cols, n_rows)
 
 
-def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: int, needs, dtypes, shift=None):
+def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: int, needs, dtypes, factors=None):
     r"""Backward of the class-major route: ``(dx, dW, db)`` from the logits :func:`_class_major_logits` left.
 
     :mod:`kernels_lib.kernels.class_major_gradient` turns :math:`z^\top` into :math:`dz^\top` in place,
@@ -684,25 +673,24 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
     memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
     three matmuls. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
 
-    With ``shift`` the buffer holds the shifted exponentials :math:`\tilde e^\top` instead, and no kernel
-    touches it: ``dz = diag(r) ẽ`` (:func:`_row_factors`), so ``dx = diag(r) (ẽ W)``, ``db = ẽᵀ r`` and
-    the slabs read ``diag(r) x``."""
+    With ``factors`` (:func:`_logits_with_loss`) the buffer holds the shifted exponentials
+    :math:`\tilde e^\top` instead, and no kernel touches it: ``dz = diag(r) ẽ``, ``r = factor · factors``,
+    so ``dx = diag(r) (ẽ W)``, ``db = ẽᵀ r`` and the slabs read ``diag(r) x``."""
     n_rows, hidden = x_c.shape
     n_cols = w.shape[0]
     z_t = _class_major_view(storage, n_cols, n_rows)
     need_x, _, need_b = needs
-    if shift is None:
+    if factors is None:
         launch_class_major_gradient(z_t, lse, target, factor, ignore_index)
         operand = x_c
     else:
-        factors = _row_factors(lse, shift, target, ignore_index, n_cols, factor)
-        operand = _scaled_rows(x_c, factors)
+        operand = launch_scale_rows(x_c, factors, factor)
     dx = torch.mm(z_t.t(), w) if need_x else None
-    if dx is not None and shift is not None:
-        dx.mul_(factors[:, None])
+    if dx is not None and factors is not None:
+        launch_scale_rows(dx, factors, factor, out=dx)
     db = None
     if need_b:
-        db = z_t.sum(1, dtype=torch.float32) if shift is None else torch.mv(z_t, factors.to(z_t.dtype))
+        db = z_t.sum(1, dtype=torch.float32) if factors is None else torch.mv(z_t, (factors * factor).to(z_t.dtype))
         db = db.to(dtypes[2])
     dw = storage[: n_cols * hidden].view(n_cols, hidden)
     slab = min(CLASS_MAJOR_SLAB_ROWS, n_cols)

@@ -16,7 +16,7 @@ import torch
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import INTERPRETED, default_device
 from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp
-from kernels_lib.kernels.shifted_exponentials import EXP_HEADROOM, launch_target_logit_shift
+from kernels_lib.kernels.shifted_exponentials import EXP_HEADROOM, launch_scale_rows, launch_target_logit_shift
 from kernels_lib.workbench.check import relative_error
 
 DEVICE = default_device()
@@ -47,10 +47,10 @@ def run(x, w, b, y, alpha, class_major):
         out = torch.full((v, n + 3), float("nan"), dtype=DTYPE, device=DEVICE)[:, :n].t()
     else:
         out = torch.full((n, v + 5), float("nan"), dtype=DTYPE, device=DEVICE)[:, :v]
-    shift = launch_target_logit_shift(x, w, b, y, alpha, IGNORE)
+    factors = launch_target_logit_shift(x, w, b, y, alpha, IGNORE)
     lse, target_logit = launch_logits_logsumexp(x, w, b, y, alpha=alpha, ignore_index=IGNORE, config=WIDE,
-                                                logits_out=out, shift=shift)
-    return out, shift, lse, target_logit
+                                                logits_out=out, shift=factors)
+    return out, factors, lse, target_logit
 
 
 @pytest.mark.parametrize("class_major", [False, True], ids=["row-major", "class-major"])
@@ -58,22 +58,23 @@ def run(x, w, b, y, alpha, class_major):
 def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_major):
     x, w, b, y = make(n, h, v, outliers=outliers)
     alpha = 0.7
-    out, shift, lse, target_logit = run(x, w, b, y, alpha, class_major)
+    out, factors, lse, target_logit = run(x, w, b, y, alpha, class_major)
     z = alpha * (x.double() @ w.double().T + b.double())
     valid = y != IGNORE
     onehot = torch.nn.functional.one_hot(torch.where(valid, y, 0), v).double()
     want = torch.where(valid[:, None], torch.softmax(z, 1) - onehot, 0.0)
-    got = torch.exp(shift.double() - lse.double())[:, None] * out.double()
-    got = torch.where(valid[:, None], got, 0.0)
+    got = factors.double()[:, None] * out.double()
     assert not out.isnan().any(), "every element written"
+    assert (factors[~valid] == 0).all(), "ignored rows: factor 0"
     assert (out[~valid] == 0).all(), "ignored rows store zeros"
     assert relative_error(got, want) < TOL
     assert relative_error(lse[valid], torch.logsumexp(z, 1)[valid]) < TOL
     z_y = z.gather(1, torch.where(valid, y, 0)[:, None])[:, 0]
     assert relative_error(target_logit[valid], z_y[valid]) < TOL and (target_logit[~valid] == 0).all()
-    for row in outliers:  # tiles shifted apart and rescaled: the row's shift is its maximum less the headroom
+    for row in outliers:  # tiles shifted apart and rescaled to the row's maximum less the headroom
         assert z[row].max() - z_y[row] > EXP_HEADROOM
-        assert abs(float(shift[row]) - (float(z[row].max()) - EXP_HEADROOM)) < 1e-3 * float(z[row].abs().max())
+        want_factor = math.exp(float(z[row].max()) - EXP_HEADROOM - float(torch.logsumexp(z[row], 0)))
+        assert abs(float(factors[row]) / want_factor - 1) < 1e-3
     assert out.abs().max() <= math.exp(EXP_HEADROOM + math.log(v)), "no stored exponent beyond the headroom"
 
 
@@ -97,7 +98,22 @@ def test_nan_and_stray_targets():
     x, w, b, y = make(20, 24, 300)
     x[2, 3] = float("nan")
     y[5] = 300
-    out, shift, lse, target_logit = run(x, w, b, y, 1.0, False)
+    out, factors, lse, target_logit = run(x, w, b, y, 1.0, False)
     assert out[2].isnan().any() and lse[2].isnan()
-    assert target_logit[5].isnan() and not out[5].isnan().any()
+    assert target_logit[5].isnan() and factors[5].isnan() and not out[5].isnan().any()
     assert not out[[0, 1, 4]].isnan().any()
+
+
+def test_scale_rows_and_in_place():
+    """Each row times its factor and the scale, in the output's dtype (within one rounding), in place too."""
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randn(7, 1500, generator=gen).to(DEVICE, DTYPE)
+    factors = torch.rand(7, generator=gen).to(DEVICE)
+    factors[3] = 0.0
+    scale = torch.tensor([0.37], device=DEVICE)
+    want = src.double() * factors.double()[:, None] * 0.37
+    ulp = torch.finfo(DTYPE).eps
+    got = launch_scale_rows(src, factors, scale)
+    assert got.dtype == DTYPE and ((got.double() - want).abs() <= ulp * want.abs()).all()
+    launch_scale_rows(src, factors, scale, out=src)
+    assert torch.equal(src, got) and (src[3] == 0).all()

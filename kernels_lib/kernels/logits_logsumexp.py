@@ -382,6 +382,7 @@ def merge_lse_partials_kernel(
     stride_row,  # elements between rows of out (SHIFTED)
     stride_col,  # elements between classes of out (SHIFTED)
     shift_ptr,  # float32 [N]: each row's largest shift c*_i = max of its partial maxima (written with SHIFTED)
+    factor_ptr,  # float32 [N]: each row's factor exp(c*_i - lse_i), 0 at ignored rows, NaN at stray targets (SHIFTED)
     flag_ptr,  # int32 [N]: rows whose tiles took shifts of their own (SHIFTED; their one-hot term is the rescaling's)
     HAS_TARGET: tl.constexpr,  # finish the target logits
     SHIFTED: tl.constexpr,  # the tiles stored shifted exponentials: subtract exp(lse - c*) at each target
@@ -411,6 +412,8 @@ def merge_lse_partials_kernel(
             # The one-hot term: the target's exponential minus exp(lse - c*), where every tile of the row
             # took the shift c* (unflagged rows).
             tl.store(shift_ptr + rows, big_m, mask=row_ok)
+            factor = tl.where(ignored, 0.0, tl.where(stray, float("nan"), tl.exp(big_m - lse)))
+            tl.store(factor_ptr + rows, factor, mask=row_ok)
             flagged = tl.load(flag_ptr + rows, mask=row_ok, other=0) != 0
             mine = row_ok & ~ignored & ~stray & ~flagged
             y = tl.where(mine, y, 0)
@@ -578,8 +581,9 @@ def launch_logits_logsumexp(
     :func:`~kernels_lib.kernels.shifted_exponentials.launch_target_logit_shift`. Then ``logits_out``
     receives the shifted exponentials with the one-hot term subtracted at each target, :math:`\tilde e`
     of :mod:`~kernels_lib.kernels.shifted_exponentials` (zeros at ignored rows), and ``shift`` is
-    overwritten with the shift they are relative to, :math:`c^*_i`: the gradient of the plain loss is
-    :math:`g\,e^{c^*_i - \mathrm{lse}_i}\,\tilde e_{ij}`."""
+    overwritten with each row's factor :math:`u_i = e^{c^*_i - \mathrm{lse}_i}` (:math:`c^*_i` the shift
+    the row's exponentials are relative to; 0 at ignored rows, NaN at targets outside ``[0, V)``): the
+    gradient of the plain loss is :math:`g\,u_i\,\tilde e_{ij}`."""
     reason = tma_unsupported_reason(x, weight)
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
@@ -606,6 +610,7 @@ def launch_logits_logsumexp(
     if shifted and (logits_out is None or target is None):
         raise ValueError("launch_logits_logsumexp: shift needs logits_out and target")
     flags = torch.zeros(n_rows, dtype=torch.int32, device=x.device) if shifted else None
+    row_shift = torch.empty_like(lse) if shifted else None  # c*: the merge's, for the rescaling
     shift_args = (shift, flags) if shifted else (lse, lse)
     common = dict(
         HAS_BIAS=bias is not None, HAS_TARGET=target is not None, STORE_LOGITS=logits_out is not None,
@@ -644,9 +649,8 @@ def launch_logits_logsumexp(
         )
     merge_lse_partials_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         m, s, target_arg, lse, target_logit if target is not None else lse, n_rows, n_cols, n_blocks,
-        int(ignore_index), out_arg, *(logits_out.stride() if shifted else (0, 0)), shift if shifted else lse,
-        flags if shifted else lse, HAS_TARGET=target is not None, SHIFTED=shifted, BLOCK_R=BLOCK_R, num_warps=4,
+        int(ignore_index), out_arg, *(logits_out.stride() if shifted else (0, 0)), *((row_shift, shift, flags) if shifted else (lse,) * 3), HAS_TARGET=target is not None, SHIFTED=shifted, BLOCK_R=BLOCK_R, num_warps=4,
     )
     if shifted:
-        launch_rescale_flagged_rows(logits_out, m, shift, flags, lse, target_arg, cfg["BLOCK_N"])
+        launch_rescale_flagged_rows(logits_out, m, row_shift, flags, lse, target_arg, cfg["BLOCK_N"])
     return lse, target_logit

@@ -63,6 +63,8 @@ EXP_HEADROOM = 64.0
 SHIFT_BLOCK_R, SHIFT_BLOCK_H = 16, 256
 #: Rows per program, and vocabulary tiles each program walks, of the rescaling kernel.
 RESCALE_BLOCK_R, RESCALE_TILES = 64, 16
+#: Columns per program of the row-scaling kernel.
+SCALE_BLOCK_H = 1024
 
 
 @triton.jit
@@ -137,6 +139,25 @@ def rescale_flagged_rows_kernel(
             tl.store(ptrs, e.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def scale_rows_kernel(
+    src_ptr,  # [N, H] rows to scale (unit stride along H)
+    dst_ptr,  # [N, H] the scaled rows, in its dtype (may be src itself)
+    factor_ptr,  # float32 [N]: each row's factor u_i
+    scale_ptr,  # float32 [1]: one more factor g for every row
+    hidden,  # H
+    stride_src,  # elements between rows of src
+    stride_dst,  # elements between rows of dst
+    BLOCK_H: tl.constexpr,  # columns per program
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < hidden
+    factor = tl.load(factor_ptr + row) * tl.load(scale_ptr)
+    v = tl.load(src_ptr + row * stride_src + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst_ptr + row * stride_dst + cols, (v * factor).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
 def launch_target_logit_shift(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
                               alpha: float, ignore_index: int) -> torch.Tensor:
     """Each row's target logit :math:`c_i` (float32 ``(N,)``, ``-inf`` at ignored and out-of-range
@@ -163,3 +184,17 @@ def launch_rescale_flagged_rows(out: torch.Tensor, partial_shift: torch.Tensor, 
         out, out.stride(0), out.stride(1), partial_shift, shift, flags, lse, target, n_rows, n_cols, n_tiles,
         BLOCK_R=RESCALE_BLOCK_R, BLOCK_C=tile_cols, TILES=RESCALE_TILES, num_warps=4,
     )
+
+
+def launch_scale_rows(src: torch.Tensor, factors: torch.Tensor, scale: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[i] = src[i] · factors[i] · scale`` (rounded once to ``out``'s dtype; ``out`` a new tensor like
+    ``src`` unless given, ``src`` itself allowed): the gradient's row factors on an ``N × H`` operand or
+    result. ``src``/``out`` with unit stride along ``H``; ``factors`` float32 ``(N,)``, ``scale`` a
+    one-element float32 tensor on the device."""
+    out = torch.empty_like(src) if out is None else out
+    n_rows, hidden = src.shape
+    if n_rows:
+        scale_rows_kernel[(n_rows, triton.cdiv(hidden, SCALE_BLOCK_H))](
+            src, out, factors, scale, hidden, src.stride(0), out.stride(0), BLOCK_H=SCALE_BLOCK_H, num_warps=4)
+    return out
