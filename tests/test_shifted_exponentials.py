@@ -74,7 +74,8 @@ def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_maj
     for row in outliers:  # tiles shifted apart and rescaled to the row's maximum less the headroom
         assert z[row].max() - z_y[row] > EXP_HEADROOM
         want_factor = math.exp(float(z[row].max()) - EXP_HEADROOM - float(torch.logsumexp(z[row], 0)))
-        assert abs(float(factors[row]) / want_factor - 1) < 1e-3
+        # The lse sums the stored exponentials: their rounding (bf16 on a GPU) is the factor's error.
+        assert abs(float(factors[row]) / want_factor - 1) < (1e-3 if INTERPRETED else 1e-2)
     assert out.abs().max() <= math.exp(EXP_HEADROOM + math.log(v)), "no stored exponent beyond the headroom"
 
 
