@@ -34,7 +34,15 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   epilogue (from the logits as stored) and stores the logits by TMA; the kernel then runs its second
   pass alone, one read and one write of the chunk instead of two reads and a write. On the H200 a
   4096-row chunk took 6.49 + 0.57 ms this way against 6.35 + 0.95 ms for cuBLAS's logits and the
-  two passes (``..._frontier_stages.csv``).
+  two passes (``..._frontier_stages.csv``). With :data:`STORE_EXPONENTIALS` (not float16) that pass
+  goes too: the GEMM stores the shifted exponentials ``ẽ`` (:mod:`kernels_lib.kernels.shifted_exponentials`;
+  shift: each row's target logit, formed before it), the merge of its lse partials subtracts the
+  one-hot term and gives each row's factor ``u``, and ``dz = g·diag(u)·ẽ`` puts the factors on
+  ``x_c`` (for ``dW``) and on ``dx``, ``N × H`` each, instead of on the ``N × V`` buffer. A/B on the
+  H200 in one run (``scripts/flce_frontier.py --parts exponentials``, commit 19c09c4): ``full`` 0.997 /
+  0.990 / 0.992× the logits route at N = 4096 / 8192 / 16384; the profile of that commit then showed
+  0.36 ms per step of torch's mixed-dtype multiplies for the factors, one Triton kernel's 0.07 ms
+  since 481e0d7 (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`).
 * The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, ``dW`` in the inputs'
   dtype: the default chunk at the published N = 4096): forward's epilogue GEMM writes the logits
   transposed into the weight gradient's own buffer and gives the loss (:func:`_class_major_logits`);

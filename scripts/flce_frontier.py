@@ -105,8 +105,7 @@ FILES = {
 }
 
 
-#: kernels_lib's default with the logits stored and the kernel's pass 2: the other arm of the ``exponentials`` A/B.
-LOGITS_ARM = "kernels_lib[store_exponentials=False]"
+LOGITS_ARM = flce_studies.LOGITS_ARM
 
 
 def _logits_arm(**sweep) -> pd.DataFrame:

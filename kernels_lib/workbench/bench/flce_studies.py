@@ -35,7 +35,11 @@ RUN_FILES = {
     "frontier_stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
     "frontier_default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
     "frontier_profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
+    "exponentials_ab": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
 }
+#: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
+#: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
+LOGITS_ARM = "kernels_lib[store_exponentials=False]"
 
 
 def load_run(part: str) -> pd.DataFrame | None:
