@@ -123,14 +123,14 @@ def rescale_flagged_rows_kernel(
     row_ok = rows < n_rows
     flagged = (tl.load(flag_ptr + rows, mask=row_ok, other=0) != 0) & row_ok
     if tl.sum(flagged.to(tl.int32), axis=0) > 0:  # almost never: the other programs only read their flags
-        target_shift = tl.load(shift_ptr + rows, mask=flagged, other=0.0)
+        row_shift = tl.load(shift_ptr + rows, mask=flagged, other=0.0)
         # The one-hot term, at the target's column: exp(lse - c*) (at most V e^HEADROOM).
-        onehot = tl.exp(tl.load(lse_ptr + rows, mask=flagged, other=0.0) - target_shift)
+        onehot = tl.exp(tl.load(lse_ptr + rows, mask=flagged, other=0.0) - row_shift)
         y = tl.load(target_ptr + rows, mask=flagged, other=-1).to(tl.int64)
         first = tl.program_id(1) * TILES
         for t in range(first, min(first + TILES, n_tiles)):
             tile_shift = tl.load(m_ptr + t * n_rows + rows, mask=flagged, other=0.0)
-            factor = tl.exp(tile_shift - target_shift)
+            factor = tl.exp(tile_shift - row_shift)
             cols = t * BLOCK_C + tl.arange(0, BLOCK_C)
             ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_row + cols.to(tl.int64)[None, :] * stride_col
             mask = flagged[:, None] & (cols < n_cols)[None, :]
