@@ -48,9 +48,14 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     backward always multiplies by ``grad_output``), an explicit ``chunk_size`` (no free-memory query),
     both; per variant do_bench's median and the CPU time of one call's forward (the prologue the GPU
     may wait for), each variant measured twice (in order, then in reverse order: ``round``).
-``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. kernels_lib's default
-    ``full`` at N = 8192 under ``torch.profiler``: per kernel, calls per step and CUDA ms per step (the
-    stages as they run inside the pipeline, beside their isolated times in ``stages``).
+``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. ``full`` under
+    ``torch.profiler``, kernels_lib's default and QuACK's at N = 4096 and 8192: per kernel, calls per
+    step and CUDA ms per step (the stages as they run inside the pipeline, beside their isolated times
+    in ``stages``), each row named by its ``kernel_provider``.
+``class_major``: ``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``. At N = 4096 (the
+    class-major route's chunk), each stage timed alone with its alternatives: the exponentials GEMM
+    at Hopper configs around the default, ``dx`` in both operand orders, ``dW`` in slabs of several
+    sizes (:func:`kernels_lib.workbench.bench.flce_studies.class_major_times`).
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -83,9 +88,10 @@ from kernels_lib.workbench.check import relative_error
 
 SIZES = {
     "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
-             "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3},
+             "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3, "profile_n": [4096, 8192],
+             "profile_providers": ["kernels_lib", "quack"], "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20]},
     "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
-              "rounds": 2},
+              "rounds": 2, "profile_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20]},
 }
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
 MODES = ("forward_no_grad", "full")
@@ -102,6 +108,7 @@ FILES = {
     "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
     "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
     "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
+    "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
 }
 
 
@@ -235,32 +242,43 @@ def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
 
 
 def profile(size: dict, device: torch.device) -> pd.DataFrame:
-    """Per-kernel CUDA time of the default's ``full`` (forward + backward), averaged over a few steps."""
-    inputs = flce.make_inputs({"BT": size["stage_n"], "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+    """Per-kernel CUDA time of ``full`` (forward + backward), averaged over a few steps, for each provider
+    of ``size["profile_providers"]`` (kernels_lib's default and the fastest peer) at each N of
+    ``size["profile_n"]``; a provider that does not load here gives one row with the reason."""
     steps = 5
+    frames = []
+    for n in size["profile_n"]:
+        inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        for name in size["profile_providers"]:
+            try:
+                loss_fn = flce.PROVIDERS[name].load()
+            except (ImportError, RuntimeError) as reason:
+                frames.append(pd.DataFrame([{"name": f"{name} skipped: {reason}"}]).assign(kernel_provider=name, BT=n))
+                continue
 
-    def step():
-        for tensor in inputs.grad_inputs:
-            tensor.grad = None
-        kernels_lib.fused_linear_cross_entropy(*inputs.args, **inputs.kwargs).backward()
+            def step():
+                for tensor in inputs.grad_inputs:
+                    tensor.grad = None
+                loss_fn(*inputs.args, **inputs.kwargs).backward()
 
-    for _ in range(3):
-        step()
-    activities = [torch.profiler.ProfilerActivity.CPU] + (
-        [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    rows = [
-        {"name": e.key, "calls per step": e.count / steps,
-         "device ms per step": getattr(e, "device_time_total", 0.0) / 1e3 / steps,
-         "cpu ms per step": e.cpu_time_total / 1e3 / steps}
-        for e in prof.key_averages()
-    ]
-    table = pd.DataFrame(rows).sort_values("device ms per step", ascending=False).head(40)
-    return table.assign(BT=size["stage_n"], H=size["H"], V=size["V"], **provenance(device))
+            for _ in range(3):
+                step()
+            activities = [torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(steps):
+                    step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            rows = [
+                {"name": e.key, "calls per step": e.count / steps,
+                 "device ms per step": getattr(e, "device_time_total", 0.0) / 1e3 / steps,
+                 "cpu ms per step": e.cpu_time_total / 1e3 / steps}
+                for e in prof.key_averages()
+            ]
+            table = pd.DataFrame(rows).sort_values("device ms per step", ascending=False).head(40)
+            frames.append(table.assign(kernel_provider=name, BT=n))
+    return pd.concat(frames, ignore_index=True).assign(H=size["H"], V=size["V"], **provenance(device))
 
 
 def overhead(size: dict, device: torch.device) -> pd.DataFrame:
@@ -300,7 +318,22 @@ def exponentials(size: dict, device: torch.device, rounds_path: Path | None = No
     return frontier(size, device, rounds_path, dial=False, logits_arm=True)
 
 
-PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default, "profile": profile, "overhead": overhead}
+def class_major(size: dict, device: torch.device) -> pd.DataFrame:
+    """The class-major route's stages at the smallest N (:func:`flce_studies.class_major_times`): the
+    exponentials GEMM at Hopper configs around the launcher's, both operand orders of ``dx``, ``dW`` at
+    each slab size of ``size["slab_rows"]``."""
+    base = logits_lse.TMA_LOGITS_OUT_CONFIG
+    configs = [None] if device.type != "cuda" else [
+        None, dict(base, GROUP_M=8), dict(base, GROUP_M=32), dict(base, TMA_STORE=False),
+        dict(base, BLOCK_M=256, BLOCK_N=128), dict(base, PERSISTENT=False), dict(base, TMA_STORE=False, num_stages=4),
+        dict(base, BLOCK_K=128, num_stages=2)]
+    sizes = {"BT": min(size["x_values"]), "H": size["H"], "V": size["V"]}
+    return flce_studies.class_major_times(sizes, DTYPE, device, slab_rows=size["slab_rows"], configs=configs).assign(
+        **provenance(device))
+
+
+PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
+         "profile": profile, "overhead": overhead, "class_major": class_major}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -418,6 +418,12 @@ def test_frontier_script_cpu_paths(tmp_path):
     stages = pd.read_csv(tmp_path / script.FILES["stages"])
     assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns
     assert set(stages.route) == {"cuBLAS logits", "epilogue GEMM", "epilogue GEMM, logits_out configs"}
+    major = pd.read_csv(tmp_path / script.FILES["class_major"])
+    assert set(major.stage) == {"shift", "exponentials GEMM", "dx", "dW", "scale rows"} and major.ms.notna().all()
+    assert major[major.stage == "dW"].variant.str.contains(r"\(1 matmuls\)").any(), "one slab of all V classes"
+    profile = pd.read_csv(tmp_path / script.FILES["profile"])
+    assert set(profile.kernel_provider) == {"kernels_lib", "quack"}
+    assert profile[profile.kernel_provider == "quack"].name.str.contains("skipped").all()
     ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
     assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()

@@ -190,3 +190,69 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
     table = pd.DataFrame(rows)
     table.attrs.update(chunk_size=chunk, accurate=accurate, N=n, H=h, V=v, dtype=str(dtype), epilogue=epilogue)
     return table
+
+
+def class_major_times(sizes: dict, dtype: torch.dtype, device, *, slab_rows, configs) -> pd.DataFrame:
+    r"""The class-major route's stages (one chunk of ``N ≤ H`` rows, shifted exponentials), each timed
+    alone, with the alternatives each stage could take. ``sizes`` holds ``BT`` (or ``N``), ``H``, ``V``.
+
+    Stages (``stage``, ``variant``, ``ms``, ``TFLOP/s``):
+
+    - ``shift``: each row's target logit :math:`c_i` (one dot product per row);
+    - ``exponentials GEMM``: the epilogue GEMM writing :math:`\tilde e^\top` class-major, with its merge
+      (``2NHV`` FLOPs), per launch ``config`` of ``configs`` (``None``: the launcher's own choice);
+    - ``dx``: :math:`\tilde e W` as the route forms it, ``(ẽᵀ)ᵀ W``, and as ``(Wᵀ ẽᵀ)ᵀ`` (the other
+      operand order cuBLAS could be given; its result is ``H × N``, transposed);
+    - ``dW``: :math:`\tilde e^\top (\mathrm{diag}(r) x)` in slabs of ``S`` classes, one matmul per slab,
+      for each ``S`` of ``slab_rows`` (``S ≥ V``: one matmul), the product of each slab's wave count;
+    - ``scale rows``: the row factors on ``x`` (and again on ``dx``).
+    """
+    from ...kernels.logits_logsumexp import launch_logits_logsumexp
+    from ...kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
+
+    device = torch.device(device)
+    n, h, v = _nhv(sizes)
+    mm_dtype = matmul_dtype(dtype)
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, h, generator=generator, device=device).to(mm_dtype)
+    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
+    target = torch.randint(0, v, (n,), generator=generator, device=device)
+    e_t = torch.empty(v, n, dtype=mm_dtype, device=device)
+    dw = torch.empty(v, h, dtype=mm_dtype, device=device)
+    dx = torch.empty(n, h, dtype=mm_dtype, device=device)
+    scale = torch.full((1,), 1.0 / n, dtype=torch.float32, device=device)
+    shift = launch_target_logit_shift(x, w, None, target, 1.0, -100)
+    factors = torch.empty_like(shift)
+
+    def gemm(config):
+        def run():
+            factors.copy_(shift)  # the launch overwrites its shift with the row factors
+            launch_logits_logsumexp(x, w, None, target, alpha=1.0, ignore_index=-100, config=config,
+                                    logits_out=e_t.t(), shift=factors)
+        return run
+
+    def slabs(size):
+        def run():
+            for start in range(0, v, size):
+                torch.mm(e_t[start:start + size], x, out=dw[start:start + size])
+        return run
+
+    product = 2.0 * n * h * v
+    stages = [("shift", "launch_target_logit_shift", lambda: launch_target_logit_shift(x, w, None, target, 1.0, -100), 0.0)]
+    stages += [("exponentials GEMM", f"config {config}", gemm(config), product) for config in configs]
+    stages += [("dx", "(ẽᵀ)ᵀ W", lambda: torch.mm(e_t.t(), w, out=dx), product),
+               ("dx", "(Wᵀ ẽᵀ)ᵀ", lambda: torch.mm(w.t(), e_t), product)]
+    stages += [("dW", f"slabs of {min(size, v)} classes ({math.ceil(v / size)} matmuls)", slabs(size), product)
+               for size in slab_rows]
+    stages += [("scale rows", "launch_scale_rows on x", lambda: launch_scale_rows(x, factors, scale), 0.0)]
+    rows = []
+    for stage, variant, fn, stage_flops in stages:
+        try:
+            timing, error = time_callable(fn, device), ""
+            ms = timing.p50
+        except Exception as failure:  # a config that does not compile here is a recorded failure
+            ms, error = float("nan"), f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+        rows.append({"stage": stage, "variant": variant, "ms": ms,
+                     "TFLOP/s": stage_flops / (ms * 1e-3) / 1e12 if stage_flops else float("nan"), "error": error})
+        print(rows[-1], flush=True)
+    return pd.DataFrame(rows).assign(BT=n, H=h, V=v, dtype=str(dtype).replace("torch.", ""))
