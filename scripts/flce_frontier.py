@@ -56,6 +56,9 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     class-major route's chunk), each stage timed alone with its alternatives: the exponentials GEMM
     at Hopper configs around the default, ``dx`` in both operand orders, ``dW`` in slabs of several
     sizes (:func:`kernels_lib.workbench.bench.flce_studies.class_major_times`).
+``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, kernels_lib's
+    default and QuACK's: do_bench's time beside the GPU's timeline of ten steps (span, the kernels'
+    busy time, idle time and the largest gaps), to tell kernel time from a GPU left waiting.
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -83,7 +86,7 @@ from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.sweep import median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import time_callable
+from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, time_callable
 from kernels_lib.workbench.check import relative_error
 
 SIZES = {
@@ -109,6 +112,7 @@ FILES = {
     "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
     "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
     "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
+    "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
 }
 
 
@@ -318,6 +322,33 @@ def exponentials(size: dict, device: torch.device, rounds_path: Path | None = No
     return frontier(size, device, rounds_path, dial=False, logits_arm=True)
 
 
+def timeline(size: dict, device: torch.device) -> pd.DataFrame:
+    """``full`` at the smallest N, per provider of ``size["profile_providers"]``: do_bench's time beside
+    the GPU's own view of ten back-to-back steps, each after do_bench's L2 flush
+    (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps)."""
+    n = min(size["x_values"])
+    inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device)  # do_bench's L2 flush
+    rows = []
+    for name in size["profile_providers"]:
+        try:
+            loss_fn = flce.PROVIDERS[name].load()
+        except (ImportError, RuntimeError) as reason:
+            rows.append({"kernel_provider": name, "error": f"skipped: {reason}"})
+            continue
+        step = mode_callable(lambda: loss_fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+        timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
+        line = busy_timeline(step, device, between=flush.zero_)
+        row = {"kernel_provider": name, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80}
+        if line is not None:
+            row.update({"steps": line.steps, "span ms per step": line.span, "busy ms per step": line.busy,
+                        "idle ms per step": line.idle,
+                        "largest gaps": "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps)})
+        rows.append(row)
+        print(row, flush=True)
+    return pd.DataFrame(rows).assign(BT=n, H=size["H"], V=size["V"], **provenance(device))
+
+
 def class_major(size: dict, device: torch.device) -> pd.DataFrame:
     """The class-major route's stages at the smallest N (:func:`flce_studies.class_major_times`): the
     exponentials GEMM at Hopper configs around the launcher's, both operand orders of ``dx``, ``dW`` at
@@ -333,7 +364,7 @@ def class_major(size: dict, device: torch.device) -> pd.DataFrame:
 
 
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
-         "profile": profile, "overhead": overhead, "class_major": class_major}
+         "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline}
 
 
 def main(argv: list[str] | None = None) -> int:

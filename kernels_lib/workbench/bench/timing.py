@@ -104,3 +104,53 @@ def peak_memory_mib(fn: Callable[[], None], device: torch.device, grad_inputs: l
     fn()
     torch.cuda.synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where a CUDA stream's time goes over ``steps`` back-to-back calls (the GPU's view, per call, ms):
+    ``span`` from the first kernel's start to the last one's end, ``busy`` the union of the kernels'
+    intervals (kernels overlapping on several streams count once), ``idle = span - busy``; ``gaps``,
+    the largest idle intervals as ``(ms, kernel before, kernel after)``."""
+
+    steps: int
+    span: float
+    busy: float
+    idle: float
+    gaps: list
+
+
+def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 10, warmup: int = 3,
+                  between: Callable[[], None] | None = None, largest: int = 5) -> Timeline | None:
+    """Run ``fn`` ``steps`` times back to back under ``torch.profiler`` (``between`` before each call:
+    do_bench's L2 flush, say) and measure how much of the GPU's span its kernels fill: a call whose
+    kernels sum to less than its do_bench time leaves the GPU idle (host syncs, launches slower than the
+    kernels), which the gaps locate. None on a CPU (no kernel timeline)."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+
+    for _ in range(warmup):
+        (between or (lambda: None))()
+        fn()
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            (between or (lambda: None))()
+            fn()
+        torch.cuda.synchronize(device)
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not kernels:
+        return Timeline(steps, float("nan"), float("nan"), float("nan"), [])
+    busy, gaps, end, before = 0.0, [], kernels[0][0], kernels[0][2]
+    for start, stop, name in kernels:
+        if start > end:
+            gaps.append(((start - end) / 1e3, before, name))
+        if stop > end:
+            busy += stop - max(start, end)
+            end, before = stop, name
+    span = (end - kernels[0][0]) / 1e3
+    busy /= 1e3
+    gaps.sort(reverse=True)
+    return Timeline(steps, span / steps, busy / steps, (span - busy) / steps, gaps[:largest])
