@@ -59,6 +59,9 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, kernels_lib's
     default and QuACK's: do_bench's time beside the GPU's timeline of ten steps (span, the kernels'
     busy time, idle time and the largest gaps), to tell kernel time from a GPU left waiting.
+``quack_ab``: ``gpu_runs/fused_linear_cross_entropy_quack_ab.csv`` (rounds in ``..._quack_ab_rounds.csv``).
+    kernels_lib's default and QuACK alone, in the ``frontier`` part's alternating rounds at each N, no
+    dial: a later commit against the fastest peer at a fraction of the frontier's time.
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -113,6 +116,8 @@ FILES = {
     "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
     "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
     "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
+    "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
+    "quack_ab_rounds": "gpu_runs/fused_linear_cross_entropy_quack_ab_rounds.csv",
 }
 
 
@@ -130,14 +135,14 @@ def _logits_arm(**sweep) -> pd.DataFrame:
 
 
 def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, *, dial: bool = True,
-             logits_arm: bool = False) -> pd.DataFrame:
-    """Every peer, kernels_lib's default and (``dial``) each point of its dial, at each N of the chart. The
-    peers and the default (and with ``logits_arm`` :data:`LOGITS_ARM`) in ``size["rounds"]`` rounds, the
-    providers' order reversed every other round, one row per point the median over the rounds (each
-    round's rows written to ``rounds_path``)."""
+             logits_arm: bool = False, peers=tuple(PEERS)) -> pd.DataFrame:
+    """Every peer (of ``peers``), kernels_lib's default and (``dial``) each point of its dial, at each N of
+    the chart. The peers and the default (and with ``logits_arm`` :data:`LOGITS_ARM`) in ``size["rounds"]``
+    rounds, the providers' order reversed every other round, one row per point the median over the
+    rounds (each round's rows written to ``rounds_path``)."""
     common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
                   device=device)
-    main = PEERS + ["kernels_lib"]
+    main = list(peers) + ["kernels_lib"]
     rounds = []
     for number in range(1, size["rounds"] + 1):
         order = main if number % 2 else main[::-1]
@@ -349,6 +354,12 @@ def timeline(size: dict, device: torch.device) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(BT=n, H=size["H"], V=size["V"], **provenance(device))
 
 
+def quack_ab(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """kernels_lib's default beside the fastest peer alone (QuACK), in the frontier's alternating rounds, no
+    dial: a later commit's ratios in a few minutes."""
+    return frontier(size, device, rounds_path, dial=False, peers=("quack",))
+
+
 def class_major(size: dict, device: torch.device) -> pd.DataFrame:
     """The class-major route's stages at the smallest N (:func:`flce_studies.class_major_times`): the
     exponentials GEMM at Hopper configs around the launcher's, both operand orders of ``dx``, ``dW`` at
@@ -364,7 +375,7 @@ def class_major(size: dict, device: torch.device) -> pd.DataFrame:
 
 
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
-         "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline}
+         "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
             extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
-            if part in ("frontier", "exponentials"):
+            if part in ("frontier", "exponentials", "quack_ab"):
                 extra = {"rounds_path": args.out / FILES[f"{part}_rounds"]}
             rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)

@@ -424,6 +424,10 @@ def test_frontier_script_cpu_paths(tmp_path):
     profile = pd.read_csv(tmp_path / script.FILES["profile"])
     assert set(profile.kernel_provider) == {"kernels_lib", "quack"}
     assert profile[profile.kernel_provider == "quack"].name.str.contains("skipped").all()
+    timeline = pd.read_csv(tmp_path / script.FILES["timeline"])
+    assert set(timeline.kernel_provider) == {"kernels_lib", "quack"} and timeline.ms_50.notna().sum() == 1
+    quack_ab = pd.read_csv(tmp_path / script.FILES["quack_ab"])
+    assert set(quack_ab.kernel_provider) == {"kernels_lib"} and quack_ab.note.str.contains("quack skipped").all()
     ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
     assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
