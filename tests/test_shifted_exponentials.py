@@ -53,8 +53,6 @@ def run(x, w, b, y, alpha, class_major):
     return out, factors, lse, target_logit
 
 
-# Rows beyond the headroom overflow the first, unshifted exp2 (interpreted: numpy says so); their tiles are redone.
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
 @pytest.mark.parametrize("class_major", [False, True], ids=["row-major", "class-major"])
 @pytest.mark.parametrize("n, h, v, outliers", [(37, 72, 1031, (5, 8)), (1, 40, 517, (0,)), (20, 24, 300, ())])
 def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_major):
@@ -70,7 +68,7 @@ def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_maj
     assert (factors[~valid] == 0).all(), "ignored rows: factor 0"
     assert (out[~valid] == 0).all(), "ignored rows store zeros"
     assert relative_error(got, want) < TOL
-    assert relative_error(lse[valid], torch.logsumexp(z, 1)[valid]) < TOL and lse[~valid].isnan().all()
+    assert relative_error(lse[valid], torch.logsumexp(z, 1)[valid]) < TOL
     z_y = z.gather(1, torch.where(valid, y, 0)[:, None])[:, 0]
     assert relative_error(target_logit[valid], z_y[valid]) < TOL and (target_logit[~valid] == 0).all()
     for row in outliers:  # tiles shifted apart and rescaled to the row's maximum less the headroom
@@ -94,8 +92,7 @@ def test_shift_is_the_target_logit():
     assert launch_target_logit_shift(x, w, None, stray, 1.0, IGNORE)[0] == -math.inf
 
 
-@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:All-NaN slice:RuntimeWarning",
-                            "ignore:overflow encountered in exp2:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:All-NaN slice:RuntimeWarning")
 def test_nan_and_stray_targets():
     """A NaN logit makes its row's exponentials NaN (the gradient then NaN); a target outside [0, V)
     gets a NaN target logit and its row no one-hot write (nothing written outside the buffer)."""

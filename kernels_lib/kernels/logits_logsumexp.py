@@ -163,35 +163,24 @@ def _tile_epilogue(
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
     holds and, with ``STORE_LOGITS``, the tile itself (:func:`_store_tile`). With ``SHIFTED``, the
     tile's shifted exponentials instead (:mod:`~kernels_lib.kernels.shifted_exponentials`) and no target
-    logit (the merge takes the shift's): first relative to the row's shift ``c_i`` alone, one FMA and
-    one ``exp2`` per element and one reduction, zeros at ignored rows; only where a kept row's sum
-    exceeds ``e^HEADROOM`` (or is not finite) is the tile redone with the shift
-    ``max(c_i, tile max - HEADROOM)`` per row, and such rows flagged."""
+    logit (the merge takes the shift's): the row's shift ``max(c_i, tile max - HEADROOM)`` stored as the
+    partial maximum, the row flagged where that is not ``c_i``, zeros stored at ignored rows."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
     if SHIFTED:
-        log2e: tl.constexpr = 1.4426950408889634
+        c = tl.load(shift_ptr + rows, mask=row_ok, other=-float("inf"))
+        m = tl.maximum(c, tl.max(z, axis=1) - HEADROOM)
+        e = tl.exp(z - m[:, None]).to(out_ptr.dtype.element_ty)
         kept = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index) != ignore_index
-        # Ignored rows store zeros, and partials (0, 1) that the merge does not use.
-        c = tl.where(kept, tl.load(shift_ptr + rows, mask=row_ok, other=0.0), 0.0)
-        e = tl.exp2(acc * (alpha * log2e) - (c * log2e)[:, None])
-        e = tl.where(col_ok[None, :] & kept[:, None], e, 0.0).to(out_ptr.dtype.element_ty)
+        _store_tile(tl.where(kept[:, None], e, 0.0).to(out_ptr.dtype.element_ty), rows, cols, off_m, pid_n, out_ptr,
+                    out_desc, stride_out, row_ok, col_ok, OUT_TMA, OUT_TRANSPOSED, BLOCK_N)
+        tl.store(flag_ptr + rows, tl.full((BLOCK_M,), 1, tl.int32), mask=row_ok & kept & (m > c))
         # The sums of the exponentials as stored: the softmax of the stored row sums to 1.
-        s = tl.where(kept, tl.sum(e.to(tl.float32), axis=1), 1.0)
-        m = c
-        over = kept & ~(tl.log(s) <= HEADROOM)  # beyond the headroom, inf or NaN (a stray target's c is -inf)
-        if tl.max(over.to(tl.int32), axis=0) > 0:  # rare: the tile's rows take shifts of their own
-            z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
-            m = tl.maximum(c, tl.max(z, axis=1) - HEADROOM)
-            e = tl.where(kept[:, None], tl.exp(z - m[:, None]), 0.0).to(out_ptr.dtype.element_ty)
-            s = tl.where(kept, tl.sum(e.to(tl.float32), axis=1), 1.0)
-            tl.store(flag_ptr + rows, tl.full((BLOCK_M,), 1, tl.int32), mask=row_ok & kept & (m > c))
-        _store_tile(e, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA, OUT_TRANSPOSED,
-                    BLOCK_N)
+        s = tl.sum(e.to(tl.float32), axis=1)
     else:
-        z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
         if STORE_LOGITS:
             stored = z.to(out_ptr.dtype.element_ty)
             _store_tile(stored, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
@@ -413,13 +402,10 @@ def merge_lse_partials_kernel(
         big_s = big_s * tl.exp(big_m - new_m) + s * tl.exp(m - new_m)
         big_m = new_m
     lse = big_m + tl.log(big_s)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
     if HAS_TARGET:
         y = tl.load(target_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         ignored = y == ignore_index
-        if SHIFTED:  # the tiles sum nothing at ignored rows
-            lse = tl.where(ignored, float("nan"), lse)
-    tl.store(lse_ptr + rows, lse, mask=row_ok)
-    if HAS_TARGET:
         stray = ~ignored & ((y < 0) | (y >= n_cols))
         tl.store(target_logit_ptr + rows, tl.where(ignored, 0.0, float("nan")), mask=row_ok & (ignored | stray))
         if SHIFTED:
@@ -601,7 +587,7 @@ def launch_logits_logsumexp(
     overwritten with each row's factor :math:`u_i = e^{c^*_i - \mathrm{lse}_i}` (:math:`c^*_i` the shift
     the row's exponentials are relative to; 0 at ignored rows, NaN at targets outside ``[0, V)``): the
     gradient of the plain loss is :math:`g\,u_i\,\tilde e_{ij}`. The target logit returned is then the
-    shift's (the tiles form none), and ``lse`` is NaN at ignored rows (their exponentials are not summed)."""
+    shift's (the tiles form none)."""
     reason = tma_unsupported_reason(x, weight)
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
