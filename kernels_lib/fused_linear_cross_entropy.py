@@ -54,7 +54,8 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   ``gpu_runs/fused_linear_cross_entropy_frontier.csv``) the peak of ``full`` was 2052 MiB in the run of
   3d4b700 (18.97 ms) and 1098 MiB with this route in the run of 7942f44 (19.49 ms, QuACK's 18.98 ms
   at 2036 MiB), the gradients then still formed in forward; with them deferred to backward (run of
-  62af643) forward with a gradient took 6.48 ms (torch's 9.09) and ``full`` 19.08 ms (QuACK's 18.65).
+  62af643) forward with a gradient took 6.48 ms (torch's 9.09) and ``full`` 19.08 ms (QuACK's 18.65);
+  with the shifted exponentials (run of b9d905b) 6.55 ms and 18.65 ms (QuACK's 18.50).
 * ``mean``/``sum`` (the class-major route apart): the gradient is known in forward, so all of the
   above happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
   (no host sync; no pass at all when it is 1), and hands the buffers out: a second backward through
@@ -632,7 +633,11 @@ def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, op
 
 
 #: Rows of ``dW`` each matmul of the class-major route forms; its buffer holds as many rows beyond ``V``.
-CLASS_MAJOR_SLAB_ROWS = 8192
+#: 8448 = 33 × 256: at H = 4096 a slab is 33 × 32 tiles of 256 × 128, 1056 = 8 × 132 (eight full waves on
+#: the H200's 132 SMs). On the H200 at N = 4096, V = 128256 the slabs took 6.30 / 6.18 / 6.12 ms against
+#: 6.37 / 6.28 / 6.25 in slabs of 8192, three runs (``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``,
+#: ``scripts/flce_frontier.py --parts class_major``), for 2 MB more of buffer.
+CLASS_MAJOR_SLAB_ROWS = 8448
 
 
 def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool) -> bool:

@@ -201,6 +201,37 @@ def test_load_run_gives_the_newest_of_several_runs(monkeypatch, tmp_path):
     assert sorted(flce_studies.load_run("frontier").a.tolist()) == [3, 4]
 
 
+def test_load_runs_keeps_every_run_and_filters_the_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    assert flce_studies.load_runs("timeline") is None
+    (tmp_path / "gpu_runs").mkdir()
+    pd.DataFrame({"a": [1, 2, 3], "kernels_lib_commit": ["old", "new", "new"], "gpu_name": ["H200", "H200", "A100"]}).to_csv(
+        tmp_path / flce_studies.RUN_FILES["timeline"], index=False)
+    assert flce_studies.load_runs("timeline").a.tolist() == [1, 2, 3]
+    assert flce_studies.load_runs("timeline", "H200").a.tolist() == [1, 2]
+
+
+def test_profile_kernels_sums_device_kernels_per_provider_and_n():
+    """Kernels are the rows without CPU time; the torch ops and autograd rows that launch them are not
+    counted twice; rows of runs before the provider column are kernels_lib's; a skipped provider has no row."""
+    profile = pd.DataFrame({
+        "name": ["_FusedLinearCrossEntropyFunction", "aten::mm", "gemm", "mm kernel", "merge", "gemm", "quack skipped: no CUDA"],
+        "calls per step": [1, 2, 1, 2, 1, 1, float("nan")],
+        "device ms per step": [9.0, 4.0, 5.0, 4.0, 0.25, 6.0, float("nan")],
+        "cpu ms per step": [2.0, 0.3, 0.0, 0.0, 0.0, 0.0, float("nan")],
+        "kernel_provider": ["kernels_lib"] * 5 + [None, "quack"],
+        "BT": [4096] * 5 + [8192, 4096],
+    })
+    table = flce_studies.profile_kernels(profile, top=2).set_index(["kernel_provider", "N"])
+    assert list(table.index) == [("kernels_lib", 4096), ("kernels_lib", 8192)]
+    assert table.loc[("kernels_lib", 4096), "kernels ms per step"] == 9.25
+    assert table.loc[("kernels_lib", 4096), "kernels"] == 3
+    assert table.loc[("kernels_lib", 4096), "longest"] == "gemm 5.00; mm kernel 4.00"
+    assert table.loc[("kernels_lib", 8192), "kernels ms per step"] == 6.0
+    without_column = flce_studies.profile_kernels(profile.drop(columns="kernel_provider").iloc[:5])
+    assert without_column.kernel_provider.tolist() == ["kernels_lib"]
+
+
 def test_published_rows_use_our_names():
     rows = flce.published_rows()
     assert set(rows.kernel_provider) == {"liger", "torch"}

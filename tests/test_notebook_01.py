@@ -43,5 +43,9 @@ def test_flce_notebook_runs_checks_and_exports_figures(tmp_path):
     assert FALLBACK not in html
     assert "bf16 accumulation gives a dW error" in html
     assert "Targets not judged yet" in html or " targets" in html and "meets" in html
+    # §8b/8d from the committed gpu_runs: the profile per provider, the timeline, the class-major stages, QuACK's A/B
+    for heading in ("kernels ms per step", "do_bench against the GPU", "class-major route's stages at N = 4096",
+                    "by slab size", "The default beside QuACK alone"):
+        assert heading in html, heading
     has_h200 = "H200 rows have not been measured yet" not in html
     assert has_h200 or "scripts/flce_dial_precision_stages.py" in html

@@ -36,6 +36,9 @@ RUN_FILES = {
     "frontier_default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
     "frontier_profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
     "exponentials_ab": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
+    "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
+    "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
+    "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
 }
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
@@ -52,6 +55,33 @@ def load_run(part: str) -> pd.DataFrame | None:
         return None
     rows = data.read_rows(path, required=[])
     return data.newest_run(rows) if {"kernels_lib_commit", "timestamp"} <= set(rows.columns) else rows
+
+
+def load_runs(part: str, gpu_name: str | None = None) -> pd.DataFrame | None:
+    """Every run of ``part`` (a :data:`RUN_FILES` key) that its file keeps, not only the newest (on
+    ``gpu_name`` alone when given), or None when not measured yet."""
+    path = data.MEASURED_DIR / RUN_FILES[part]
+    if not path.is_file():
+        return None
+    rows = data.read_rows(path, required=[])
+    return rows if gpu_name is None else rows[rows.gpu_name == gpu_name].reset_index(drop=True)
+
+
+def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+    """Per provider and N of a ``profile`` run (``scripts/flce_frontier.py --parts profile``): the device
+    time per step of its GPU kernels (the rows with no CPU time: not the torch ops that launch them),
+    their number, and the ``top`` longest with their ms per step. Rows without ``kernel_provider`` (runs
+    before it was recorded) are kernels_lib's; a provider skipped in the run has no kernels and is left out."""
+    provider = profile["kernel_provider"] if "kernel_provider" in profile else pd.Series("kernels_lib", index=profile.index)
+    rows = profile.assign(kernel_provider=provider.fillna("kernels_lib"))
+    kernels = rows[(rows["cpu ms per step"] == 0) & (rows["device ms per step"] > 0)]
+    out = []
+    for (name, n), group in kernels.groupby(["kernel_provider", "BT"], sort=True):
+        longest = group.sort_values("device ms per step", ascending=False).head(top)
+        out.append({"kernel_provider": name, "N": int(n), "kernels ms per step": group["device ms per step"].sum(),
+                    "kernels": len(group),
+                    "longest": "; ".join(f"{k[:48]} {ms:.2f}" for k, ms in zip(longest.name, longest["device ms per step"]))})
+    return pd.DataFrame(out, columns=["kernel_provider", "N", "kernels ms per step", "kernels", "longest"])
 
 
 def dial_sweep(
