@@ -13,7 +13,8 @@ import torch
 from ... import reference
 from ...fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
 from ...kernels.cross_entropy_chunk import launch_cross_entropy_chunk
-from ...kernels.logits_logsumexp import logits_logsumexp
+from ...kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
+from ...kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
 from .. import data
 from ..check import relative_error
 from .fused_linear_cross_entropy import KERNEL_NAME, _nhv, make_inputs, variant_name
@@ -156,6 +157,14 @@ def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *,
     return table
 
 
+def _random_head(rows: int, h: int, v: int, dtype: torch.dtype, device: torch.device):
+    """Seeded ``x`` (``rows × H``, N(0, 1)), ``W`` (``V × H``, N(0, 1/H): logits of unit scale) and targets."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, h, generator=generator, device=device).to(dtype)
+    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype)
+    return x, w, torch.randint(0, v, (rows,), generator=generator, device=device)
+
+
 def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | None = None,
                 accurate: bool = True, epilogue: bool = False) -> pd.DataFrame:
     """Where the time of kernels_lib's ``full`` goes: each stage of one chunk timed alone, times the
@@ -174,10 +183,7 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
     n, h, v = _nhv(sizes)
     mm_dtype = matmul_dtype(dtype)
     chunk = min(chunk_size or default_chunk_size(n, h), n)
-    generator = torch.Generator(device=device).manual_seed(0)
-    x_c = torch.randn(chunk, h, generator=generator, device=device).to(mm_dtype)
-    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
-    target = torch.randint(0, v, (chunk,), generator=generator, device=device)
+    x_c, w, target = _random_head(chunk, h, v, mm_dtype, device)
     buffer = torch.empty(chunk, v, dtype=mm_dtype, device=device)
     dx = torch.empty(chunk, h, dtype=dtype, device=device)
     acc = torch.zeros(v, h, dtype=torch.float32 if accurate else dtype, device=device)
@@ -237,16 +243,10 @@ def class_major_times(sizes: dict, dtype: torch.dtype, device, *, slab_rows, con
       for each ``S`` of ``slab_rows`` (``S ≥ V``: one matmul), the product of each slab's wave count;
     - ``scale rows``: the row factors on ``x`` (and again on ``dx``).
     """
-    from ...kernels.logits_logsumexp import launch_logits_logsumexp
-    from ...kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
-
     device = torch.device(device)
     n, h, v = _nhv(sizes)
     mm_dtype = matmul_dtype(dtype)
-    generator = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(n, h, generator=generator, device=device).to(mm_dtype)
-    w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(mm_dtype)
-    target = torch.randint(0, v, (n,), generator=generator, device=device)
+    x, w, target = _random_head(n, h, v, mm_dtype, device)
     e_t = torch.empty(v, n, dtype=mm_dtype, device=device)
     dw = torch.empty(v, h, dtype=mm_dtype, device=device)
     dx = torch.empty(n, h, dtype=mm_dtype, device=device)
