@@ -122,9 +122,15 @@ def test_workbench_test_runs_pytest():
 
 
 def notebook_problems(notebook: dict) -> list[str]:
-    """What is wrong with a notebook to commit: outputs, execution counts, a missing or non-literal parameters cell."""
+    """What is wrong with a notebook to commit: outputs, execution counts, cells without a unique id (nbformat
+    4.5 and later require one: nbformat warns today, and will refuse), a missing or non-literal parameters cell."""
     problems = []
     cells = notebook.get("cells", [])
+    if (notebook.get("nbformat", 4), notebook.get("nbformat_minor", 0)) >= (4, 5):
+        ids = [cell.get("id") for cell in cells]
+        problems += [f"cell {number} has no id" for number, cell_id in enumerate(ids) if not cell_id]
+        if len({i for i in ids if i}) != len([i for i in ids if i]):
+            problems.append("cell ids repeat")
     for number, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue
@@ -203,6 +209,16 @@ def test_notebook_checker_accepts_a_clean_notebook():
 def test_notebook_checker_rejects(cells, fragment):
     problems = notebook_problems({"cells": cells})
     assert any(fragment in p for p in problems), problems
+
+
+def test_notebook_checker_wants_unique_cell_ids_from_nbformat_4_5():
+    cells = [dict(_cell("# Title", "markdown"), id="a"), _cell("a = 1", tags=["parameters"])]
+    assert notebook_problems({"cells": cells}) == []  # before 4.5 cells have no ids
+    assert "cell 1 has no id" in notebook_problems({"nbformat": 4, "nbformat_minor": 5, "cells": cells})
+    cells[1]["id"] = "a"
+    assert "cell ids repeat" in notebook_problems({"nbformat": 4, "nbformat_minor": 5, "cells": cells})
+    cells[1]["id"] = "b"
+    assert notebook_problems({"nbformat": 4, "nbformat_minor": 5, "cells": cells}) == []
 
 
 def test_committed_notebooks_are_clean():
