@@ -62,6 +62,12 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``quack_ab``: ``gpu_runs/fused_linear_cross_entropy_quack_ab.csv`` (rounds in ``..._quack_ab_rounds.csv``).
     kernels_lib's default and QuACK alone, in the ``frontier`` part's alternating rounds at each N, no
     dial: a later commit against the fastest peer at a fraction of the frontier's time.
+``quack_pairs``: ``gpu_runs/fused_linear_cross_entropy_quack_pairs.csv``. kernels_lib's default and QuACK,
+    ``full`` and ``forward_no_grad`` at each N, timed in 30 adjacent pairs of single calls (the order
+    alternating, L2 flushed before each): per provider the ms quantiles and the quantiles of its
+    per-pair ratio to QuACK. A drift over the run moves both calls of a pair alike, so the ratio's
+    spread is the GPU's noise at that point, not the run's; do_bench's median at N = 16384 rests on
+    one or two calls (its 100 ms budget), the rounds' on three such medians.
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -89,15 +95,16 @@ from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.sweep import median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, time_callable
+from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, paired_summary, paired_times, time_callable
 from kernels_lib.workbench.check import relative_error
 
 SIZES = {
     "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
              "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3, "profile_n": [4096, 8192],
-             "profile_providers": ["kernels_lib", "quack"], "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20]},
+             "profile_providers": ["kernels_lib", "quack"], "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20],
+             "pair_samples": 30},
     "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
-              "rounds": 2, "profile_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20]},
+              "rounds": 2, "profile_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
 }
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
 MODES = ("forward_no_grad", "full")
@@ -118,6 +125,7 @@ FILES = {
     "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
     "quack_ab_rounds": "gpu_runs/fused_linear_cross_entropy_quack_ab_rounds.csv",
+    "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
 }
 
 
@@ -360,6 +368,37 @@ def quack_ab(size: dict, device: torch.device, rounds_path: Path | None = None) 
     return frontier(size, device, rounds_path, dial=False, peers=("quack",))
 
 
+def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
+    """kernels_lib's default and QuACK's, ``full`` and ``forward_no_grad`` at each N, timed in adjacent pairs
+    (:func:`~kernels_lib.workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
+    alternating, each call alone after an L2 flush): the median and p20/p80 of the per-pair ratio, which
+    a drift of the GPU over the run does not move. A provider that does not load gives a row with the reason."""
+    names = ["kernels_lib", "quack"]
+    rows = []
+    loaded = {}
+    for name in names:
+        try:
+            loaded[name] = flce.PROVIDERS[name].load()
+        except (ImportError, RuntimeError) as reason:
+            rows.append({"kernel_provider": name, "error": f"skipped: {reason}"})
+    for n in size["x_values"]:
+        inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        for mode in ("full", "forward_no_grad"):
+            fns = [mode_callable(lambda fn=loaded[name]: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, mode)
+                   for name in loaded]
+            for fn in fns:  # compile and warm up
+                for _ in range(3):
+                    for tensor in inputs.grad_inputs:
+                        tensor.grad = None
+                    fn()
+            times = paired_times(fns, device, samples=size["pair_samples"], grad_to_none=inputs.grad_inputs)
+            for row in paired_summary(times, list(loaded), against=list(loaded)[-1]):
+                rows.append({**row, "kernel_operation_mode": mode, "BT": n})
+                print(rows[-1], flush=True)
+        inputs = None
+    return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
+
+
 def class_major(size: dict, device: torch.device) -> pd.DataFrame:
     """The class-major route's stages at the smallest N (:func:`flce_studies.class_major_times`): the
     exponentials GEMM at Hopper configs around the launcher's, both operand orders of ``dx``, ``dW`` at
@@ -375,7 +414,8 @@ def class_major(size: dict, device: torch.device) -> pd.DataFrame:
 
 
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
-         "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab}
+         "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab,
+         "quack_pairs": quack_pairs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -459,6 +459,11 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert set(timeline.kernel_provider) == {"kernels_lib", "quack"} and timeline.ms_50.notna().sum() == 1
     quack_ab = pd.read_csv(tmp_path / script.FILES["quack_ab"])
     assert set(quack_ab.kernel_provider) == {"kernels_lib"} and quack_ab.note.str.contains("quack skipped").all()
+    pairs = pd.read_csv(tmp_path / script.FILES["quack_pairs"])
+    ours = pairs[pairs.kernel_provider == "kernels_lib"]
+    assert pairs[pairs.kernel_provider == "quack"].error.str.contains("skipped").all()
+    assert set(ours.kernel_operation_mode) == {"full", "forward_no_grad"} and set(ours.BT) == set(script.SIZES["small"]["x_values"])
+    assert (ours.samples == script.SIZES["small"]["pair_samples"]).all() and ours.ms_50.gt(0).all()
     ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
     assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()

@@ -40,6 +40,7 @@ RUN_FILES = {
     "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
     "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
+    "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
 }
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).

@@ -154,3 +154,53 @@ def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 
     busy /= 1e3
     gaps.sort(reverse=True)
     return Timeline(steps, span / steps, busy / steps, (span - busy) / steps, gaps[:largest])
+
+
+def paired_times(fns: list[Callable[[], None]], device: torch.device, *, samples: int, grad_to_none=None,
+                 flush_bytes: int = 256 * 2**20) -> np.ndarray:
+    """Time each of ``fns`` ``samples`` times, interleaved: sample ``i`` calls every function once, in
+    order for even ``i`` and reversed for odd ``i``, each call alone (``grad_to_none`` cleared and, on
+    CUDA, L2 flushed by zeroing ``flush_bytes`` as do_bench does, then CUDA events around the call; on a
+    CPU the wall clock). Returns ms, shape ``(len(fns), samples)``: ``out[a, i] / out[b, i]`` compares
+    two calls made next to each other, so a drift of the GPU over the run (clocks, heat) cancels in the
+    ratio, where separate sweeps see it as a difference between providers. The caller warms each up."""
+    cuda = device.type == "cuda"
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if cuda else None
+    marks = []  # (function, start, end): CUDA events, or perf_counter seconds
+    for i in range(samples):
+        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+        for k in order:
+            _clear_grads(grad_to_none or [])
+            if cuda:
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[k]()
+                end.record()
+            else:
+                start = time.perf_counter()
+                fns[k]()
+                end = time.perf_counter()
+            marks.append((k, start, end))
+    if cuda:
+        torch.cuda.synchronize(device)
+    out = np.empty((len(fns), samples))
+    counts = [0] * len(fns)
+    for k, start, end in marks:
+        out[k, counts[k]] = start.elapsed_time(end) if cuda else (end - start) * 1e3
+        counts[k] += 1
+    return out
+
+
+def paired_summary(times: np.ndarray, names: list[str], against: str) -> list[dict]:
+    """Per function of :func:`paired_times`'s ``times`` (named ``names``): the median and p20/p80 of its
+    ms, and of its per-sample ratio to the function named ``against`` (1 for that one): the ratio's
+    quantiles are over pairs of calls made next to each other."""
+    ref = times[names.index(against)]
+    rows = []
+    for name, ms in zip(names, times):
+        ratio = ms / ref
+        rows.append({"kernel_provider": name, "samples": len(ms), "ratio to": against,
+                     **{f"ms_{int(q * 100)}": float(np.quantile(ms, q)) for q in QUANTILES},
+                     **{f"ratio_{int(q * 100)}": float(np.quantile(ratio, q)) for q in QUANTILES}})
+    return rows
