@@ -94,7 +94,7 @@ from kernels_lib.kernels import logits_logsumexp as logits_lse
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.sweep import median_of_rounds, run_sweep
+from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
 from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, paired_summary, paired_times, time_callable
 from kernels_lib.workbench.check import relative_error
 
@@ -263,21 +263,12 @@ def profile(size: dict, device: torch.device) -> pd.DataFrame:
     of ``size["profile_providers"]`` (kernels_lib's default and the fastest peer) at each N of
     ``size["profile_n"]``; a provider that does not load here gives one row with the reason."""
     steps = 5
-    frames = []
+    loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
+    frames = [pd.DataFrame([{"name": f"{name} skipped: {why}", "kernel_provider": name}]) for name, why in skipped.items()]
     for n in size["profile_n"]:
         inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
-        for name in size["profile_providers"]:
-            try:
-                loss_fn = flce.PROVIDERS[name].load()
-            except (ImportError, RuntimeError) as reason:
-                frames.append(pd.DataFrame([{"name": f"{name} skipped: {reason}"}]).assign(kernel_provider=name, BT=n))
-                continue
-
-            def step():
-                for tensor in inputs.grad_inputs:
-                    tensor.grad = None
-                loss_fn(*inputs.args, **inputs.kwargs).backward()
-
+        for name, loss_fn in loaded.items():
+            step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
             for _ in range(3):
                 step()
             activities = [torch.profiler.ProfilerActivity.CPU] + (
@@ -341,17 +332,12 @@ def timeline(size: dict, device: torch.device) -> pd.DataFrame:
     (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps)."""
     n = min(size["x_values"])
     inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
-    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device)  # do_bench's L2 flush
-    rows = []
-    for name in size["profile_providers"]:
-        try:
-            loss_fn = flce.PROVIDERS[name].load()
-        except (ImportError, RuntimeError) as reason:
-            rows.append({"kernel_provider": name, "error": f"skipped: {reason}"})
-            continue
-        step = mode_callable(lambda: loss_fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+    loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
+    rows = [{"kernel_provider": name, "error": f"skipped: {why}"} for name, why in skipped.items()]
+    for name, loss_fn in loaded.items():
+        step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
         timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
-        line = busy_timeline(step, device, between=flush.zero_)
+        line = busy_timeline(step, device)
         row = {"kernel_provider": name, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80}
         if line is not None:
             row.update({"steps": line.steps, "span ms per step": line.span, "busy ms per step": line.busy,
@@ -373,14 +359,8 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
     (:func:`~kernels_lib.workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
     alternating, each call alone after an L2 flush): the median and p20/p80 of the per-pair ratio, which
     a drift of the GPU over the run does not move. A provider that does not load gives a row with the reason."""
-    names = ["kernels_lib", "quack"]
-    rows = []
-    loaded = {}
-    for name in names:
-        try:
-            loaded[name] = flce.PROVIDERS[name].load()
-        except (ImportError, RuntimeError) as reason:
-            rows.append({"kernel_provider": name, "error": f"skipped: {reason}"})
+    loaded, skipped = available_providers(flce.KERNEL_NAME, ["kernels_lib", "quack"])
+    rows = [{"kernel_provider": name, "error": f"skipped: {why}"} for name, why in skipped.items()]
     for n in size["x_values"]:
         inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
         for mode in ("full", "forward_no_grad"):

@@ -23,6 +23,8 @@ import torch
 
 MODES = ("forward", "forward_no_grad", "backward", "full")
 QUANTILES = (0.5, 0.2, 0.8)
+#: Bytes zeroed before each timed call to empty the L2 cache, as do_bench does (256 MiB).
+FLUSH_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -121,22 +123,24 @@ class Timeline:
 
 
 def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 10, warmup: int = 3,
-                  between: Callable[[], None] | None = None, largest: int = 5) -> Timeline | None:
-    """Run ``fn`` ``steps`` times back to back under ``torch.profiler`` (``between`` before each call:
-    do_bench's L2 flush, say) and measure how much of the GPU's span its kernels fill: a call whose
-    kernels sum to less than its do_bench time leaves the GPU idle (host syncs, launches slower than the
-    kernels), which the gaps locate. None on a CPU (no kernel timeline)."""
+                  flush_bytes: int = FLUSH_BYTES, largest: int = 5) -> Timeline | None:
+    """Run ``fn`` ``steps`` times back to back under ``torch.profiler``, L2 flushed before each call as
+    do_bench does (zeroing ``flush_bytes``; the flush's kernel counts as busy), and measure how much of
+    the GPU's span its kernels fill: a call whose kernels sum to less than its do_bench time leaves the
+    GPU idle (host syncs, launches slower than the kernels), which the gaps locate. None on a CPU (no
+    kernel timeline)."""
     if device.type != "cuda":
         return None
     from torch.autograd import DeviceType
 
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
     for _ in range(warmup):
-        (between or (lambda: None))()
+        flush.zero_()
         fn()
     torch.cuda.synchronize(device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            (between or (lambda: None))()
+            flush.zero_()
             fn()
         torch.cuda.synchronize(device)
     kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
@@ -157,7 +161,7 @@ def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 
 
 
 def paired_times(fns: list[Callable[[], None]], device: torch.device, *, samples: int, grad_to_none=None,
-                 flush_bytes: int = 256 * 2**20) -> np.ndarray:
+                 flush_bytes: int = FLUSH_BYTES) -> np.ndarray:
     """Time each of ``fns`` ``samples`` times, interleaved: sample ``i`` calls every function once, in
     order for even ``i`` and reversed for odd ``i``, each call alone (``grad_to_none`` cleared and, on
     CUDA, L2 flushed by zeroing ``flush_bytes`` as do_bench does, then CUDA events around the call; on a
