@@ -26,9 +26,9 @@ TOL = 1e-5 if INTERPRETED else 1e-2
 WIDE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32) if INTERPRETED else None
 
 
-def make(n, h, v, *, seed=0, outliers=()):
+def make(n, h, v, *, seed=0, outliers=(), alpha=1.0):
     """x, W, b, targets (every fourth row ignored); rows in ``outliers`` scaled by 40 and aimed at their
-    smallest logit, so that it lies hundreds below their maximum."""
+    smallest logit (of ``alpha · (x W^T + b)``), so that it lies hundreds below their maximum."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, h, generator=gen)
     w = torch.randn(v, h, generator=gen) / math.sqrt(h) * 3
@@ -37,7 +37,7 @@ def make(n, h, v, *, seed=0, outliers=()):
     y[3::4] = IGNORE
     for row in outliers:
         x[row] *= 40
-        y[row] = int((x[row] @ w.T + b).argmin())
+        y[row] = int((alpha * (x[row] @ w.T + b)).argmin())
     return x.to(DEVICE, DTYPE), w.to(DEVICE, DTYPE), b.to(DEVICE, DTYPE), y.to(DEVICE)
 
 
@@ -54,10 +54,12 @@ def run(x, w, b, y, alpha, class_major):
 
 
 @pytest.mark.parametrize("class_major", [False, True], ids=["row-major", "class-major"])
-@pytest.mark.parametrize("n, h, v, outliers", [(37, 72, 1031, (5, 8)), (1, 40, 517, (0,)), (20, 24, 300, ())])
-def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_major):
-    x, w, b, y = make(n, h, v, outliers=outliers)
-    alpha = 0.7
+@pytest.mark.parametrize("alpha", [0.7, -1.3])  # the scale folded into the exponent, or applied first
+# V = 512: a multiple of the tile's columns (no column mask), on the GPU and in the interpreter.
+@pytest.mark.parametrize("n, h, v, outliers", [(37, 72, 1031, (5, 8)), (1, 40, 517, (0,)), (20, 24, 300, ()),
+                                               (9, 40, 512, (2,))])
+def test_gradient_from_exponentials_matches_float64(n, h, v, outliers, class_major, alpha):
+    x, w, b, y = make(n, h, v, outliers=outliers, alpha=alpha)
     out, factors, lse, target_logit = run(x, w, b, y, alpha, class_major)
     z = alpha * (x.double() @ w.double().T + b.double())
     valid = y != IGNORE

@@ -158,37 +158,61 @@ def _tile_epilogue(
     acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out,
     shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr,
     STORE_LOGITS: tl.constexpr, SHIFTED: tl.constexpr, HEADROOM: tl.constexpr, OUT_TMA: tl.constexpr,
-    OUT_TRANSPOSED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    OUT_TRANSPOSED: tl.constexpr, EVEN_N: tl.constexpr, ALPHA_POSITIVE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
     holds and, with ``STORE_LOGITS``, the tile itself (:func:`_store_tile`). With ``SHIFTED``, the
     tile's shifted exponentials instead (:mod:`~kernels_lib.kernels.shifted_exponentials`) and no target
     logit (the merge takes the shift's): the row's shift ``max(c_i, tile max - HEADROOM)`` stored as the
-    partial maximum, the row flagged where that is not ``c_i``, zeros stored at ignored rows."""
+    partial maximum, the row flagged where that is not ``c_i``, zeros stored at ignored rows.
+
+    Unless the logits themselves are stored, the scale rides in the exponent: with ``ALPHA_POSITIVE``
+    (``alpha > 0``) a row's maximum is ``alpha · max_j acc_ij`` and each exponential one FMA and one
+    ``exp2``, :math:`2^{\,acc \cdot \alpha \log_2 e \;-\; m \log_2 e}`; an ignored row's exponent
+    bias is :math:`+\infty`, so its exponentials are 0 with no select per element (NaN where its
+    logits are NaN). ``EVEN_N`` (``V`` a multiple of ``BLOCK_N``) drops the column mask. Per logit that
+    is a max, an FMA, an ``exp2``, the rounding to the stored dtype and back, and an add."""
     col_ok = cols < n_cols
     row_ok = rows < n_rows
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
-    if SHIFTED:
-        c = tl.load(shift_ptr + rows, mask=row_ok, other=-float("inf"))
-        m = tl.maximum(c, tl.max(z, axis=1) - HEADROOM)
-        e = tl.exp(z - m[:, None]).to(out_ptr.dtype.element_ty)
-        kept = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index) != ignore_index
-        _store_tile(tl.where(kept[:, None], e, 0.0).to(out_ptr.dtype.element_ty), rows, cols, off_m, pid_n, out_ptr,
-                    out_desc, stride_out, row_ok, col_ok, OUT_TMA, OUT_TRANSPOSED, BLOCK_N)
-        tl.store(flag_ptr + rows, tl.full((BLOCK_M,), 1, tl.int32), mask=row_ok & kept & (m > c))
-        # The sums of the exponentials as stored: the softmax of the stored row sums to 1.
-        s = tl.sum(e.to(tl.float32), axis=1)
-    else:
-        if STORE_LOGITS:
-            stored = z.to(out_ptr.dtype.element_ty)
-            _store_tile(stored, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
-                        OUT_TRANSPOSED, BLOCK_N)
-            # The statistics of the logits as stored: a softmax of the stored row then sums to 1.
-            z = stored.to(tl.float32)
+    if STORE_LOGITS and not SHIFTED:
+        z = tl.where(col_ok[None, :], acc * alpha, -float("inf"))
+        stored = z.to(out_ptr.dtype.element_ty)
+        _store_tile(stored, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
+                    OUT_TRANSPOSED, BLOCK_N)
+        # The statistics of the logits as stored: a softmax of the stored row then sums to 1.
+        z = stored.to(tl.float32)
         m = tl.max(z, axis=1)
         s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    else:
+        # t · k is the logit in base-2 units: t the raw accumulator (alpha > 0) or the logit itself.
+        if ALPHA_POSITIVE:
+            t = acc
+            k = alpha * 1.4426950408889634
+        else:
+            t = acc * alpha
+            k = 1.4426950408889634
+        if not EVEN_N:
+            t = tl.where(col_ok[None, :], t, -float("inf"))
+        m = tl.max(t, axis=1)
+        if ALPHA_POSITIVE:
+            m = m * alpha
+        if SHIFTED:
+            c = tl.load(shift_ptr + rows, mask=row_ok, other=-float("inf"))
+            m = tl.maximum(c, m - HEADROOM)
+            kept = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index) != ignore_index
+            bias = tl.where(kept, m * 1.4426950408889634, float("inf"))
+            e = tl.math.exp2(t * k - bias[:, None]).to(out_ptr.dtype.element_ty)
+            _store_tile(e, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
+                        OUT_TRANSPOSED, BLOCK_N)
+            tl.store(flag_ptr + rows, tl.full((BLOCK_M,), 1, tl.int32), mask=row_ok & kept & (m > c))
+            # The sums of the exponentials as stored: the softmax of the stored row sums to 1.
+            s = tl.sum(e.to(tl.float32), axis=1)
+        else:
+            s = tl.sum(tl.math.exp2(t * k - (m * 1.4426950408889634)[:, None]), axis=1)
+            z = t
     partial = pid_n.to(tl.int64) * n_rows + rows
     tl.store(m_ptr + partial, m, mask=row_ok)
     tl.store(s_ptr + partial, s, mask=row_ok)
@@ -197,6 +221,8 @@ def _tile_epilogue(
         y = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index).to(tl.int64)
         mine = row_ok & (y != ignore_index) & (y >= pid_n * BLOCK_N) & (y < pid_n * BLOCK_N + BLOCK_N) & (y < n_cols)
         z_y = tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        if ALPHA_POSITIVE and not STORE_LOGITS:  # z is the raw accumulator
+            z_y = z_y * alpha
         tl.store(target_logit_ptr + rows, z_y, mask=mine)
 
 
@@ -226,6 +252,8 @@ def logits_lse_partials_kernel(
     SHIFTED: tl.constexpr,  # store the shifted exponentials exp(z - shift) instead of the logits
     HEADROOM: tl.constexpr,  # the largest exponent stored with SHIFTED
     OUT_TRANSPOSED: tl.constexpr,  # store them class-major: out is [V, N] with unit stride along N
+    EVEN_N: tl.constexpr,  # V is a multiple of BLOCK_N: no column beyond V to mask
+    ALPHA_POSITIVE: tl.constexpr,  # alpha > 0: the scale goes into the exponent's FMA (see _tile_epilogue)
     INPUT_PRECISION: tl.constexpr,  # tl.dot's precision for fp32 inputs: "ieee" or "tf32" (ignored for 16-bit)
     DOT_IN_FP32: tl.constexpr,  # upcast the tiles before tl.dot (Triton's interpreter multiplies bf16's raw bits)
     BLOCK_M: tl.constexpr,  # rows per tile
@@ -262,7 +290,7 @@ def logits_lse_partials_kernel(
 
     _tile_epilogue(acc, rows, cols, pid_m * BLOCK_M, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                    out_ptr, stride_out, shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                   STORE_LOGITS, SHIFTED, HEADROOM, False, OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
+                   STORE_LOGITS, SHIFTED, HEADROOM, False, OUT_TRANSPOSED, EVEN_N, ALPHA_POSITIVE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -280,8 +308,8 @@ def _tma_tile(
     tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc, stride_out, shift_ptr,
     flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index,
     HAS_BIAS: tl.constexpr, HAS_TARGET: tl.constexpr, STORE_LOGITS: tl.constexpr, SHIFTED: tl.constexpr,
-    HEADROOM: tl.constexpr, OUT_TMA: tl.constexpr,
-    OUT_TRANSPOSED: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    HEADROOM: tl.constexpr, OUT_TMA: tl.constexpr, OUT_TRANSPOSED: tl.constexpr, EVEN_N: tl.constexpr,
+    ALPHA_POSITIVE: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -300,7 +328,7 @@ def _tma_tile(
     cols = off_n + tl.arange(0, BLOCK_N)
     _tile_epilogue(acc, rows, cols, off_m, pid_n, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                    stride_out, shift_ptr, flag_ptr, n_rows, n_cols, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                   STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, BLOCK_M, BLOCK_N)
+                   STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, EVEN_N, ALPHA_POSITIVE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -328,6 +356,8 @@ def logits_lse_partials_tma_kernel(
     HEADROOM: tl.constexpr,
     OUT_TMA: tl.constexpr,  # store the logits by TMA (16-byte aligned out and row stride)
     OUT_TRANSPOSED: tl.constexpr,  # store them class-major ([V, N], unit stride along N)
+    EVEN_N: tl.constexpr,
+    ALPHA_POSITIVE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -358,12 +388,12 @@ def logits_lse_partials_tma_kernel(
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
             _tma_tile(tile, x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr, out_desc,
                       stride_out, shift_ptr, flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET,
-                      STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M,
+                      STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, EVEN_N, ALPHA_POSITIVE, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M,
                       BLOCK_N, BLOCK_K, GROUP_M, False)
     else:
         _tma_tile(tl.program_id(0), x_desc, w_desc, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, out_ptr,
                   out_desc, stride_out, shift_ptr, flag_ptr, n_rows, n_cols, hidden, alpha, ignore_index, HAS_BIAS,
-                  HAS_TARGET, STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                  HAS_TARGET, STORE_LOGITS, SHIFTED, HEADROOM, OUT_TMA, OUT_TRANSPOSED, EVEN_N, ALPHA_POSITIVE, INPUT_PRECISION, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
                   GROUP_M, WARP_SPECIALIZE)
 
 
@@ -619,6 +649,7 @@ def launch_logits_logsumexp(
     common = dict(
         HAS_BIAS=bias is not None, HAS_TARGET=target is not None, STORE_LOGITS=logits_out is not None,
         SHIFTED=shifted, HEADROOM=EXP_HEADROOM, OUT_TRANSPOSED=transposed,
+        EVEN_N=n_cols % cfg["BLOCK_N"] == 0, ALPHA_POSITIVE=float(alpha) > 0,
         INPUT_PRECISION="ieee" if ieee else "tf32",
         DOT_IN_FP32=INTERPRETED and x.dtype == torch.bfloat16,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
