@@ -161,7 +161,7 @@ def _tile_epilogue(
     OUT_TRANSPOSED: tl.constexpr, EVEN_N: tl.constexpr, ALPHA_POSITIVE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
+    r"""Bias, scale, -inf beyond V; store the tile's row maxima and shifted sums, the target logits it
     holds and, with ``STORE_LOGITS``, the tile itself (:func:`_store_tile`). With ``SHIFTED``, the
     tile's shifted exponentials instead (:mod:`~kernels_lib.kernels.shifted_exponentials`) and no target
     logit (the merge takes the shift's): the row's shift ``max(c_i, tile max - HEADROOM)`` stored as the
