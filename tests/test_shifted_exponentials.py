@@ -96,15 +96,18 @@ def test_shift_is_the_target_logit():
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:All-NaN slice:RuntimeWarning")
 def test_nan_and_stray_targets():
-    """A NaN logit makes its row's exponentials NaN (the gradient then NaN); a target outside [0, V)
-    gets a NaN target logit and its row no one-hot write (nothing written outside the buffer)."""
+    """A NaN logit makes its row's exponentials NaN (the gradient then NaN), an ignored row's too (its
+    factor stays 0, its target logit 0); a target outside [0, V) gets a NaN target logit and its row no
+    one-hot write (nothing written outside the buffer)."""
     x, w, b, y = make(20, 24, 300)
     x[2, 3] = float("nan")
+    x[7, 1] = float("nan")  # row 7 is ignored
     y[5] = 300
     out, factors, lse, target_logit = run(x, w, b, y, 1.0, False)
     assert out[2].isnan().any() and lse[2].isnan()
+    assert y[7] == IGNORE and out[7].isnan().any() and factors[7] == 0 and target_logit[7] == 0
     assert target_logit[5].isnan() and factors[5].isnan() and not out[5].isnan().any()
-    assert not out[[0, 1, 4]].isnan().any()
+    assert not out[[0, 1, 3, 4]].isnan().any() and (out[3] == 0).all()
 
 
 def test_scale_rows_and_in_place():

@@ -36,7 +36,8 @@ and subtracts the one-hot term :math:`e^{\mathrm{lse}_i - c^*_i}` at the target 
 :math:`c^*_i = c_i`).
 Every stored element is at most :math:`e^{64}`, and a product over ``V`` of them stays finite in
 float32. Ignored rows (and out-of-range targets) get :math:`c_i = -\infty`: ignored rows store
-zeros, their factor is 0.
+zeros (the epilogue's exponent bias is :math:`+\infty` there; a NaN logit of an ignored row stays NaN,
+as it does in ``dW`` through :math:`0 \cdot \mathrm{NaN}`), their factor is 0.
 
 Precision: the exponentials are rounded once (relative :math:`2^{-9}` in bf16), where the logits'
 own rounding (absolute :math:`2^{-9}|z|`) entered the softmax before; the row factors add one
