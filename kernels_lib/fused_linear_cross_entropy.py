@@ -43,7 +43,8 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   0.990 / 0.992× the logits route at N = 4096 / 8192 / 16384; the profile of that commit then showed
   0.36 ms per step of torch's mixed-dtype multiplies for the factors, one Triton kernel's 0.07 ms
   since 481e0d7 (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`).
-* The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, ``dW`` in the inputs'
+* The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, or of ``N ≤ k·H`` with
+  :data:`CLASS_MAJOR_ROWS_PER_HIDDEN` ``= k`` and the default ``chunk_size``; ``dW`` in the inputs'
   dtype: the default chunk at the published N = 4096): forward's epilogue GEMM writes the logits
   transposed into the weight gradient's own buffer and gives the loss (:func:`_class_major_logits`);
   backward forms ``dz`` there in place with the upstream gradient in its factor
@@ -492,7 +493,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             fuse_grad = any(needs) and opts.reduction != "none"
             scale = _factor_tensor(opts.pre_scale, normalizer, opts.reduction, x.device)
             plain = fuse_grad and _plain_loss(opts, class_weight, shard)
-            class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate)
+            class_major = plain and _class_major_route_takes(ops, weight, needs, opts.accurate, opts.chunk_size)
             if class_major:  # the gradients wait for backward, in the buffer that will be dW
                 z_loss.zero_()
                 storage, x_c, factors = _class_major_logits(ops, target, lse, loss, opts)
@@ -638,15 +639,28 @@ def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, op
 #: 6.37 / 6.28 / 6.25 in slabs of 8192, three runs (``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``,
 #: ``scripts/flce_frontier.py --parts class_major``), for 2 MB more of buffer.
 CLASS_MAJOR_SLAB_ROWS = 8448
+#: With ``chunk_size`` left to the default, the class-major route also takes one chunk of ``H < N ≤ k·H``
+#: rows (``k`` this constant) where its ``V × N`` logits fit the default chunk's share of free memory
+#: (:data:`DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H`` elements instead of
+#: ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
+#: chunk. 1 (the default, measured): ``N ≤ H`` only. 2 is the A/B arm of
+#: ``scripts/flce_frontier.py --parts wide_class_major`` (N = 8192 at H = 4096), not yet measured.
+CLASS_MAJOR_ROWS_PER_HIDDEN = 1
 
 
-def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool) -> bool:
+def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool,
+                             chunk_size: int | None) -> bool:
     """Whether a plain loss with a gradient takes the class-major route (:func:`_class_major_gradients`):
-    one chunk of at most ``H`` rows, ``dW`` wanted, ``x``, ``W`` and the matmuls in one dtype (so
-    ``dW`` and the logits can share a buffer; not ``accurate``, not float16, whose sums are float32),
-    on the epilogue GEMM's machine."""
+    one chunk of at most ``H`` rows (within ``ops.chunk_size``), or with the default ``chunk_size`` (None)
+    of at most ``CLASS_MAJOR_ROWS_PER_HIDDEN · H`` rows whose logits fit the default chunk's share of free
+    memory; ``dW`` wanted, ``x``, ``W`` and the matmuls in one dtype (so ``dW`` and the logits can share a
+    buffer; not ``accurate``, not float16, whose sums are float32), on the epilogue GEMM's machine."""
     n_rows, hidden = ops.x.shape
-    return (needs[1] and n_rows <= min(ops.chunk_size, hidden) and not accurate
+    fits = n_rows <= min(ops.chunk_size, hidden)
+    if not fits and chunk_size is None and hidden < n_rows <= CLASS_MAJOR_ROWS_PER_HIDDEN * hidden:
+        free = free_device_bytes(ops.x.device)
+        fits = free is None or ops.w.shape[0] * n_rows * ops.w.element_size() <= DEFAULT_CHUNK_FREE_FRACTION * free
+    return (needs[1] and fits and not accurate
             and ops.x.dtype == weight.dtype == ops.w.dtype != torch.float16
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))
 
@@ -654,9 +668,9 @@ def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accu
 def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options):
     r"""Forward of the class-major route: the logits inside the weight gradient's buffer, the loss.
 
-    ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``(V + S)·H`` (``S`` =
-    :data:`CLASS_MAJOR_SLAB_ROWS`); the epilogue GEMM writes the logits class-major, :math:`z^\top`
-    (``V × N``, ``N ≤ H``), into its last ``V·N`` elements and gives each row's lse and target logit:
+    ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``V·max(N, H) + S·H`` (``S`` =
+    :data:`CLASS_MAJOR_SLAB_ROWS`; ``(V + S)·H`` while ``N ≤ H``); the epilogue GEMM writes the logits
+    class-major, :math:`z^\top` (``V × N``), into its last ``V·N`` elements and gives each row's lse and target logit:
     ``lse`` and ``loss = lse - z_y`` (0 at ignored rows) are written (float32 ``(N,)``). With
     :data:`STORE_EXPONENTIALS` the GEMM writes the shifted exponentials :math:`\tilde e^\top` there instead.
     Returns the buffer, the operand ``x`` in the matmul dtype and the rows' factors (or None), for
@@ -664,7 +678,8 @@ def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options):
     n_rows, hidden = ops.x.shape
     n_cols = ops.w.shape[0]
     x_c = ops.operand(slice(0, n_rows))
-    storage = torch.empty((n_cols + min(CLASS_MAJOR_SLAB_ROWS, n_cols)) * hidden, dtype=ops.w.dtype, device=x_c.device)
+    storage = torch.empty(n_cols * max(n_rows, hidden) + min(CLASS_MAJOR_SLAB_ROWS, n_cols) * hidden,
+                          dtype=ops.w.dtype, device=x_c.device)
     _, factors = _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
                                    exponentials=STORE_EXPONENTIALS)
     return storage, x_c, factors
@@ -682,9 +697,10 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
     times ``factor`` (the reduction's, times the upstream gradient: one element); ``dx = dz W`` and
     ``db`` read it whole; then ``dW[v:v+S] = dz^T[v:v+S] x``, ``v = 0, S, 2S, …``, each written below
     the slabs still to be read (slab ``k`` ends at ``(v+S)·H``, the unread ones begin at
-    ``(V+S)·H - (V-v)·N``: no overlap while ``N ≤ H``). The logits take no memory of their own: peak
-    memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
-    three matmuls. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
+    ``T - (V-v)·N`` in a buffer of ``T`` elements: no overlap while ``(v+S)·H ≤ T - (V-v)·N`` for every
+    ``v``, that is ``T ≥ V·max(N, H) + S·H``). While ``N ≤ H`` the logits take no memory of their own:
+    peak memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
+    three matmuls; for ``N > H`` the buffer is the logits' ``V·N`` + ``S·H``, and ``dW`` reuses it. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
 
     With ``factors`` (:func:`_logits_with_loss`) the buffer holds the shifted exponentials
     :math:`\tilde e^\top` instead, and no kernel touches it: ``dz = diag(r) ẽ``, ``r = factor · factors``,

@@ -69,6 +69,12 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     spread is the GPU's noise at that point, not the run's; do_bench's median at N = 16384 rests on
     one or two calls (its 100 ms budget), the rounds' on three such medians.
 
+``wide_class_major``: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv`` (rounds in
+    ``..._wide_class_major_ab_rounds.csv``). The A/B of
+    :data:`kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` = 2: at the N of the chart
+    with ``H < N ≤ 2H`` (8192), torch, QuACK and the default beside ``kernels_lib[class_major_rows_per_hidden=2]``
+    (one class-major chunk of N rows, the gradients deferred to backward) in alternating rounds, no dial.
+
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
 
@@ -126,26 +132,33 @@ FILES = {
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
     "quack_ab_rounds": "gpu_runs/fused_linear_cross_entropy_quack_ab_rounds.csv",
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
+    "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
+    "wide_class_major_rounds": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab_rounds.csv",
 }
 
 
 LOGITS_ARM = flce_studies.LOGITS_ARM
+WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
+#: The A/B arms: kernels_lib's default with these module constants set for its calls.
+ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}}
 
 
-def _logits_arm(**sweep) -> pd.DataFrame:
-    """kernels_lib's default with :data:`~kernels_lib.fused_linear_cross_entropy.STORE_EXPONENTIALS` off."""
-    setting = flce_module.STORE_EXPONENTIALS
-    flce_module.STORE_EXPONENTIALS = False
+def _arm(name: str, **sweep) -> pd.DataFrame:
+    """kernels_lib's default with the module constants of ``ARMS[name]`` set for its calls, put back after."""
+    saved = {key: getattr(flce_module, key) for key in ARMS[name]}
+    for key, value in ARMS[name].items():
+        setattr(flce_module, key, value)
     try:
-        return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], **sweep).assign(kernel_provider=LOGITS_ARM)
+        return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], **sweep).assign(kernel_provider=name)
     finally:
-        flce_module.STORE_EXPONENTIALS = setting
+        for key, value in saved.items():
+            setattr(flce_module, key, value)
 
 
 def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, *, dial: bool = True,
-             logits_arm: bool = False, peers=tuple(PEERS)) -> pd.DataFrame:
+             arms: tuple = (), peers=tuple(PEERS)) -> pd.DataFrame:
     """Every peer (of ``peers``), kernels_lib's default and (``dial``) each point of its dial, at each N of
-    the chart. The peers and the default (and with ``logits_arm`` :data:`LOGITS_ARM`) in ``size["rounds"]``
+    the chart. The peers and the default (and each of ``arms``, names in :data:`ARMS`) in ``size["rounds"]``
     rounds, the providers' order reversed every other round, one row per point the median over the
     rounds (each round's rows written to ``rounds_path``)."""
     common = dict(x_name="BT", x_values=size["x_values"], sizes={"H": size["H"], "V": size["V"]}, dtype=DTYPE,
@@ -157,8 +170,7 @@ def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, 
         # The published chart's forward (with the gradient's work, where a provider does it there) too.
         sweep = dict(modes=("forward",) + MODES, **common)
         sweeps = [lambda: run_sweep(flce.KERNEL_NAME, providers=order, **sweep)]
-        if logits_arm:
-            sweeps.append(lambda: _logits_arm(**sweep))
+        sweeps += [lambda name=name: _arm(name, **sweep) for name in arms]
         rows = pd.concat([run() for run in (sweeps if number % 2 else sweeps[::-1])], ignore_index=True)
         rounds.append(rows.assign(round=number))
         print(f"frontier: round {number} of {size['rounds']} done", flush=True)
@@ -323,7 +335,7 @@ def overhead(size: dict, device: torch.device) -> pd.DataFrame:
 
 def exponentials(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
     """The A/B of the shifted exponentials: the frontier's rounds with :data:`LOGITS_ARM`, no dial."""
-    return frontier(size, device, rounds_path, dial=False, logits_arm=True)
+    return frontier(size, device, rounds_path, dial=False, arms=(LOGITS_ARM,))
 
 
 def timeline(size: dict, device: torch.device) -> pd.DataFrame:
@@ -379,6 +391,14 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
 
 
+def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """The A/B of one class-major chunk of up to 2H rows (:data:`WIDE_ARM`) at the chart's N in ``(H, 2H]``
+    (the smallest where none is, as at CPU size): torch, QuACK, the default and the arm in the frontier's
+    alternating rounds, no dial."""
+    wide = [n for n in size["x_values"] if size["H"] < n <= 2 * size["H"]] or size["x_values"][:1]
+    return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack"), arms=(WIDE_ARM,))
+
+
 def class_major(size: dict, device: torch.device) -> pd.DataFrame:
     """The class-major route's stages at the smallest N (:func:`flce_studies.class_major_times`): the
     exponentials GEMM at Hopper configs around the launcher's, both operand orders of ``dx``, ``dW`` at
@@ -395,7 +415,7 @@ def class_major(size: dict, device: torch.device) -> pd.DataFrame:
 
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
          "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab,
-         "quack_pairs": quack_pairs}
+         "quack_pairs": quack_pairs, "wide_class_major": wide_class_major}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
             extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
-            if part in ("frontier", "exponentials", "quack_ab"):
+            if part in ("frontier", "exponentials", "quack_ab", "wide_class_major"):
                 extra = {"rounds_path": args.out / FILES[f"{part}_rounds"]}
             rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)

@@ -468,3 +468,8 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
+    wide = pd.read_csv(tmp_path / script.FILES["wide_class_major"])
+    assert {"kernels_lib", script.WIDE_ARM, "torch"} == set(wide.kernel_provider)
+    assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
+    assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {16}
+    assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "the A/B puts the setting back"

@@ -269,6 +269,35 @@ def test_class_major_route_only_where_it_fits(class_major_route):
     assert len(class_major_route) == 1
 
 
+@pytest.mark.parametrize(
+    "lead, hidden, vocab, bias, options",
+    [
+        ((101,), 72, 1031, True, dict(reduction="mean")),  # H < N < 2H: the buffer is the logits' V·N + S·H
+        ((2, 40), 40, 517, False, dict(reduction="sum", logit_scale=0.5)),  # N = 2H exactly
+    ],
+)
+def test_wide_class_major_route_matches_reference(lead, hidden, vocab, bias, options, class_major_route,
+                                                  poisoned_allocations, monkeypatch):
+    """With CLASS_MAJOR_ROWS_PER_HIDDEN = 2 and the default chunk_size, one chunk of H < N ≤ 2H rows takes
+    the class-major route (forward defers the gradients); the slabs of dW, written over the logits they
+    have read, never reach the ones still to be read. Loss and every gradient as the float64 reference."""
+    monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", 2)
+    x, w, b, target = make_inputs(lead, hidden, vocab, ROUTE_DTYPE, bias=bias, ignore_every=5)
+    loss = fused_linear_cross_entropy(x, w, target, b, **options)
+    assert x.grad is None and len(class_major_route) == 1, "one chunk, the gradients left to backward"
+    check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], **options)
+    assert loss.isfinite()
+
+
+def test_wide_class_major_route_only_within_its_limit(class_major_route, monkeypatch):
+    """Beyond 2H rows, or with an explicit chunk_size below N, or at the default of 1 H: the chunked route."""
+    for rows_per_hidden, lead, options in [(2, (145,), {}), (2, (101,), dict(chunk_size=64)), (1, (101,), {})]:
+        monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", rows_per_hidden)
+        x, w, b, target = make_inputs(lead, 72, 517, ROUTE_DTYPE)
+        fused_linear_cross_entropy(x, w, target, b, **options)
+    assert class_major_route == []
+
+
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 def test_class_major_route_nan(class_major_route):
     x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)

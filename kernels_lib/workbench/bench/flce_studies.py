@@ -41,10 +41,14 @@ RUN_FILES = {
     "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
+    "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
 }
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
+#: The arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 2``, one
+#: class-major chunk of up to 2H rows (``scripts/flce_frontier.py --parts wide_class_major``).
+WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
 
 
 def load_run(part: str) -> pd.DataFrame | None:
