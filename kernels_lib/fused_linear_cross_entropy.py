@@ -244,10 +244,16 @@ def default_chunk_size(n_rows: int, hidden: int, n_cols: int | None = None, item
     128 (matmul tiles); halved while its ``rows × n_cols`` buffer of ``itemsize``-byte logits would
     exceed :data:`DEFAULT_CHUNK_FREE_FRACTION` of ``free_bytes`` (when both are given); at most ``n_rows``."""
     rows = min(MAX_DEFAULT_CHUNK_ROWS, max(MIN_DEFAULT_CHUNK_ROWS, hidden, n_rows // 32)) // 128 * 128
-    if n_cols is not None and free_bytes is not None:
-        while rows > 128 and rows * n_cols * itemsize > DEFAULT_CHUNK_FREE_FRACTION * free_bytes:
+    if n_cols is not None:
+        while rows > 128 and not _within_free_share(rows, n_cols, itemsize, free_bytes):
             rows = max(128, rows // 2 // 128 * 128)
     return max(1, min(n_rows, rows))
+
+
+def _within_free_share(rows: int, n_cols: int, itemsize: int, free_bytes: int | None) -> bool:
+    """Whether a ``rows × n_cols`` logits buffer of ``itemsize``-byte elements stays within
+    :data:`DEFAULT_CHUNK_FREE_FRACTION` of ``free_bytes`` (always, when that is unknown: None)."""
+    return free_bytes is None or rows * n_cols * itemsize <= DEFAULT_CHUNK_FREE_FRACTION * free_bytes
 
 
 def lean_chunk_size(n_rows: int, hidden: int) -> int:
@@ -430,8 +436,10 @@ class _Operands:
         self.b = bias.to(self.compute_dtype).to(dtype) if bias is not None else None
         self.pre = pre
         n_rows, n_cols = x.shape[0], weight.shape[0]
+        #: The device's free bytes, queried once where the default chunk depends on them (else None).
+        self.free_bytes = free_device_bytes(x.device) if chunk_size is None else None
         if chunk_size is None:
-            chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, dtype.itemsize, free_device_bytes(x.device))
+            chunk_size = default_chunk_size(n_rows, x.shape[1], n_cols, dtype.itemsize, self.free_bytes)
         self.chunk_size = min(chunk_size, n_rows)
         self.buffer = None  # allocated by the first chunks(): a route that forms no chunks needs none
 
@@ -658,8 +666,7 @@ def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accu
     n_rows, hidden = ops.x.shape
     fits = n_rows <= min(ops.chunk_size, hidden)
     if not fits and chunk_size is None and hidden < n_rows <= CLASS_MAJOR_ROWS_PER_HIDDEN * hidden:
-        free = free_device_bytes(ops.x.device)
-        fits = free is None or ops.w.shape[0] * n_rows * ops.w.element_size() <= DEFAULT_CHUNK_FREE_FRACTION * free
+        fits = _within_free_share(n_rows, ops.w.shape[0], ops.w.element_size(), ops.free_bytes)
     return (needs[1] and fits and not accurate
             and ops.x.dtype == weight.dtype == ops.w.dtype != torch.float16
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))

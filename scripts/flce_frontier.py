@@ -378,10 +378,8 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
         for mode in ("full", "forward_no_grad"):
             fns = [mode_callable(lambda fn=loaded[name]: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, mode)
                    for name in loaded]
-            for fn in fns:  # compile and warm up
+            for fn in fns:  # compile and warm up (``full`` clears the gradients itself)
                 for _ in range(3):
-                    for tensor in inputs.grad_inputs:
-                        tensor.grad = None
                     fn()
             times = paired_times(fns, device, samples=size["pair_samples"], grad_to_none=inputs.grad_inputs)
             for row in paired_summary(times, list(loaded), against=list(loaded)[-1]):

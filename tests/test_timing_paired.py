@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
-from kernels_lib.workbench.bench.timing import paired_times
+from kernels_lib.workbench.bench.timing import paired_summary, paired_times
 
 
 def test_paired_times_interleave_and_alternate():
@@ -22,9 +23,6 @@ def test_paired_times_interleave_and_alternate():
 
 
 def test_paired_summary_quantiles_of_times_and_of_per_sample_ratios():
-    import numpy as np
-    from kernels_lib.workbench.bench.timing import paired_summary
-
     # A drift that doubles every time: B is always 1.1x A in its pair, while B's own times spread widely.
     a = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
     times = np.stack([a, 1.1 * a])
