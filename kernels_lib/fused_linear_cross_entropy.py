@@ -43,14 +43,14 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   0.990 / 0.992× the logits route at N = 4096 / 8192 / 16384; the profile of that commit then showed
   0.36 ms per step of torch's mixed-dtype multiplies for the factors, one Triton kernel's 0.07 ms
   since 481e0d7 (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`).
-* The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, or of ``N ≤ k·H`` with
-  :data:`CLASS_MAJOR_ROWS_PER_HIDDEN` ``= k`` and the default ``chunk_size``; ``dW`` in the inputs'
-  dtype: the default chunk at the published N = 4096): forward's epilogue GEMM writes the logits
+* The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, or with the default
+  ``chunk_size`` of ``N ≤ 2H`` whose logits fit in memory, :data:`CLASS_MAJOR_ROWS_PER_HIDDEN`; ``dW`` in
+  the inputs' dtype: the published N = 4096 and 8192 at H = 4096): forward's epilogue GEMM writes the logits
   transposed into the weight gradient's own buffer and gives the loss (:func:`_class_major_logits`);
   backward forms ``dz`` there in place with the upstream gradient in its factor
   (:mod:`kernels_lib.kernels.class_major_gradient`), then ``dx`` and ``dW``, ``dW`` slab by slab over
   the logits already read (:func:`_class_major_gradients`). Forward holds nothing the gradients
-  would not hold anyway, so the work waits for backward. The logits take no memory of their own:
+  would not hold anyway, so the work waits for backward. Up to ``H`` rows the logits take no memory of their own:
   on the H200 at N = 4096 (bf16, H = 4096, V = 128256; ``scripts/flce_frontier.py --parts frontier``,
   ``gpu_runs/fused_linear_cross_entropy_frontier.csv``) the peak of ``full`` was 2052 MiB in the run of
   3d4b700 (18.97 ms) and 1098 MiB with this route in the run of 7942f44 (19.49 ms, QuACK's 18.98 ms
@@ -651,9 +651,12 @@ CLASS_MAJOR_SLAB_ROWS = 8448
 #: rows (``k`` this constant) where its ``V × N`` logits fit the default chunk's share of free memory
 #: (:data:`DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H`` elements instead of
 #: ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
-#: chunk. 1 (the default, measured): ``N ≤ H`` only. 2 is the A/B arm of
-#: ``scripts/flce_frontier.py --parts wide_class_major`` (N = 8192 at H = 4096), not yet measured.
-CLASS_MAJOR_ROWS_PER_HIDDEN = 1
+#: chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
+#: wide_class_major``, commit 29f4f42, medians of three alternating rounds) ``k = 2`` took ``forward``
+#: with a gradient from 37.67 ms to 12.91 (torch's 17.62) and ``full`` from 37.50 to 37.12 ms (QuACK's
+#: 37.35) at 2198 MB against 2100 (QuACK's 4072). Beyond ``2H`` the logits outgrow the memory target
+#: (``≤ 0.6×`` QuACK's; at N = 16384 they alone are 4.2 GB against QuACK's 4.1), so 2.
+CLASS_MAJOR_ROWS_PER_HIDDEN = 2
 
 
 def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool,

@@ -71,9 +71,11 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 
 ``wide_class_major``: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv`` (rounds in
     ``..._wide_class_major_ab_rounds.csv``). The A/B of
-    :data:`kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` = 2: at the N of the chart
-    with ``H < N ≤ 2H`` (8192), torch, QuACK and the default beside ``kernels_lib[class_major_rows_per_hidden=2]``
-    (one class-major chunk of N rows, the gradients deferred to backward) in alternating rounds, no dial.
+    :data:`kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN`: at the N of the chart
+    with ``H < N ≤ 2H`` (8192), torch, QuACK and the default (2: one class-major chunk of N rows, the
+    gradients deferred to backward) beside ``kernels_lib[class_major_rows_per_hidden=1]`` (the chunked
+    route, the gradients formed in forward) in alternating rounds, no dial. The run of 29f4f42, when
+    the default was 1, had the arm at 2.
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -140,7 +142,7 @@ FILES = {
 LOGITS_ARM = flce_studies.LOGITS_ARM
 WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
 #: The A/B arms: kernels_lib's default with these module constants set for its calls.
-ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}}
+ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 1}}
 
 
 def _arm(name: str, **sweep) -> pd.DataFrame:

@@ -183,6 +183,18 @@ def test_cce_adapter_no_shift_mean_ignore_index(fake_peers):
         fn(x, w, target, torch.zeros(5))
 
 
+@pytest.mark.parametrize("full_ms, target_ms, share", [(75.0, 37.5, 0.75), (60.0, 40.0, 0.5), (30.0, 40.0, 0.0), (30.0, 5.0, 1.0)])
+def test_deferred_share_needed(full_ms, target_ms, share):
+    """Forward at f·G + (1 - f)·3G with G = full/3 meets the target exactly at the share returned (or is
+    already under it at 0, or cannot reach it at 1); the kept logits are that share of N·V elements."""
+    need = flce_studies.deferred_share_needed(full_ms, target_ms, n_rows=16384, vocab=128256, itemsize=2)
+    assert need["share"] == pytest.approx(share)
+    assert need["bytes"] == pytest.approx(share * 16384 * 128256 * 2)
+    g = full_ms / 3
+    forward = need["share"] * g + (1 - need["share"]) * 3 * g
+    assert forward == pytest.approx(target_ms) or (share == 0 and forward < target_ms) or (share == 1 and forward > target_ms)
+
+
 def test_load_run_absent_is_none(monkeypatch, tmp_path):
     monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
     assert flce_studies.load_run("dial") is None
@@ -472,4 +484,4 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert {"kernels_lib", script.WIDE_ARM, "torch"} == set(wide.kernel_provider)
     assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {16}
-    assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "the A/B puts the setting back"
+    assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 2, "the A/B puts the setting back"

@@ -258,8 +258,9 @@ def test_class_major_route_waits_for_backward(class_major_route):
 
 
 def test_class_major_route_only_where_it_fits(class_major_route):
-    """More rows than H, several chunks, float32 sums (accurate), or no dW wanted: the chunked route."""
-    for lead, hidden, options in [((73,), 72, {}), ((37,), 72, dict(chunk_size=16)), ((37,), 72, dict(accurate=True))]:
+    """Several chunks, float32 sums (accurate), or no dW wanted: the chunked route (more rows than 2H:
+    test_wide_class_major_route_only_within_its_limit)."""
+    for lead, hidden, options in [((37,), 72, dict(chunk_size=16)), ((37,), 72, dict(accurate=True))]:
         x, w, b, target = make_inputs(lead, hidden, 517, ROUTE_DTYPE)
         fused_linear_cross_entropy(x, w, target, b, **options)
     x, w, b, target = make_inputs(vocab=517, dtype=ROUTE_DTYPE)
@@ -277,11 +278,11 @@ def test_class_major_route_only_where_it_fits(class_major_route):
     ],
 )
 def test_wide_class_major_route_matches_reference(lead, hidden, vocab, bias, options, class_major_route,
-                                                  poisoned_allocations, monkeypatch):
-    """With CLASS_MAJOR_ROWS_PER_HIDDEN = 2 and the default chunk_size, one chunk of H < N ≤ 2H rows takes
+                                                  poisoned_allocations):
+    """With the default CLASS_MAJOR_ROWS_PER_HIDDEN (2) and chunk_size, one chunk of H < N ≤ 2H rows takes
     the class-major route (forward defers the gradients); the slabs of dW, written over the logits they
     have read, never reach the ones still to be read. Loss and every gradient as the float64 reference."""
-    monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", 2)
+    assert flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 2
     x, w, b, target = make_inputs(lead, hidden, vocab, ROUTE_DTYPE, bias=bias, ignore_every=5)
     loss = fused_linear_cross_entropy(x, w, target, b, **options)
     assert x.grad is None and len(class_major_route) == 1, "one chunk, the gradients left to backward"
@@ -290,7 +291,7 @@ def test_wide_class_major_route_matches_reference(lead, hidden, vocab, bias, opt
 
 
 def test_wide_class_major_route_only_within_its_limit(class_major_route, monkeypatch):
-    """Beyond 2H rows, or with an explicit chunk_size below N, or at the default of 1 H: the chunked route."""
+    """Beyond 2H rows, or with an explicit chunk_size below N, or at 1 H rows per chunk: the chunked route."""
     for rows_per_hidden, lead, options in [(2, (145,), {}), (2, (101,), dict(chunk_size=64)), (1, (101,), {})]:
         monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", rows_per_hidden)
         x, w, b, target = make_inputs(lead, 72, 517, ROUTE_DTYPE)

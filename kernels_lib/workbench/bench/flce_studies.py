@@ -46,9 +46,10 @@ RUN_FILES = {
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
-#: The arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 2``, one
-#: class-major chunk of up to 2H rows (``scripts/flce_frontier.py --parts wide_class_major``).
-WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
+#: The other arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 1``, the
+#: chunked route at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``; the run of
+#: 29f4f42, before the default became 2, has the arm ``kernels_lib[class_major_rows_per_hidden=2]``).
+WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=1]"
 
 
 def load_run(part: str) -> pd.DataFrame | None:
@@ -71,6 +72,21 @@ def load_runs(part: str, gpu_name: str | None = None) -> pd.DataFrame | None:
         return None
     rows = data.read_rows(path, required=[])
     return rows if gpu_name is None else rows[rows.gpu_name == gpu_name].reset_index(drop=True)
+
+
+def deferred_share_needed(full_ms: float, forward_target_ms: float, n_rows: int, vocab: int, itemsize: int) -> dict:
+    r"""How much of the gradient work forward must leave to backward to take at most ``forward_target_ms``,
+    and the bytes that costs without recomputing the logits.
+
+    ``full`` is three matmuls of the same FLOPs (logits, ``dx``, ``dW``), each :math:`G = t_\text{full}/3`.
+    Rows whose gradients wait for backward cost forward one matmul (their logits, or exponentials, kept
+    for backward); rows formed in forward cost three. With a share :math:`f` deferred, forward takes
+    :math:`fG + (1 - f)\,3G`, so :math:`t_\text{fwd} \le T` needs :math:`f \ge (3G - T) / 2G`, and the kept
+    logits take :math:`f \cdot N V` elements of ``itemsize`` bytes (recomputing them instead adds a fourth
+    matmul to ``full``). Returns ``{"share": f, "bytes": ...}``, ``f`` clipped to [0, 1]."""
+    matmul_ms = full_ms / 3
+    share = min(max((3 * matmul_ms - forward_target_ms) / (2 * matmul_ms), 0.0), 1.0)
+    return {"share": share, "bytes": share * n_rows * vocab * itemsize}
 
 
 def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
