@@ -49,16 +49,18 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     both; per variant do_bench's median and the CPU time of one call's forward (the prologue the GPU
     may wait for), each variant measured twice (in order, then in reverse order: ``round``).
 ``profile``: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``. ``full`` under
-    ``torch.profiler``, kernels_lib's default and QuACK's at N = 4096 and 8192: per kernel, calls per
-    step and CUDA ms per step (the stages as they run inside the pipeline, beside their isolated times
-    in ``stages``), each row named by its ``kernel_provider``.
+    ``torch.profiler``, kernels_lib's default and QuACK's at N = 4096, 8192 and 16384 (the runs up to
+    7d6b703: 4096 and 8192): per kernel, calls per step and CUDA ms per step (the stages as they run
+    inside the pipeline, beside their isolated times in ``stages``), each row named by its
+    ``kernel_provider``.
 ``class_major``: ``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``. At N = 4096 (the
     class-major route's chunk), each stage timed alone with its alternatives: the exponentials GEMM
     at Hopper configs around the default, ``dx`` in both operand orders, ``dW`` in slabs of several
     sizes (:func:`kernels_lib.workbench.bench.flce_studies.class_major_times`).
-``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, kernels_lib's
-    default and QuACK's: do_bench's time beside the GPU's timeline of ten steps (span, the kernels'
-    busy time, idle time and the largest gaps), to tell kernel time from a GPU left waiting.
+``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, 8192 and 16384
+    (the runs up to 5c132ed: 4096 alone), kernels_lib's default and QuACK's: do_bench's time beside the
+    GPU's timeline of ten steps (span, the kernels' busy time, idle time and the largest gaps), to tell
+    kernel time from a GPU left waiting.
 ``quack_ab``: ``gpu_runs/fused_linear_cross_entropy_quack_ab.csv`` (rounds in ``..._quack_ab_rounds.csv``).
     kernels_lib's default and QuACK alone, in the ``frontier`` part's alternating rounds at each N, no
     dial: a later commit against the fastest peer at a fraction of the frontier's time.
@@ -108,11 +110,12 @@ from kernels_lib.workbench.check import relative_error
 
 SIZES = {
     "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
-             "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3, "profile_n": [4096, 8192],
-             "profile_providers": ["kernels_lib", "quack"], "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20],
+             "stage_n": 8192, "stage_chunks": [2048, 4096], "rounds": 3, "profile_n": [4096, 8192, 16384],
+             "timeline_n": [4096, 8192, 16384], "profile_providers": ["kernels_lib", "quack"],
+             "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20],
              "pair_samples": 30},
     "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
-              "rounds": 2, "profile_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
+              "rounds": 2, "profile_n": [16], "timeline_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
 }
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
 MODES = ("forward_no_grad", "full")
@@ -341,25 +344,27 @@ def exponentials(size: dict, device: torch.device, rounds_path: Path | None = No
 
 
 def timeline(size: dict, device: torch.device) -> pd.DataFrame:
-    """``full`` at the smallest N, per provider of ``size["profile_providers"]``: do_bench's time beside
-    the GPU's own view of ten back-to-back steps, each after do_bench's L2 flush
+    """``full`` at each N of ``size["timeline_n"]``, per provider of ``size["profile_providers"]``: do_bench's
+    time beside the GPU's own view of ten back-to-back steps, each after do_bench's L2 flush
     (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps)."""
-    n = min(size["x_values"])
-    inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
     loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
-    rows = [{"kernel_provider": name, "error": f"skipped: {why}"} for name, why in skipped.items()]
-    for name, loss_fn in loaded.items():
-        step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
-        timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
-        line = busy_timeline(step, device)
-        row = {"kernel_provider": name, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80}
-        if line is not None:
-            row.update({"steps": line.steps, "span ms per step": line.span, "busy ms per step": line.busy,
-                        "idle ms per step": line.idle,
-                        "largest gaps": "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps)})
-        rows.append(row)
-        print(row, flush=True)
-    return pd.DataFrame(rows).assign(BT=n, H=size["H"], V=size["V"], **provenance(device))
+    rows = []
+    for n in size["timeline_n"]:
+        inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        rows += [{"kernel_provider": name, "BT": n, "error": f"skipped: {why}"} for name, why in skipped.items()]
+        for name, loss_fn in loaded.items():
+            step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+            timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
+            line = busy_timeline(step, device)
+            row = {"kernel_provider": name, "BT": n, "ms_50": timing.p50, "ms_20": timing.p20, "ms_80": timing.p80}
+            if line is not None:
+                row.update({"steps": line.steps, "span ms per step": line.span, "busy ms per step": line.busy,
+                            "idle ms per step": line.idle,
+                            "largest gaps": "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps)})
+            rows.append(row)
+            print(row, flush=True)
+        inputs = None
+    return pd.DataFrame(rows).assign(H=size["H"], V=size["V"], **provenance(device))
 
 
 def quack_ab(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:

@@ -133,6 +133,8 @@ FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")
 INTERPRETED_NUM_SMS = 3
 #: Rows per program of the merge kernel.
 BLOCK_R = 128
+#: :math:`\log_2 e`: the epilogue forms its exponentials as ``exp2`` of the logits in base-2 units.
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -190,10 +192,10 @@ def _tile_epilogue(
         # t · k is the logit in base-2 units: t the raw accumulator (alpha > 0) or the logit itself.
         if ALPHA_POSITIVE:
             t = acc
-            k = alpha * 1.4426950408889634
+            k = alpha * LOG2E
         else:
             t = acc * alpha
-            k = 1.4426950408889634
+            k = LOG2E
         if not EVEN_N:
             t = tl.where(col_ok[None, :], t, -float("inf"))
         m = tl.max(t, axis=1)
@@ -203,7 +205,7 @@ def _tile_epilogue(
             c = tl.load(shift_ptr + rows, mask=row_ok, other=-float("inf"))
             m = tl.maximum(c, m - HEADROOM)
             kept = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index) != ignore_index
-            bias = tl.where(kept, m * 1.4426950408889634, float("inf"))
+            bias = tl.where(kept, m * LOG2E, float("inf"))
             e = tl.math.exp2(t * k - bias[:, None]).to(out_ptr.dtype.element_ty)
             _store_tile(e, rows, cols, off_m, pid_n, out_ptr, out_desc, stride_out, row_ok, col_ok, OUT_TMA,
                         OUT_TRANSPOSED, BLOCK_N)
@@ -211,7 +213,7 @@ def _tile_epilogue(
             # The sums of the exponentials as stored: the softmax of the stored row sums to 1.
             s = tl.sum(e.to(tl.float32), axis=1)
         else:
-            s = tl.sum(tl.math.exp2(t * k - (m * 1.4426950408889634)[:, None]), axis=1)
+            s = tl.sum(tl.math.exp2(t * k - (m * LOG2E)[:, None]), axis=1)
             z = t
     partial = pid_n.to(tl.int64) * n_rows + rows
     tl.store(m_ptr + partial, m, mask=row_ok)
