@@ -654,8 +654,9 @@ CLASS_MAJOR_SLAB_ROWS = 8448
 #: chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
 #: wide_class_major``, commit 29f4f42, medians of three alternating rounds) ``k = 2`` took ``forward``
 #: with a gradient from 37.67 ms to 12.91 (torch's 17.62) and ``full`` from 37.50 to 37.12 ms (QuACK's
-#: 37.35) at 2198 MB against 2100 (QuACK's 4072). Beyond ``2H`` the logits outgrow the memory target
-#: (``≤ 0.6×`` QuACK's; at N = 16384 they alone are 4.2 GB against QuACK's 4.1), so 2.
+#: 37.35) at 2198 MB against 2100 (QuACK's 4072; MB as the CSVs count them, 2^20 bytes). Beyond ``2H``
+#: the logits outgrow the memory target (``≤ 0.6×`` QuACK's peak): at N = 16384 they alone take 4008 MB,
+#: 0.97× QuACK's 4136, so 2.
 CLASS_MAJOR_ROWS_PER_HIDDEN = 2
 
 
