@@ -711,7 +711,8 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
     ``T - (V-v)·N`` in a buffer of ``T`` elements: no overlap while ``(v+S)·H ≤ T - (V-v)·N`` for every
     ``v``, that is ``T ≥ V·max(N, H) + S·H``). While ``N ≤ H`` the logits take no memory of their own:
     peak memory is ``dW`` + ``S·H`` + ``dx``, against ``dW`` + ``N·V`` on the chunked route, at the same
-    three matmuls; for ``N > H`` the buffer is the logits' ``V·N`` + ``S·H``, and ``dW`` reuses it. ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
+    three matmuls; for ``N > H`` the buffer is the logits' ``V·N`` + ``S·H``, and ``dW`` reuses it.
+    ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
 
     With ``factors`` (:func:`_logits_with_loss`) the buffer holds the shifted exponentials
     :math:`\tilde e^\top` instead, and no kernel touches it: ``dz = diag(r) ẽ``, ``r = factor · factors``,

@@ -1,20 +1,22 @@
-r"""Vocabulary-parallel (tensor-parallel) LM-head losses on 1 and 2 GPUs: time, per-GPU memory, bytes on the wire.
+r"""Vocabulary-parallel (tensor-parallel) LM-head losses on 1, 2, 4 and 8 GPUs: time, per-GPU memory, bytes on the wire.
 
-On the two-H200 machine (kind ``nvidia-h200-x2``), with the peers' wheels installed into /tmp/site::
+On a machine of G H200s (kind ``nvidia-h200-x2``, ``-x4`` or ``-x8``), with the peers' wheels installed into
+/tmp/site::
 
     PYTHONPATH=/tmp/site:$PWD KERNELS_LIB_COMMIT=<commit> \
-        torchrun --nproc-per-node 2 scripts/tensor_parallel_bench.py --out data/measured
+        torchrun --nproc-per-node G scripts/tensor_parallel_bench.py --out data/measured
 
-(about 5 minutes; ``--budget-s`` caps it, default 420 s: what is left when it is spent is written as
-NaN rows noted ``skipped: time budget``). On a CPU, for CI: ``python scripts/tensor_parallel_bench.py
---small --out DIR`` spawns two gloo processes itself (tiny sizes, Triton's interpreter; also runs
-under ``torchrun --nproc-per-node 2 ... --small``).
+(about 5 minutes on two GPUs; ``--budget-s`` caps it, default 420 s: what is left when it is spent is
+written as NaN rows noted ``skipped: time budget``). On a CPU, for CI: ``python
+scripts/tensor_parallel_bench.py --small --out DIR`` spawns ``--ranks`` gloo processes itself (2 by
+default; tiny sizes, Triton's interpreter; also runs under ``torchrun --nproc-per-node G ... --small``).
 
-One launch measures both TP = 1 and TP = 2. TP = 1: every rank runs the one-GPU form on its own GPU
-at once (kernels_lib without a process group; the peers on a one-rank group of their own), and the
-row is the slowest rank's; TP = 2: the ranks split the vocabulary (V/2 classes each) and run
-together over NCCL. What is measured (every provider gets the same inputs, drawn from one seed on
-every rank; a rank's shard is its slice):
+One launch measures every TP of :func:`tensor_parallel_sizes`: 1, 2, 4, … up to G. At TP = k the G
+ranks form G/k groups of k consecutive ranks, and every group runs the same call at once, so the row
+is the slowest rank of any group. TP = 1: every rank runs the one-GPU form on its own GPU (kernels_lib
+without a process group; the peers on a one-rank group of their own). TP = k > 1: the ranks of a group
+split the vocabulary (V/k classes each) and run together over NCCL. What is measured (every provider
+gets the same inputs, drawn from one seed on every rank; a rank's shard is its slice within its group):
 
 * **Fused linear cross-entropy** (``kernel_name = fused_linear_cross_entropy``), N ∈ {8192, 16384}
   tokens, H = 4096, V = 128256, bf16, ``mean``; each rank holds ``x`` (N × H) and its rows
@@ -60,7 +62,7 @@ backward). Per (provider, point, mode, TP):
   :mod:`kernels_lib.fused_linear_cross_entropy`, :mod:`kernels_lib.cross_entropy`): the check's
   ``all_gather`` of 13 int64, per row one float32 (MAX) and two (SUM: S and the owner's target
   logit), and for the fused linear loss ``dx`` (N × H in x's dtype) all-reduced once.
-* **communication time** (``comm_ms``, TP = 2): the same collectives (kinds, sizes, dtypes, in
+* **communication time** (``comm_ms``, TP > 1): the same collectives (kinds, sizes, dtypes, in
   order) replayed alone on the group and timed as above: the share of the call that is the wire.
 
 Output: ``tensor_parallel.csv`` in ``--out`` (appended; the measured CSV's columns,
@@ -68,7 +70,7 @@ Output: ``tensor_parallel.csv`` in ``--out`` (appended; the measured CSV's colum
 ``comm_bytes``, ``comm_bytes_analytic``, ``comm_ms``, ``rank_medians``), and the logits-level rows
 again in the published layout into ``megatron_cross_entropy.csv`` and ``cross_entropy.csv`` (the
 configuration of the bench specs' sweeps, so the overview places the TP = 1 rows on the published
-charts; TP = 2 rows carry ``"TP": 2`` and the provider suffix ``[TP=2]``). A provider that cannot
+charts; TP = k > 1 rows carry ``"TP": k`` and the provider suffix ``[TP=k]``). A provider that cannot
 run (package missing, no CUDA) gives NaN rows with the reason in ``note``; one that fails at a point
 gives NaN rows with the error, agreed over the ranks so that no rank waits in a collective the
 others left.
@@ -169,10 +171,21 @@ def init_world(small: bool) -> World:
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=300),
                             **({"device_id": device} if use_cuda else {}))
     meta = dist.new_group(backend="gloo")
-    singles = [dist.new_group([r]) for r in range(size)]  # every rank creates every group, in order
     world = World(rank, size, device, meta)
-    world.groups = {1: singles[rank], size: dist.group.WORLD}
+    for tp in tensor_parallel_sizes(size):  # every rank creates every group, in the same order
+        blocks = [dist.new_group(list(range(first, first + tp))) if tp < size else dist.group.WORLD
+                  for first in range(0, size, tp)]
+        world.groups[tp] = blocks[rank // tp]
     return world
+
+
+def tensor_parallel_sizes(world_size: int) -> list[int]:
+    """The TP sizes one launch measures: 1, 2, 4, … up to ``world_size`` (a power of two), or 1 and
+    ``world_size`` otherwise. At TP = k the ranks form ``world_size / k`` groups of k consecutive ranks
+    (Megatron's layout), all measured at once; a row holds the slowest rank of any group."""
+    if world_size & (world_size - 1):
+        return sorted({1, world_size})
+    return [1 << i for i in range(world_size.bit_length())]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +418,7 @@ def flce_inputs(point: dict, tp: int, world: World):
     same on every rank), sliced."""
     inputs = flce_bench.make_inputs(point, point["dtype"], world.device, {})
     x, weight, target, _ = inputs.args
-    rows = _shard(weight.shape[0], tp, world.rank if tp > 1 else 0)
+    rows = _shard(weight.shape[0], tp, world.rank % tp)
     shard = weight.detach()[rows].clone().requires_grad_()
     del inputs, weight
     return x, shard, target
@@ -502,7 +515,7 @@ def logits_provider(workload: str, name: str, point: dict, tp: int, world: World
         raise ValueError(f"unknown provider {name}")
     inputs = ce_bench.make_inputs(point, point["dtype"], world.device, {})
     logits, target = inputs.args
-    columns = _shard(logits.shape[1], tp, world.rank if tp > 1 else 0)
+    columns = _shard(logits.shape[1], tp, world.rank % tp)
     shard = logits.detach()[:, columns].clone().requires_grad_() if tp > 1 else logits
     del inputs, logits
     return (lambda: function(shard, target, reduction=reduction)), contextlib.nullcontext, [shard]
@@ -613,7 +626,7 @@ TP1_ONLY = ("liger", "torch")
 
 def published_config(workload: str, point: dict, tp: int) -> dict:
     """The configuration the bench spec's sweep writes (so the overview matches the rows to the
-    published chart), with ``"TP": 2`` for the two-rank rows."""
+    published chart), with ``"TP": k`` for the rows of k > 1 ranks."""
     spec = mce_bench.SPEC if workload == "megatron_cross_entropy" else ce_bench.SPEC
     sizes = {k: v for k, v in point.items() if k.isupper()}
     if workload == "megatron_cross_entropy":
@@ -664,7 +677,7 @@ class Run:
         self.start = time.monotonic()
         self.skipped: dict[tuple, str] = {}
         self.timers = {key: Timer(world, *value) for key, value in preset["timing"].items()}
-        self.tps = sorted({1, world.size})
+        self.tps = tensor_parallel_sizes(world.size)
 
     def point(self, key: tuple, build, mode: str, timer: Timer, tp: int) -> dict:
         if key in self.skipped:
@@ -773,12 +786,15 @@ def main(argv=None) -> None:
     parser.add_argument("--workloads", type=lambda t: t.split(","), default=["flce", "megatron_cross_entropy", "cross_entropy"],
                         help="comma-separated, among flce, megatron_cross_entropy, cross_entropy (default: all)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop measuring after this many seconds")
+    parser.add_argument("--ranks", type=int, default=2, help="with --small: how many gloo ranks to spawn")
     args = parser.parse_args(argv)
     if "RANK" in os.environ:
         run(args)
         return
     if not args.small:
-        parser.error("launch the GPU run with torchrun --nproc-per-node 2 (see the docstring); --small spawns its own ranks")
+        parser.error("launch the GPU run with torchrun --nproc-per-node <GPUs> (see the docstring); --small spawns its own ranks")
+    if args.ranks < 1:
+        parser.error(f"--ranks: expected at least 1 rank, got {args.ranks}")
     import socket
 
     import torch.multiprocessing as mp
@@ -786,7 +802,7 @@ def main(argv=None) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.start_processes(_spawned, args=(2, port, args), nprocs=2, start_method="spawn")
+    mp.start_processes(_spawned, args=(args.ranks, port, args), nprocs=args.ranks, start_method="spawn")
 
 
 if __name__ == "__main__":

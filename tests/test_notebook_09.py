@@ -66,3 +66,26 @@ def test_verdicts_ratio_limit_and_miss():
     assert verdict.loc["vs_loss_parallel_memory", "ratio"] == pytest.approx(0.1)
     assert verdict.loc["logits_vs_liger", "ratio"] == pytest.approx(0.8) and verdict.loc["logits_vs_liger", "met"]
     assert "vs_megatron_time" not in verdict.index  # no Megatron rows: nothing judged, nothing invented
+
+
+def test_scaling_efficiency_and_the_tp8_targets():
+    """Efficiency t1 / (k·tk) and the memory ratio against the same provider's TP = 1 row; issue 15's
+    targets judged at TP = 8 only, and named as not measured where the run stopped below it."""
+    rows = []
+    for k, ms, mib in [(1, 100.0, 1000.0), (2, 55.0, 550.0), (4, 30.0, 300.0), (8, 20.0, 150.0)]:
+        rows += _rows("fused_linear_cross_entropy", "kernels_lib", k, 8192, ms, mib)
+    rows += _rows("fused_linear_cross_entropy", "torch_loss_parallel", 2, 8192, 60.0, 9000.0)  # no TP = 1 row
+    table = tp.scaling_efficiency(pd.DataFrame(rows)).set_index(["provider", "TP"])
+    assert table.loc[("kernels_lib", 1), "efficiency"] == pytest.approx(1.0)
+    assert table.loc[("kernels_lib", 2), "efficiency"] == pytest.approx(100 / (2 * 55))
+    assert table.loc[("kernels_lib", 8), "speed-up"] == pytest.approx(5.0)
+    assert table.loc[("kernels_lib", 4), "MiB / TP = 1"] == pytest.approx(0.3)
+    assert pd.isna(table.loc[("torch_loss_parallel", 2), "efficiency"])
+    verdict = tp.scaling_verdicts(pd.DataFrame(rows)).set_index("target")
+    assert verdict.loc["tp8_time", "ratio"] == pytest.approx(0.2) and verdict.loc["tp8_time", "status"] == "met"
+    assert verdict.loc["tp8_memory", "ratio"] == pytest.approx(0.15) and verdict.loc["tp8_memory", "status"] == "met"
+    below = [r for r in rows if r["tp"] <= 4]
+    missing = tp.scaling_verdicts(pd.DataFrame(below))
+    assert missing.ratio.isna().all() and (missing.status == "not measured (TP ≤ 4 in this run)").all()
+    # Issue 11's targets stay at TP = 2 when the run also has TP = 8.
+    assert tp.verdicts(pd.DataFrame(rows)).set_index("target").loc["tp2_time", "ratio"] == pytest.approx(0.55)

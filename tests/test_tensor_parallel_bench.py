@@ -92,3 +92,33 @@ def test_published_layout_matches_the_published_chart(written, workload):
         assert overview.belongs(measured, config, "V") is belongs, (provider, measured, config)
         assert {k for k in published if k.isupper()} <= set(measured)
         assert not math.isnan(mine.y_value_50.iloc[0])
+
+
+def test_tensor_parallel_sizes():
+    module = _script()
+    assert module.tensor_parallel_sizes(1) == [1]
+    assert module.tensor_parallel_sizes(2) == [1, 2]
+    assert module.tensor_parallel_sizes(8) == [1, 2, 4, 8]
+    assert module.tensor_parallel_sizes(6) == [1, 6]
+
+
+def test_four_ranks_measure_tp_1_2_4_in_one_launch(tmp_path):
+    """Four gloo ranks: TP = 1, 2 and 4 in one launch, the TP = 2 groups of consecutive ranks measured
+    at once; kernels_lib's counted wire equals its documented format at each TP, and every rank's
+    median is in the row."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--ranks", "4", "--workloads", "flce", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = pd.read_csv(tmp_path / "tensor_parallel.csv")
+    speed = rows[rows.metric_name == "speed"]
+    ours = speed[speed.kernel_provider == "kernels_lib"]
+    assert set(zip(ours.tp, ours.kernel_operation_mode)) == {(k, m) for k in (1, 2, 4) for m in ("forward", "full")}
+    assert (ours.y_value_50 > 0).all() and ours.note.isna().all(), ours[["tp", "note"]]
+    assert (ours.comm_bytes == ours.comm_bytes_analytic).all() and (ours[ours.tp > 1].comm_bytes > 0).all()
+    assert all(len(json.loads(r)) == 4 for r in ours.rank_medians)
+    config = {json.loads(c)["TP"] for c in ours.extra_benchmark_config_str}
+    assert config == {1, 2, 4}
+    n, h = 16, 32  # loss_parallel's wire does not depend on TP: 3 floats a row, and dx in full
+    torch_rows = speed[speed.kernel_provider == "torch_loss_parallel"].set_index(["tp", "kernel_operation_mode"])
+    assert torch_rows.loc[(4, "forward"), "comm_bytes"] == 3 * 4 * n
+    assert torch_rows.loc[(4, "full"), "comm_bytes"] == 3 * 4 * n + n * h * 4

@@ -1,4 +1,5 @@
-r"""Notebook 09's logic: the vocabulary-parallel check on spawned gloo ranks, and the verdicts of issue 11.
+r"""Notebook 09's logic: the vocabulary-parallel check on spawned gloo ranks, the verdicts of issue 11, and
+the scaling over 1, 2, 4 and 8 GPUs of issue 15.
 
 **The check** (:func:`run_check`): ``world`` processes on this machine (torch.multiprocessing,
 spawn, gloo), each holding an uneven slice of the classes (``V = 1031``: 700 + 331, or 400 + 231 +
@@ -11,7 +12,8 @@ process imports its target by name (a function defined in a notebook cell cannot
 
 **The verdicts** (:func:`verdicts`) read ``data/measured/tensor_parallel.csv`` (written by
 ``scripts/tensor_parallel_bench.py``): the newest run's medians on the H200, against
-:data:`TARGETS`.
+:data:`TARGETS` (at TP = 2). **The scaling** (:func:`scaling_efficiency`, :func:`scaling_verdicts`):
+each TP of the same run against TP = 1, and :data:`SCALING_TARGETS` at TP = 8.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ CASES = {
 }
 TOLERANCE = 1e-5  # float32 inputs: the shards only reorder float32 sums
 COMMAND = (
-    "PYTHONPATH=/tmp/site:$PWD KERNELS_LIB_COMMIT=<commit> torchrun --nproc-per-node 2 "
+    "PYTHONPATH=/tmp/site:$PWD KERNELS_LIB_COMMIT=<commit> torchrun --nproc-per-node <GPUs> "
     "scripts/tensor_parallel_bench.py --out data/measured"
 )
 
@@ -178,6 +180,15 @@ TARGETS = {
 }
 
 
+#: Issue 15's targets at TP = 8 (name -> (what, limit)): ratios to kernels_lib's own TP = 1 row of the same run.
+SCALING_TARGETS = {
+    "tp8_memory": ("kernels_lib TP = 8 / TP = 1 per-GPU memory beyond the inputs (full)", 0.2),
+    "tp8_time": ("kernels_lib TP = 8 / TP = 1 full time", 0.25),
+}
+#: The TP those targets are judged at.
+SCALING_TP = 8
+
+
 def load_runs(gpu_name: str = "NVIDIA H200") -> pd.DataFrame:
     """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA), per workload (``kernel_name``)
     the newest run (commit) only, as its targets compare rows of one run; empty when none."""
@@ -215,11 +226,49 @@ def scaling_table(rows: pd.DataFrame) -> pd.DataFrame:
     return table.rename_axis(index=["N", "provider", "TP"])
 
 
+def scaling_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
+    r"""The fused linear CE per (N, provider, mode, TP) against the same provider's TP = 1 row of the run:
+    time, speed-up :math:`t_1 / t_k`, scaling efficiency :math:`t_1 / (k\,t_k)` (1: every GPU added
+    takes its full share), and per-GPU memory beyond the inputs with its ratio to TP = 1 (``full`` only;
+    the inputs, ``x`` and the head's rows, are not counted, so :math:`1/k` is what sharding the head
+    alone would give). Providers with no TP = 1 row get NaN ratios."""
+    flce = rows[rows.kernel_name == "fused_linear_cross_entropy"]
+    key = ["x_value", "kernel_provider", "kernel_operation_mode"]
+    speed = flce[flce.metric_name == "speed"].set_index(key + ["tp"]).y_value_50
+    memory = flce[flce.metric_name == "memory"].set_index(key + ["tp"]).y_value_50
+    out = []
+    for (n, provider, mode, k), ms in speed.items():
+        base = speed.get((n, provider, mode, 1), float("nan"))
+        mib = memory.get((n, provider, mode, k), float("nan"))
+        base_mib = memory.get((n, provider, mode, 1), float("nan"))
+        out.append({"N": n, "provider": provider, "mode": mode, "TP": k, "ms": ms, "speed-up": base / ms,
+                    "efficiency": base / (k * ms), "MiB": mib, "MiB / TP = 1": mib / base_mib})
+    table = pd.DataFrame(out, columns=["N", "provider", "mode", "TP", "ms", "speed-up", "efficiency", "MiB", "MiB / TP = 1"])
+    return table.sort_values(["N", "provider", "mode", "TP"]).reset_index(drop=True)
+
+
+def scaling_verdicts(rows: pd.DataFrame) -> pd.DataFrame:
+    """:data:`SCALING_TARGETS` at each N, judged at :data:`SCALING_TP` where the run measured it (``met``
+    True or False), else ``not measured`` with the largest TP the run had."""
+    table = scaling_efficiency(rows)
+    ours = table[(table.provider == "kernels_lib") & (table["mode"] == "full")]
+    out = []
+    for n, group in ours.groupby("N"):
+        at = group[group.TP == SCALING_TP]
+        ratios = {"tp8_memory": at["MiB / TP = 1"], "tp8_time": 1 / at["speed-up"]}
+        for name, (what, limit) in SCALING_TARGETS.items():
+            ratio = float(ratios[name].iloc[0]) if len(at) else float("nan")
+            status = ("met" if ratio <= limit else "missed") if ratio == ratio else f"not measured (TP ≤ {group.TP.max()} in this run)"
+            out.append({"target": name, "what": what, "N": n, "ratio": ratio, "limit": limit, "status": status})
+    return pd.DataFrame(out, columns=["target", "what", "N", "ratio", "limit", "status"])
+
+
 def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     """Every target of :data:`TARGETS` at every point where both sides were measured: the ratio, the
-    limit, met or not, and by how much a miss exceeds it (``ratio / limit - 1``)."""
+    limit, met or not, and by how much a miss exceeds it (``ratio / limit - 1``). Issue 11's targets
+    are at TP = 2, whatever larger TP the run also measured."""
     out = []
-    tp2 = max(rows.tp) if len(rows) else 2
+    tp2 = 2
 
     def judge(name, x, num, den):
         what, limit = TARGETS[name]
