@@ -167,7 +167,8 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     """The chart's targets judged over every x of its run, as :func:`.bench.analysis.target_verdicts`
     writes them (index ``target``; ``bound``, ``worst ratio``, ``worst at x``, ``status``): the target
     functions its report uses, with the ceilings of the same run. For the tensor-parallel chart,
-    :func:`.tensor_parallel.verdicts` per target: ``met`` where met at every point, the largest ratio.
+    :func:`.tensor_parallel.verdicts` per target (issue 11's, at TP = 2) and :func:`.tensor_parallel.scaling_verdicts`
+    (issue 15's, at TP = 8): ``met`` where met at every point, the largest ratio.
     Empty for a chart without targets."""
     rows, name = chart.rows, chart.kernel_name
     if name == TENSOR_PARALLEL:
@@ -180,6 +181,14 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
                         "worst ratio": worst.ratio if worst is not None else float("nan"),
                         "worst at x": worst.x if worst is not None else None,
                         "status": "not measured" if worst is None else ("met" if points.met.all() else "missed")})
+        scaling = tp.scaling_verdicts(rows)
+        for target, (what, limit) in tp.SCALING_TARGETS.items():
+            points = scaling[(scaling.target == target) & scaling.ratio.notna()]
+            worst = points.loc[points.ratio.idxmax()] if len(points) else None
+            out.append({"target": f"{what} ≤ {limit}", "bound": limit,
+                        "worst ratio": worst.ratio if worst is not None else float("nan"),
+                        "worst at x": worst.N if worst is not None else None,
+                        "status": "not measured" if worst is None else ("met" if (points.ratio <= limit).all() else "missed")})
         return pd.DataFrame(out).set_index("target")
     if name == "fused_linear_cross_entropy":
         # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
