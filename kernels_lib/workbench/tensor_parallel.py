@@ -229,9 +229,9 @@ def scaling_table(rows: pd.DataFrame) -> pd.DataFrame:
 def scaling_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
     r"""The fused linear CE per (N, provider, mode, TP) against the same provider's TP = 1 row of the run:
     time, speed-up :math:`t_1 / t_k`, scaling efficiency :math:`t_1 / (k\,t_k)` (1: every GPU added
-    takes its full share), and per-GPU memory beyond the inputs with its ratio to TP = 1 (``full`` only;
-    the inputs, ``x`` and the head's rows, are not counted, so :math:`1/k` is what sharding the head
-    alone would give). Providers with no TP = 1 row get NaN ratios."""
+    takes its full share), and the per-GPU memory beyond the inputs of the same mode with its ratio to
+    TP = 1 (the inputs, ``x`` and the head's rows, are not counted, so :math:`1/k` is what sharding the
+    head alone would give). Providers with no TP = 1 row get NaN ratios."""
     flce = rows[rows.kernel_name == "fused_linear_cross_entropy"]
     key = ["x_value", "kernel_provider", "kernel_operation_mode"]
     speed = flce[flce.metric_name == "speed"].set_index(key + ["tp"]).y_value_50
