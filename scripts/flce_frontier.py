@@ -397,10 +397,12 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
 
 
 def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
-    """The A/B of one class-major chunk of up to 2H rows (:data:`WIDE_ARM`) at the chart's N in ``(H, 2H]``
-    (the smallest where none is, as at CPU size): torch, QuACK, the default and the arm in the frontier's
-    alternating rounds, no dial."""
-    wide = [n for n in size["x_values"] if size["H"] < n <= 2 * size["H"]] or size["x_values"][:1]
+    """The A/B of the class-major route beyond H rows at the chart's N in ``(H, k·H]``, ``k`` =
+    :data:`~kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` (the smallest N where
+    none is, as at CPU size): torch, QuACK, the default (one class-major chunk of N rows) and
+    :data:`WIDE_ARM` (the chunked route) in the frontier's alternating rounds, no dial."""
+    limit = flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN * size["H"]
+    wide = [n for n in size["x_values"] if size["H"] < n <= limit] or size["x_values"][:1]
     return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack"), arms=(WIDE_ARM,))
 
 
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / FILES[part]
             path.parent.mkdir(parents=True, exist_ok=True)
             extra = {"progress": lambda partial: partial.to_csv(path, index=False)} if part == "forward" else {}
-            if part in ("frontier", "exponentials", "quack_ab", "wide_class_major"):
+            if f"{part}_rounds" in FILES:  # the parts that run alternating rounds keep each round's rows
                 extra = {"rounds_path": args.out / FILES[f"{part}_rounds"]}
             rows = PARTS[part](SIZES[args.size], device, **extra)
             rows.to_csv(path, index=False)

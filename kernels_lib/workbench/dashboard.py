@@ -172,23 +172,9 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     Empty for a chart without targets."""
     rows, name = chart.rows, chart.kernel_name
     if name == TENSOR_PARALLEL:
-        judged = tp.verdicts(rows)
-        out = []
-        for target, (what, limit) in tp.TARGETS.items():
-            points = judged[judged.target == target]
-            worst = points.loc[points.ratio.idxmax()] if len(points) else None
-            out.append({"target": f"{what} ≤ {limit}", "bound": limit,
-                        "worst ratio": worst.ratio if worst is not None else float("nan"),
-                        "worst at x": worst.x if worst is not None else None,
-                        "status": "not measured" if worst is None else ("met" if points.met.all() else "missed")})
-        scaling = tp.scaling_verdicts(rows)
-        for target, (what, limit) in tp.SCALING_TARGETS.items():
-            points = scaling[(scaling.target == target) & scaling.ratio.notna()]
-            worst = points.loc[points.ratio.idxmax()] if len(points) else None
-            out.append({"target": f"{what} ≤ {limit}", "bound": limit,
-                        "worst ratio": worst.ratio if worst is not None else float("nan"),
-                        "worst at x": worst.N if worst is not None else None,
-                        "status": "not measured" if worst is None else ("met" if (points.ratio <= limit).all() else "missed")})
+        judged = [(tp.TARGETS, tp.verdicts(rows), "x"), (tp.SCALING_TARGETS, tp.scaling_verdicts(rows), "N")]
+        out = [_worst_point(f"{what} ≤ {limit}", limit, points[(points.target == target) & points.ratio.notna()], x)
+               for targets, points, x in judged for target, (what, limit) in targets.items()]
         return pd.DataFrame(out).set_index("target")
     if name == "fused_linear_cross_entropy":
         # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
@@ -241,6 +227,15 @@ def dashboard(chart_list: list[Chart] | None = None, gpu_name: str = overview.H2
     ceilings = data.load_measured("ceilings", latest=False)
     frames = [chart_rows(chart, ceilings) for chart in chart_list]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def _worst_point(target: str, limit: float, points: pd.DataFrame, x: str) -> dict:
+    """One target's line from its judged ``points`` (a ``ratio`` column, the point in column ``x``): the
+    largest ratio and where, ``met`` where every ratio is within ``limit``, ``not measured`` without points."""
+    worst = points.loc[points.ratio.idxmax()] if len(points) else None
+    return {"target": target, "bound": limit, "worst ratio": worst.ratio if worst is not None else float("nan"),
+            "worst at x": worst[x] if worst is not None else None,
+            "status": "not measured" if worst is None else ("met" if (points.ratio <= limit).all() else "missed")}
 
 
 def ratio_text(value: float) -> str:
