@@ -60,7 +60,9 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, 8192 and 16384
     (the runs up to 5c132ed: 4096 alone), kernels_lib's default and QuACK's: do_bench's time beside the
     GPU's timeline of ten steps (span, the kernels' busy time, idle time and the largest gaps), to tell
-    kernel time from a GPU left waiting.
+    kernel time from a GPU left waiting, and the host's side of the same steps: its longest CUDA runtime
+    calls (``host calls``: a synchronize there is the host waiting) and the lines where torch's sync
+    debug mode sees one call wait for the GPU (``sync sites``).
 ``quack_ab``: ``gpu_runs/fused_linear_cross_entropy_quack_ab.csv`` (rounds in ``..._quack_ab_rounds.csv``).
     kernels_lib's default and QuACK alone, in the ``frontier`` part's alternating rounds at each N, no
     dial: a later commit against the fastest peer at a fraction of the frontier's time.
@@ -105,7 +107,8 @@ from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, paired_summary, paired_times, time_callable
+from kernels_lib.workbench.bench.timing import (busy_timeline, mode_callable, paired_summary, paired_times, sync_sites,
+                                                time_callable)
 from kernels_lib.workbench.check import relative_error
 
 SIZES = {
@@ -346,7 +349,8 @@ def exponentials(size: dict, device: torch.device, rounds_path: Path | None = No
 def timeline(size: dict, device: torch.device) -> pd.DataFrame:
     """``full`` at each N of ``size["timeline_n"]``, per provider of ``size["profile_providers"]``: do_bench's
     time beside the GPU's own view of ten back-to-back steps, each after do_bench's L2 flush
-    (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps)."""
+    (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps,
+    the host's longest runtime calls) and the call's sync sites (:func:`~kernels_lib.workbench.bench.timing.sync_sites`)."""
     loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
     rows = []
     for n in size["timeline_n"]:
@@ -360,7 +364,9 @@ def timeline(size: dict, device: torch.device) -> pd.DataFrame:
             if line is not None:
                 row.update({"steps": line.steps, "span ms per step": line.span, "busy ms per step": line.busy,
                             "idle ms per step": line.idle,
-                            "largest gaps": "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps)})
+                            "largest gaps": "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps),
+                            "host calls": "; ".join(f"{call} {ms:.3f} ms in {k:g} calls" for call, ms, k in line.host_calls),
+                            "sync sites": "; ".join(sync_sites(step, device))})
             rows.append(row)
             print(row, flush=True)
         inputs = None

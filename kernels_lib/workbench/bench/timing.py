@@ -113,13 +113,17 @@ class Timeline:
     """Where a CUDA stream's time goes over ``steps`` back-to-back calls (the GPU's view, per call, ms):
     ``span`` from the first kernel's start to the last one's end, ``busy`` the union of the kernels'
     intervals (kernels overlapping on several streams count once), ``idle = span - busy``; ``gaps``,
-    the largest idle intervals as ``(ms, kernel before, kernel after)``."""
+    the largest idle intervals as ``(ms, kernel before, kernel after)``; ``host_calls``, the host's view:
+    the CUDA runtime calls that took longest in all, as ``(name, ms per call of fn, calls per call of
+    fn)`` (a ``cudaStreamSynchronize`` or ``cudaEventSynchronize`` there is the host waiting for the
+    GPU, which then idles until the host's next launch)."""
 
     steps: int
     span: float
     busy: float
     idle: float
     gaps: list
+    host_calls: list
 
 
 def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 10, warmup: int = 3,
@@ -143,10 +147,17 @@ def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 
             flush.zero_()
             fn()
         torch.cuda.synchronize(device)
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+    events = prof.events()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
                      if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    runtime: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name.startswith("cuda"):
+            runtime.setdefault(e.name, []).append((e.time_range.end - e.time_range.start) / 1e3)
+    host_calls = sorted(((name, sum(ms) / steps, len(ms) / steps) for name, ms in runtime.items()),
+                        key=lambda call: -call[1])[:largest]
     if not kernels:
-        return Timeline(steps, float("nan"), float("nan"), float("nan"), [])
+        return Timeline(steps, float("nan"), float("nan"), float("nan"), [], host_calls)
     busy, gaps, end, before = 0.0, [], kernels[0][0], kernels[0][2]
     for start, stop, name in kernels:
         if start > end:
@@ -157,7 +168,27 @@ def busy_timeline(fn: Callable[[], None], device: torch.device, *, steps: int = 
     span = (end - kernels[0][0]) / 1e3
     busy /= 1e3
     gaps.sort(reverse=True)
-    return Timeline(steps, span / steps, busy / steps, (span - busy) / steps, gaps[:largest])
+    return Timeline(steps, span / steps, busy / steps, (span - busy) / steps, gaps[:largest], host_calls)
+
+
+def sync_sites(fn: Callable[[], None], device: torch.device) -> list[str]:
+    """Where one call of ``fn`` makes the host wait for the GPU, as torch's sync debug mode sees it
+    (``.item()``, a blocking copy, ``nonzero`` …; not an explicit event or stream synchronize):
+    ``"file:line: message"`` per distinct site. Empty on a CPU."""
+    if device.type != "cuda":
+        return []
+    import warnings
+
+    torch.cuda.synchronize(device)
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return sorted({f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:80]}" for w in caught})
 
 
 def paired_times(fns: list[Callable[[], None]], device: torch.device, *, samples: int, grad_to_none=None,
