@@ -80,6 +80,10 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     gradients deferred to backward) beside ``kernels_lib[class_major_rows_per_hidden=1]`` (the chunked
     route, the gradients formed in forward) in alternating rounds, no dial. The run of 29f4f42, when
     the default was 1, had the arm at 2.
+``row_major_dw``: ``gpu_runs/fused_linear_cross_entropy_row_major_dw.csv``. The chunked route's ``dx`` and
+    ``dW`` for one chunk at the smallest N, each timed alone, ``dW`` in slabs of each size of ``slab_rows``
+    (one matmul at ``S ≥ V``, the route's way), written and added to: whether the class-major route's
+    slabs would help the chunked route's ``dW`` too.
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.
@@ -142,6 +146,7 @@ FILES = {
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
     "wide_class_major_rounds": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab_rounds.csv",
+    "row_major_dw": "gpu_runs/fused_linear_cross_entropy_row_major_dw.csv",
 }
 
 
@@ -426,9 +431,16 @@ def class_major(size: dict, device: torch.device) -> pd.DataFrame:
         **provenance(device))
 
 
+def row_major_dw(size: dict, device: torch.device) -> pd.DataFrame:
+    """The chunked route's ``dx`` and ``dW`` for one chunk of the smallest N, ``dW`` at each slab size of
+    ``size["slab_rows"]``, written and added to (:func:`flce_studies.row_major_dw_times`)."""
+    sizes = {"BT": min(size["x_values"]), "H": size["H"], "V": size["V"]}
+    return flce_studies.row_major_dw_times(sizes, DTYPE, device, slab_rows=size["slab_rows"]).assign(**provenance(device))
+
+
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
          "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab,
-         "quack_pairs": quack_pairs, "wide_class_major": wide_class_major}
+         "quack_pairs": quack_pairs, "wide_class_major": wide_class_major, "row_major_dw": row_major_dw}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -485,3 +485,6 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {16}
     assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 2, "the A/B puts the setting back"
+    row_major = pd.read_csv(tmp_path / script.FILES["row_major_dw"])
+    assert set(row_major.stage) == {"dx", "dW"} and row_major.ms.gt(0).all() and "kernels_lib_commit" in row_major
+    assert len(row_major[row_major.stage == "dW"]) == 2 * len(script.SIZES["small"]["slab_rows"]), "written and added to"
