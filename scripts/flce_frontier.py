@@ -83,7 +83,7 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``row_major_dw``: ``gpu_runs/fused_linear_cross_entropy_row_major_dw.csv``. The chunked route's ``dx`` and
     ``dW`` for one chunk at the smallest N, each timed alone, ``dW`` in slabs of each size of ``slab_rows``
     (one matmul at ``S ≥ V``, the route's way), written and added to: whether the class-major route's
-    slabs would help the chunked route's ``dW`` too.
+    slabs would help the chunked route's ``dW`` too (at 208350c: no).
 
 ``--size small`` runs the same code at CPU sizes (Triton's interpreter; the peers are skipped):
 the tests use it.

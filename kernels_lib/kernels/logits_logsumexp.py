@@ -42,7 +42,7 @@ partials of its rows ``BLOCK_B`` blocks at a time with the online rule: per step
 :math:`\mathrm{lse} = M + \log S`, and :math:`t_i = 0` at ignored rows (NaN at out-of-range targets),
 which no tile touches. (One block per step, 128 rows per program, left 32 programs at N = 4096 each
 waiting on 501 dependent loads: 80 µs per 4096 rows on the H200, the time of reading the partials
-twenty times over.)
+twenty times over; 18 µs in 64-block steps over 32 rows, profile of 6b80ae7.)
 
 **NaN.** ``tl.max`` ignores NaN operands (``maxnum``, compiled and interpreted alike), so :math:`m_b`
 may be finite, or :math:`-\infty`, beside a NaN logit; but that logit reaches :math:`s_b` through

@@ -116,7 +116,7 @@ class Timeline:
     the largest idle intervals as ``(ms, kernel before, kernel after)``; ``host_calls``, the host's view:
     the CUDA runtime calls that took longest in all, as ``(name, ms per call of fn, calls per call of
     fn)`` (a ``cudaStreamSynchronize`` or ``cudaEventSynchronize`` there is the host waiting for the
-    GPU, which then idles until the host's next launch)."""
+    GPU: harmless while the GPU still has the host's earlier launches to run, idle GPU once it has not)."""
 
     steps: int
     span: float
