@@ -15,6 +15,7 @@ Modes, as in the published harness (inputs that take gradients have ``requires_g
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -184,8 +185,6 @@ def sync_sites(fn: Callable[[], None], device: torch.device) -> list[str]:
     ``"file:line: message"`` per distinct site. Empty on a CPU."""
     if device.type != "cuda":
         return []
-    import warnings
-
     torch.cuda.synchronize(device)
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
