@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.parts.split(",") if p not in PARTS]
     if unknown:
         parser.error(f"--parts must be among {', '.join(PARTS)}; got {', '.join(unknown)}")
-    device = kernels_lib.default_device() if args.size == "full" else torch.device("cpu")
+    device = kernels_lib.default_device()
     if args.size == "full" and device.type != "cuda":
         parser.error("--size full needs a CUDA device (use --size small for a dry run)")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -802,6 +802,9 @@ def main(argv=None) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # The gloo ranks hold CPU tensors: their kernels run in Triton's interpreter on a CUDA machine too
+    # (kernels_lib reads the variable when each rank imports it).
+    os.environ["TRITON_INTERPRET"] = "1"
     mp.start_processes(_spawned, args=(args.ranks, port, args), nprocs=args.ranks, start_method="spawn")
 
 

@@ -294,4 +294,5 @@ def test_small_vocab_profile_script_cpu_path(tmp_path):
     steps = pd.read_csv(tmp_path / script.FILES["step"])
     assert set(steps.chart) == set(script.CHARTS) and set(steps.provider) == set(script.providers())
     assert (steps["step ms"] > 0).all() and (steps["chain ms"] > 0).all() and "kernels_lib_commit" in steps.columns
-    assert (steps["loss in step ms"] == steps["step ms"] - steps["chain ms"]).all()
+    # The CSV rounds each column on its own: the difference holds to the last digit written.
+    assert ((steps["loss in step ms"] - (steps["step ms"] - steps["chain ms"])).abs() < 1e-9 * steps["step ms"]).all()

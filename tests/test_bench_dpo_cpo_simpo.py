@@ -173,7 +173,7 @@ def test_checks_against_the_baseline(name):
 
 
 def test_liger_modules_compute_our_losses():
-    """Liger's own modules, run eagerly on CPU (``compiled=False``: plain torch), built with the options
+    """Liger's own modules, run eagerly (``compiled=False``: plain torch, on the library's device), built with the options
     our adapters give them, agree with kernels_lib: the adapters map the same loss (``alpha`` is our
     ``cpo_alpha``, ``gamma`` our ``simpo_gamma``), so the GPU sweep compares like with like."""
     chunked = pytest.importorskip("liger_kernel.chunked_loss")
@@ -185,6 +185,7 @@ def test_liger_modules_compute_our_losses():
     ref_x, ref_w = torch.randn(4, 6, 16, generator=gen), torch.randn(67, 16, generator=gen) * 0.25
     target = torch.randint(0, 67, (4, 6), generator=gen)
     target[:, :2] = -100
+    x, w, ref_x, ref_w, target = (t.to(DEVICE) for t in (x, w, ref_x, ref_w, target))
     cases = [
         (chunked.LigerFusedLinearCPOLoss(beta=0.2, alpha=0.5, label_smoothing=0.1, compute_nll_loss=True, compiled=False), (),
          lambda x_, w_: fused_linear_cpo(x_, w_, target, beta=0.2, cpo_alpha=0.5, label_smoothing=0.1)),

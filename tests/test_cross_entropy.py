@@ -20,6 +20,7 @@ from kernels_lib import default_device, reference
 from kernels_lib.kernels import cross_entropy_rows
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.workbench.check import TOLERANCE, relative_error
+from device_errors import assert_device_error
 
 ce_module = importlib.import_module("kernels_lib.cross_entropy")
 cross_entropy, CrossEntropyLoss = ce_module.cross_entropy, ce_module.CrossEntropyLoss
@@ -404,12 +405,14 @@ def test_a_bad_target_with_a_gradient_raises_in_backward(reduction):
 
 
 def test_without_host_checks():
-    """No host sync: the range is asserted on the device (on CUDA a device-side assert, which would end
-    the process's CUDA context, so the bad case runs on the CPU only)."""
+    """No host sync: the range is asserted on the device (on CUDA a device-side assert, which ends the
+    process's CUDA context: there the bad case runs in a subprocess, :mod:`device_errors`)."""
     logits, _ = make(2, 10, seed=23)
-    if DEVICE.type == "cpu":
-        with pytest.raises(RuntimeError, match="outside \\[0, 10\\)"):
-            cross_entropy(logits, torch.tensor([3, 12]), host_checks=False)
+    assert_device_error("cross_entropy(logits, torch.tensor([3, 12], device=DEVICE), host_checks=False)",
+                        "outside \\[0, 10\\)", setup="""
+                            from kernels_lib import cross_entropy
+                            logits = torch.randn(2, 10, device=DEVICE)
+                        """)
     good = torch.tensor([3, -100], device=DEVICE)
     assert_close(cross_entropy(logits, good, host_checks=False), reference.cross_entropy(logits.double(), good),
                  TOLERANCE[torch.float32], "loss")

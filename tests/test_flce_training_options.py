@@ -15,6 +15,7 @@ from kernels_lib import reference
 from kernels_lib.fused_linear_cross_entropy import CrossEntropyOutput, fused_linear_cross_entropy
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 
+from device_errors import assert_device_error
 from test_fused_linear_cross_entropy import DEVICE, TOL, check_against_reference, make_inputs, rel_err
 
 
@@ -283,9 +284,15 @@ def test_without_host_checks_the_results_are_the_same(reduction, num_items):
 
 def test_without_host_checks_a_bad_target_is_still_an_error():
     """The range is asserted on the device (an immediate RuntimeError on a CPU; a device-side assert on CUDA)."""
+    assert_device_error(
+        "fused_linear_cross_entropy(x, w, target, b, host_checks=False)",
+        r"target holds values outside \[0, 67\)",
+        setup="""
+            from kernels_lib.fused_linear_cross_entropy import fused_linear_cross_entropy
+            from test_fused_linear_cross_entropy import make_inputs
+            x, w, b, target = make_inputs(lead=(5,), vocab=67, hidden=8)
+            target[1] = 67
+        """)
     x, w, b, target = make_inputs(lead=(5,), vocab=67, hidden=8)
-    target[1] = 67
-    with pytest.raises(RuntimeError, match=r"target holds values outside \[0, 67\)"):
-        fused_linear_cross_entropy(x, w, target, b, host_checks=False)
     with pytest.raises(TypeError, match="host_checks must be a bool"):
         fused_linear_cross_entropy(x, w, target, b, host_checks=0)

@@ -260,8 +260,8 @@ def trl_grpo(x, w, b, target, tensors, opts, processes=1, accumulation=1, steps_
         return logps, entropy, None
 
     inputs = dict(
-        prompt_ids=torch.zeros(target.shape[0], 0, dtype=torch.long),
-        prompt_mask=torch.zeros(target.shape[0], 0, dtype=torch.long),
+        prompt_ids=torch.zeros(target.shape[0], 0, dtype=torch.long, device=target.device),
+        prompt_mask=torch.zeros(target.shape[0], 0, dtype=torch.long, device=target.device),
         completion_ids=target.clamp(min=0),
         completion_mask=valid.long(),
         tool_mask=tensors["completion_mask"],

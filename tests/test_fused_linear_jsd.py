@@ -16,18 +16,27 @@ import torch
 
 import kernels_lib
 from kernels_lib import fused_linear_jsd, reference
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_lib.workbench.check import BASELINE_MARGIN, TOLERANCE, relative_error
 from two_heads import STUDENT, float64, make, poisoned_allocations, run  # noqa: F401  (a fixture)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check(tensors, tol, **options):
+def check(tensors, tol, *, against_baseline=False, **options):
+    """Loss and gradients against float64 within ``tol``; with ``against_baseline``, within
+    ``BASELINE_MARGIN`` times the baseline's own error where that is larger (the reference run in the
+    inputs' own dtypes on the same device: a bfloat16 teacher's logits are rounded to bfloat16 by any
+    implementation, on CUDA by its matmul too)."""
     got, grads = run(fused_linear_jsd, tensors, **options)
     want, want_grads = run(reference.fused_linear_jsd, float64(tensors), **options)
     assert got.dtype == torch.float32 and got.shape == ()
     errors = [relative_error(got, want)] + [relative_error(g, w) for g, w in zip(grads, want_grads, strict=True)]
-    assert all(not math.isnan(e) and e <= tol for e in errors), (errors, tol)
+    bounds = [tol] * len(errors)
+    if against_baseline:
+        base, base_grads = run(reference.fused_linear_jsd, tensors, **options)
+        base_errors = [relative_error(base, want)] + [relative_error(g, w) for g, w in zip(base_grads, want_grads, strict=True)]
+        bounds = [max(tol, BASELINE_MARGIN * e) for e in base_errors]
+    assert all(not math.isnan(e) and e <= b for e, b in zip(errors, bounds)), (errors, bounds)
     for grad, name in zip(grads, STUDENT):
         assert grad.dtype == tensors[name].dtype and grad.shape == tensors[name].shape
     return got, grads
@@ -58,7 +67,10 @@ def test_odd_sizes_one_row_no_target_and_leading_dims():
 
 
 def test_mixed_dtypes_teacher_in_its_own_dtype():
-    check(make(dtype=torch.float32, teacher_dtype=torch.bfloat16, seed=7), TOLERANCE[torch.float32], beta=0.5)
+    """A float32 student and a bfloat16 teacher: the teacher's logits in bfloat16 on CUDA (its own dtype's
+    matmul), float32 in the interpreter; bounded by the baseline's own error in the same dtypes."""
+    check(make(dtype=torch.float32, teacher_dtype=torch.bfloat16, seed=7), TOLERANCE[torch.float32], against_baseline=True,
+          beta=0.5)
 
 
 def test_all_rows_ignored_give_zero_loss_and_zero_gradients():

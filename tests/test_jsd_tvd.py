@@ -111,7 +111,7 @@ def test_tvd_matches_float64_reference(reduction, dtype):
 @pytest.mark.parametrize("shape", [(3, 1031), (1, 1031), (1, 3), (2, 4097)], ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes(shape, reduction, loss):
     a, b = make(loss, shape, seed=shape[1])
-    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1)) if reduction == "none" else None
+    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(DEVICE) if reduction == "none" else None
     for beta in (0.3, 1.0) if loss == "jsd" else (None,):
         check(loss, a, b, TOLERANCE[torch.float32], beta=beta, reduction=reduction, upstream=upstream)
 
@@ -240,7 +240,7 @@ def trl_jsd():
 def test_jsd_matches_trl_generalized_jsd_loss(trl_jsd, beta, reduction):
     """TRL's own function on (B, T, V) logits and (B, T) labels: log_softmax of log-probs is the identity."""
     a, b = make("jsd", (2, 3, 29), seed=21)
-    lab = torch.tensor([[1, -100, 2], [-100, 4, 0]])
+    lab = torch.tensor([[1, -100, 2], [-100, 4, 0]], device=DEVICE)
     leaf = a.double().requires_grad_()
     want = trl_jsd(leaf, b.double(), labels=lab, beta=beta, reduction=reduction)
     want.backward(torch.ones_like(want))
@@ -376,7 +376,7 @@ def test_launcher_writes_every_element(block, loss):
     want_pointwise = theirs(loss, **options)(a.double(), b.double(), reduction="none", target=target)
     assert_close(pointwise.view(n, v), want_pointwise, 1e-5, "pointwise")
     # The pointwise upstream multiplies the gradient; nothing else is written.
-    upstream = torch.randn(n, v, generator=torch.Generator().manual_seed(3))
+    upstream = torch.randn(n, v, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     grad2 = poisoned(n * v)
     before = (a.clone(), b.clone())
     launch(a, b, label=target, grad=grad2, upstream=upstream, block=block, **options)
@@ -467,9 +467,9 @@ def test_bad_inputs_raise_naming_the_argument(case):
 )
 def test_property_matches_reference(n, v, beta, scale, reduction, ignored, seed):
     gen = torch.Generator().manual_seed(seed)
-    a = (torch.randn(n, v, generator=gen) * scale).log_softmax(-1)
-    b = (torch.randn(n, v, generator=gen) * scale).log_softmax(-1)
-    target = torch.where(torch.tensor(ignored[:n]), -100, 1)
+    a = (torch.randn(n, v, generator=gen) * scale).log_softmax(-1).to(DEVICE)
+    b = (torch.randn(n, v, generator=gen) * scale).log_softmax(-1).to(DEVICE)
+    target = torch.where(torch.tensor(ignored[:n]), -100, 1).to(DEVICE)
     for loss, x, y in (("jsd", a, b), ("tvd", a.exp(), b.exp())):
         got, grad = run(ours(loss, beta=beta), x, y, target=target, reduction=reduction)
         want, want_grad = reference_run(theirs(loss, beta=beta), x, y, target=target, reduction=reduction)

@@ -102,7 +102,8 @@ def lean_floors(dtype, accurate: bool, dz: torch.Tensor, x: torch.Tensor, chunk_
     floors = {"dW": TOLERANCE[dtype], "db": TOLERANCE[dtype]}
     if accurate or dtype == torch.float32:
         return floors
-    dz, x = dz.reshape(-1, dz.shape[-1]), x.reshape(-1, x.shape[-1]).double()
+    dz = dz.reshape(-1, dz.shape[-1])
+    x, chunk_of_row = x.reshape(-1, x.shape[-1]).to(dz.device, torch.float64), chunk_of_row.to(dz.device)
     partial_w, partial_b, total_w, total_b = 0.0, 0.0, 0.0, 0.0
     for chunk in torch.unique(chunk_of_row):
         rows = chunk_of_row.reshape(-1) == chunk
@@ -464,7 +465,8 @@ def cancellation_floors(dz: torch.Tensor, x: torch.Tensor, want: dict) -> dict:
     difference of near-equal sums (seen: ``|db| ~ 1e-3·Σ|dz|``, where the float32 reference happened
     to land 4× closer than the kernel, both at the float32 rounding of the terms)."""
     u = 2.0**-24
-    dz, x = dz.reshape(-1, dz.shape[-1]).abs(), x.reshape(-1, x.shape[-1]).double().abs()
+    dz = dz.reshape(-1, dz.shape[-1]).abs()
+    x = x.reshape(-1, x.shape[-1]).to(dz.device, torch.float64).abs()
     terms = {"dW": dz.t() @ x, "db": dz.sum(0)}
     return {name: BASELINE_FACTOR * u * (terms[name].norm() / want[name].norm()).item()
             for name in terms if name in want and want[name].norm() > 0}

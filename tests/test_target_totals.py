@@ -9,6 +9,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib import default_device
 from kernels_lib._target_totals import target_totals
 from kernels_lib.kernels.target_totals import BLOCK, launch_target_totals
+from device_errors import assert_device_error
 
 DEVICE = default_device()
 IGNORE = -100
@@ -60,6 +61,8 @@ def test_preamble_and_range_check():
     bad = torch.tensor([3, 10, IGNORE, -1], device=DEVICE)
     with pytest.raises(ValueError, match=r"target holds 2 value\(s\) outside \[0, 10\).*e\.g\. 10"):
         target_totals(bad, 10, IGNORE, None, host_checks=True).check.raise_if_bad()
-    if DEVICE.type == "cpu":  # on CUDA a device-side assert, which would end the process
-        with pytest.raises(RuntimeError, match="outside"):
-            target_totals(bad, 10, IGNORE, None, host_checks=False)
+    # On CUDA a device-side assert, which ends the process's CUDA context: there in a subprocess.
+    assert_device_error("target_totals(bad, 10, -100, None, host_checks=False)", "outside", setup="""
+        from kernels_lib._target_totals import target_totals
+        bad = torch.tensor([3, 10, -100, -1], device=DEVICE)
+    """)

@@ -1,0 +1,47 @@
+"""The GPU test target's runner (kernels_lib.workbench.gpu_tests): its counting, its record, its refusal
+on a machine without CUDA. The target itself runs on a GPU machine (the closing notes and
+data/measured/gpu_test_runs.csv say when)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from kernels_lib.workbench import gpu_tests
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.a" name="ok"/>
+<testcase classname="tests.a" name="ok2"/>
+<testcase classname="tests.a" name="bad"><failure message="x">x</failure></testcase>
+<testcase classname="tests.b" name="broken"><error message="y">y</error></testcase>
+<testcase classname="tests.b" name="later"><skipped message="z"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_counts_from_junit_and_the_closing_line(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    assert gpu_tests.counts_from_junit(path) == {"passed": 2, "failed": 2, "skipped": 1}
+    assert gpu_tests.deselected_from_log("...\n2 failed, 2 passed, 1 skipped, 37 deselected in 3.1s\n") == 37
+    assert gpu_tests.deselected_from_log("5 passed in 1.0s") == 0
+
+
+def test_rows_are_appended_with_one_header_and_checked(tmp_path):
+    path = tmp_path / "runs.csv"
+    row = gpu_tests.run_row({"passed": 3, "failed": 0, "skipped": 1}, 2, 4.25, "./workbench test --gpu")
+    assert list(row) == gpu_tests.COLUMNS and row["minutes"] == "4.2" and row["target"] == "gpu"
+    gpu_tests.append_rows([row], path)
+    gpu_tests.append_rows([dict(row, target="reports")], path)
+    read = list(csv.DictReader(path.open()))
+    assert [r["target"] for r in read] == ["gpu", "reports"] and read[0]["passed"] == "3"
+    with pytest.raises(ValueError, match="columns"):
+        gpu_tests.append_rows([{"passed": 1}], path)
+
+
+def test_refused_without_cuda_naming_what_to_run(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        gpu_tests.main([])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
