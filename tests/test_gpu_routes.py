@@ -37,7 +37,9 @@ from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
 flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
 
-pytestmark = pytest.mark.gpu
+# One worker takes them all (pytest-xdist's loadgroup): the float64 references of the published shapes
+# take up to ~50 GB of GPU memory each, and the other workers share the GPU.
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_routes")]
 DEVICE = kernels_lib.default_device()
 
 #: How many times the baseline's own error (same dtype, same device) kernels_lib's may be. The

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-m", "pytest", str(ROOT / "tests"), "-m", MARKERS, "-q", "-rfE", "-p", "no:cacheprovider",
                f"--junitxml={junit}"]
     if args.workers > 0 and importlib.util.find_spec("xdist") is not None:
-        command += ["-n", str(args.workers)]
+        command += ["-n", str(args.workers), "--dist", "loadgroup"]
     command += args.pytest_args
     env = dict(os.environ, KERNELS_LIB_ROUTE_ERRORS=str(args.out / "gpu_route_errors.csv"), PYTHONUNBUFFERED="1")
     (args.out / "gpu_route_errors.csv").unlink(missing_ok=True)
