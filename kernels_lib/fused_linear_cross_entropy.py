@@ -282,6 +282,32 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         out.copy_(a @ b)
 
 
+#: Rows of ``dx`` formed per float32 product on the stored-exponentials routes (:func:`_scaled_product_into`):
+#: at ``H = 4096`` a 32 MiB temporary, against ``N × H × 4`` bytes for the whole product at once.
+DX_BLOCK_ROWS = 2048
+
+
+def _scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, factors: torch.Tensor,
+                         scale: torch.Tensor) -> None:
+    r"""``out = diag(factors · scale) (e W)``, rounded once to ``out``'s dtype: the stored exponentials'
+    ``dx`` (:mod:`kernels_lib.kernels.shifted_exponentials`).
+
+    On CUDA with 16-bit operands the product comes out of cuBLAS in float32 (``torch.mm(..., out_dtype=)``),
+    ``DX_BLOCK_ROWS`` rows at a time, and the row factors are applied to it before the one rounding to
+    ``out``'s dtype. Rounding ``e W`` to bfloat16 first and scaling after would round every element of
+    ``dx`` twice: on the H200 that route's bf16 ``dx`` had 1.7× the baseline's own error against float64
+    at N = 16384, H = 4096, V = 128256 (``data/measured/gpu_runs/gpu_route_errors.csv``). Elsewhere
+    (float32 operands, the interpreter) the product is float32 already."""
+    if out.dtype != torch.float32 and e.is_cuda:
+        for start in range(0, e.shape[0], DX_BLOCK_ROWS):
+            rows = slice(start, start + DX_BLOCK_ROWS)
+            product = torch.mm(e[rows], w, out_dtype=torch.float32)
+            launch_scale_rows(product, factors[rows], scale, out=out[rows])
+        return
+    _matmul_into(out, e, w)
+    launch_scale_rows(out, factors, scale, out=out)
+
+
 def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0,
                 first: bool = False) -> None:
     """``acc += alpha · (a @ b)`` in ``acc``'s dtype; with ``first``, ``acc = alpha · (a @ b)`` (its old
@@ -370,8 +396,7 @@ class _GradientSums:
         ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`_logits_with_loss`): ``dx[rows] = diag(r) (ẽ W)``,
         ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch the ``N × V`` buffer."""
         if self.dx is not None:
-            _matmul_into(self.dx[rows], e, w)
-            launch_scale_rows(self.dx[rows], factors, scale, out=self.dx[rows])
+            _scaled_product_into(self.dx[rows], e, w, factors, scale)
         if self.dw is not None:
             _addmm_into(self.dw, e.t(), launch_scale_rows(x_c, factors, scale), max_temp_numel=e.numel(),
                         first=self.first)
@@ -726,9 +751,12 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
         operand = x_c
     else:
         operand = launch_scale_rows(x_c, factors, factor)
-    dx = torch.mm(z_t.t(), w) if need_x else None
-    if dx is not None and factors is not None:
-        launch_scale_rows(dx, factors, factor, out=dx)
+    dx = None
+    if need_x and factors is None:
+        dx = torch.mm(z_t.t(), w)
+    elif need_x:
+        dx = torch.empty((n_rows, hidden), dtype=w.dtype, device=w.device)
+        _scaled_product_into(dx, z_t.t(), w, factors, factor)
     db = None
     if need_b:
         db = z_t.sum(1, dtype=torch.float32) if factors is None else torch.mv(z_t, (factors * factor).to(z_t.dtype))

@@ -1,15 +1,9 @@
 """Spawning a CPU process group for the vocab-parallel tests: each rank runs ``worker(rank, world,
 init_file, out_dir)`` and saves its results to ``out_dir/rank{rank}.pt``; a group that does not
-finish in time fails the test (a hang), as does a rank that raises.
-
-The ranks are gloo processes holding CPU tensors, so they run the kernels through Triton's interpreter
-on any machine: on a CUDA machine the group is spawned with ``TRITON_INTERPRET=1`` (which
-:mod:`kernels_lib._runtime` respects), and the same checks run there as in CI. The NCCL path on GPUs
-is checked by ``scripts/tensor_parallel_check.py``."""
+finish in time fails the test (a hang), as does a rank that raises."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,9 +15,11 @@ import torch.multiprocessing as mp
 
 from kernels_lib._runtime import INTERPRETED
 
-#: The vocab-parallel gloo tests' marks: gloo present (it is in every torch build this project supports).
+#: The vocab-parallel gloo tests' marks: gloo present, and kernels that take the ranks' CPU tensors
+#: (the interpreter's; on a CUDA machine scripts/tensor_parallel_check.py runs the checks over NCCL).
 GLOO_CPU_MARKS = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
+    pytest.mark.skipif(not INTERPRETED, reason="gloo ranks hold CPU tensors; on CUDA see scripts/tensor_parallel_check.py"),
 ]
 
 #: Seconds a spawned group may take before the test calls it a hang.
@@ -33,15 +29,9 @@ GROUP_DEADLINE_S = 240
 def spawn_group(worker, world: int) -> list:
     """Spawn ``world`` ranks running ``worker``; their saved results, rank by rank."""
     with tempfile.TemporaryDirectory() as out_dir:
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"  # the ranks' CPU tensors, on a CUDA machine too (read at their import)
-        try:
-            context = mp.start_processes(
-                worker, args=(world, str(Path(out_dir) / "init"), out_dir), nprocs=world, join=False, start_method="spawn"
-            )
-        finally:
-            if not INTERPRETED:
-                os.environ.pop("TRITON_INTERPRET", None) if saved is None else os.environ.__setitem__("TRITON_INTERPRET", saved)
+        context = mp.start_processes(
+            worker, args=(world, str(Path(out_dir) / "init"), out_dir), nprocs=world, join=False, start_method="spawn"
+        )
         deadline = time.monotonic() + GROUP_DEADLINE_S
         try:
             while not context.join(timeout=1):

@@ -317,9 +317,12 @@ def test_gradient_errors_bf16_accumulation_grows_with_chunks():
     table = flce_studies.gradient_errors({"N": 64, "H": 32, "V": 257}, torch.bfloat16, DEVICE, providers).set_index("provider")
     assert list(table.columns) == ["shape", "dtype", "loss err", "dx err", "dW err"]
     assert (table[["loss err", "dx err", "dW err"]] < 2e-2).all().all()
-    # float32 accumulation rounds dW once: as accurate as the baseline's single product; bf16
-    # accumulation over 16 chunks rounds 16 times.
-    assert table.loc["accurate, 16 chunks", "dW err"] <= 1.05 * table.loc["torch", "dW err"]
+    # float32 accumulation rounds dW once: as accurate as the baseline's single product (in the
+    # interpreter, float32 matmuls; on CUDA the stored exponentials' row factors round the N × H operand
+    # once more, kernels_lib.kernels.shifted_exponentials: within 1.5x); bf16 accumulation over 16 chunks
+    # rounds 16 times.
+    factor = 1.05 if kernels_lib.INTERPRETED else 1.5
+    assert table.loc["accurate, 16 chunks", "dW err"] <= factor * table.loc["torch", "dW err"]
     assert table.loc["lean, 16 chunks", "dW err"] > 1.3 * table.loc["accurate, 16 chunks", "dW err"]
 
 
@@ -446,7 +449,9 @@ def test_frontier_script_cpu_paths(tmp_path):
     rows = pd.read_csv(tmp_path / script.FILES["frontier"])
     assert list(rows.columns) == MEASURED_COLUMNS
     dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
-    assert dial | {"kernels_lib", "torch"} == set(rows.kernel_provider)
+    # Liger's Triton kernel runs where CUDA and liger-kernel are (the peers' CuTe and QuACK kernels need their wheels).
+    liger = {"liger"} if torch.cuda.is_available() and importlib.util.find_spec("liger_kernel") else set()
+    assert dial | {"kernels_lib", "torch"} | liger == set(rows.kernel_provider)
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
     assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()

@@ -113,9 +113,13 @@ def test_readme_mentions_the_ci_test_command(pyproject):
 
 
 def test_workbench_test_runs_pytest():
+    """`./workbench test` runs pytest; `./workbench test --gpu` the recorded GPU target."""
     text = (ROOT / "workbench").read_text()
-    line = next((l for l in text.splitlines() if l.strip().startswith("test)")), None)
-    assert line is not None and "pytest" in line
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip().startswith("test)")), None)
+    assert start is not None
+    case = "\n".join(lines[start:start + 4])
+    assert "-m pytest" in case and "kernels_lib.workbench.gpu_tests --record" in case
 
 
 # --------------------------------------------------------------------------- notebooks

@@ -128,7 +128,7 @@ def evaluate(call, tensors, upstream, names=GRADS, logits=None) -> dict:
     loss = outputs["loss"]
     present = [t for t in tensors if t is not None]
     logits = [] if logits is None else logits
-    got = iter(torch.autograd.grad(loss, present + logits, upstream.to(loss.dtype)))
+    got = iter(torch.autograd.grad(loss, present + logits, upstream.to(loss.device, loss.dtype)))
     for name, t in zip(names, tensors):
         if t is not None:
             outputs[name] = next(got)
@@ -341,8 +341,10 @@ def test_fused_linear_orpo_matches_reference(case):
     # Chunks hold whole pairs (sequences i and i + n), pair after pair.
     pairs_per_chunk = chunk_rows(case["chunk_size"], 2 * seq, 2 * pairs * seq, hidden) // (2 * seq)
     chunk_of_row = (torch.arange(2 * pairs) % pairs // pairs_per_chunk)[:, None].expand(-1, seq)
-    floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
+    floors = dict.fromkeys(got, TOLERANCE[matmul_dtype(dtype)]) | {"dx": TOLERANCE[dtype]}
     floors |= lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
+    for name, floor in cancellation_floors(dz, x.to(dtype), want, dtype).items():
+        floors[name] = max(floors[name], floor)
     compare(got, want, baseline, floors, case)
 
 
@@ -414,7 +416,8 @@ def test_fused_linear_kto_matches_reference(case):
 
     def call(fn):
         def run(x_, w_, b_):
-            ref_ = ref if fn is fused_linear_kto else {k: v.to(x_.dtype) for k, v in ref.items()}
+            # The float64 reference upcasts the reference model; the baseline keeps it in its own dtype.
+            ref_ = ref if fn is fused_linear_kto or x_.dtype != torch.float64 else {k: v.to(x_.dtype) for k, v in ref.items()}
             return fn(x_, w_, target, labels, kl, bias=b_, **ref_, **options)._asdict()
         return run
 
@@ -423,7 +426,7 @@ def test_fused_linear_kto_matches_reference(case):
     assert got["loss"].dtype == torch.float32
     sequences_per_chunk = chunk_rows(case["chunk_size"], seq, batch * seq, hidden) // seq
     chunk_of_row = (torch.arange(batch) // sequences_per_chunk)[:, None].expand(-1, seq)
-    floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
+    floors = dict.fromkeys(got, TOLERANCE[matmul_dtype(dtype)]) | {"dx": TOLERANCE[dtype]}
     floors |= lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
     compare(got, want, baseline, floors, case)
 
@@ -450,21 +453,23 @@ def compare_pairs(got, want, baseline, dz, case, x):
     # Chunks hold whole pairs (sequences i and i + n), pair after pair.
     pairs_per_chunk = chunk_rows(case["chunk_size"], 2 * seq, 2 * pairs * seq, hidden) // (2 * seq)
     chunk_of_row = (torch.arange(2 * pairs) % pairs // pairs_per_chunk)[:, None].expand(-1, seq)
-    floors = dict.fromkeys(got, TOLERANCE[torch.float32]) | {"dx": TOLERANCE[dtype]}
+    floors = dict.fromkeys(got, TOLERANCE[matmul_dtype(dtype)]) | {"dx": TOLERANCE[dtype]}
     floors |= lean_floors(dtype, case["accurate"], dz, x.to(dtype), chunk_of_row, want)
-    for name, floor in cancellation_floors(dz, x.to(dtype), want).items():
+    for name, floor in cancellation_floors(dz, x.to(dtype), want, dtype).items():
         floors[name] = max(floors[name], floor)
     compare(got, want, baseline, floors, case)
 
 
-def cancellation_floors(dz: torch.Tensor, x: torch.Tensor, want: dict) -> dict:
+def cancellation_floors(dz: torch.Tensor, x: torch.Tensor, want: dict, dtype: torch.dtype = torch.float32) -> dict:
     """Floors of ``dW``/``db`` where their sums over rows cancel: each ``dz`` element comes with a
     relative error of a few float32 units ``u`` whoever computes it, so a sum is no more accurate
     than ``u·Σ|terms|``; relative to the result, ``BASELINE_FACTOR·u·‖Σ|dz|·|x|‖ / ‖dW‖`` (and
     ``‖Σ|dz|‖ / ‖db‖``). It matters at V = 2, where every row's ``dz`` is ``[a, -a]`` and ``db`` a
     difference of near-equal sums (seen: ``|db| ~ 1e-3·Σ|dz|``, where the float32 reference happened
-    to land 4× closer than the kernel, both at the float32 rounding of the terms)."""
-    u = 2.0**-24
+    to land 4× closer than the kernel, both at the float32 rounding of the terms). ``u`` is the unit
+    roundoff of the dtype ``dz`` is held in (:func:`matmul_dtype` of the inputs' ``dtype``: float32 in
+    the interpreter, the 16-bit dtype itself on CUDA)."""
+    u = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[matmul_dtype(dtype)]
     dz = dz.reshape(-1, dz.shape[-1]).abs()
     x = x.reshape(-1, x.shape[-1]).to(dz.device, torch.float64).abs()
     terms = {"dW": dz.t() @ x, "db": dz.sum(0)}
@@ -536,7 +541,8 @@ def test_fused_linear_dpo_matches_reference(case):
 
     def call(fn):
         def run(x_, w_, b_):
-            ref_ = ref if fn is fused_linear_dpo else {k: v.to(x_.dtype) for k, v in ref.items()}
+            # The float64 reference upcasts the reference model; the baseline keeps it in its own dtype.
+            ref_ = ref if fn is fused_linear_dpo or x_.dtype != torch.float64 else {k: v.to(x_.dtype) for k, v in ref.items()}
             return fn(x_, w_, target, b_, **ref_, **options)._asdict()
         return run
 
