@@ -71,8 +71,8 @@ def _inputs(n, h, v, dtype, bias, seed, ignored=0.1):
     w = torch.randn(v, h, device=DEVICE, generator=gen, dtype=torch.float32) * h**-0.5
     b = torch.randn(v, device=DEVICE, generator=gen, dtype=torch.float32) * 0.1 if bias else None
     y = torch.randint(0, v, (n,), device=DEVICE, generator=gen)
-    y[torch.rand(n, device=DEVICE, generator=gen) < ignored] = -100
-    if n > 1:
+    if n > 1:  # ignored rows (the first always); one row stays valid
+        y[torch.rand(n, device=DEVICE, generator=gen) < ignored] = -100
         y[0] = -100
     leaves = [t.to(dtype) if t is not None else None for t in (x, w, b)]
     return leaves, y

@@ -20,7 +20,26 @@ from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "tensor_parallel_bench.py"
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")
+def _interpreter_unavailable() -> str | None:
+    """Why ``--small``'s gloo ranks cannot run their kernels in Triton's interpreter here (None if they can).
+    The ranks hold CPU tensors, so on a CUDA machine they interpret too; some machines' triton and numpy
+    cannot (kernels_lib._runtime.check_interpreter_versions): the GPU path is the torchrun run."""
+    from kernels_lib._runtime import check_interpreter_versions  # first: kernels_lib before triton
+
+    import numpy
+    import triton
+
+    try:
+        check_interpreter_versions(triton.__version__, numpy.__version__)
+    except ImportError as error:
+        return str(error)
+    return None
+
+
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
+    pytest.mark.skipif(_interpreter_unavailable() is not None, reason=f"--small's gloo ranks: {_interpreter_unavailable()}"),
+]
 
 
 def _script():
