@@ -3,8 +3,9 @@
 The losses need torch and triton only. ``kernels_lib.hf`` patches Hugging Face causal LMs (it needs
 transformers); ``kernels_lib.workbench`` serves the notebooks (it needs the ``workbench`` extra).
 
-Import order matters: :mod:`kernels_lib._runtime` chooses the backend (compiled Triton on CUDA,
-Triton's interpreter otherwise) before any kernel module is imported.
+:mod:`kernels_lib._runtime` chooses the backend (compiled Triton on CUDA, Triton's interpreter
+otherwise) before any kernel module is imported; on a CPU it may come after ``triton`` (or
+transformers, or TRL): Triton's own helpers are then switched to the interpreter.
 """
 
 from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET on CPU machines)

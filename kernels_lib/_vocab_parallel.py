@@ -34,7 +34,10 @@ the same on every rank, and every rank gets the same loss. Nothing of size ``V``
 
 The group is ``process_group``, or the 1-D device mesh's group of a DTensor ``weight`` sharded on
 dim 0 (``placements == (Shard(0),)``; its local tensor is the shard, and the gradient flows back to
-the DTensor). Only ``torch.distributed`` collectives are used; any backend that has ``all_gather``
+the DTensor). A DTensor does not say why it is split: FSDP2's parameters outside their module's
+forward look the same (``Shard(0)`` over the data-parallel mesh), but there each rank has its own
+tokens. That shows in the one check over the ranks (the targets' checksums differ), and the error
+then says so and what to do instead (unshard it through the module's forward, or ``full_tensor()``). Only ``torch.distributed`` collectives are used; any backend that has ``all_gather``
 and ``all_reduce`` (MAX, SUM) for int64 and float32 works (gloo on CPU, NCCL on CUDA).
 """
 
@@ -298,6 +301,18 @@ def establish(
     return VocabShard(group, dist.get_rank(group), tuple(row["shard_size"] for row in table))
 
 
+#: Appended to a disagreement on the rows or targets when the group came from a DTensor weight: a DTensor
+#: cannot say what its split means, and ranks with their own tokens are data-parallel ones.
+_DATA_PARALLEL_DTENSOR = (
+    ". The weight is a DTensor sharded (Shard(0),), which kernels_lib takes for a vocabulary-parallel head (its "
+    "classes split over the ranks, each rank with the same tokens); these ranks hold different tokens, as "
+    "data-parallel ranks do. If it is an FSDP2-sharded parameter (fully_shard: its rows split for storage, not "
+    "for the loss), call the loss where FSDP2 has unsharded it, inside the FSDP module's forward (kernels_lib.hf's "
+    "patch and add_fused_lm_head do so for a head that is its own FSDP2 unit), or pass weight.full_tensor() "
+    "(and bias.full_tensor()), whose gradient flows back to the shards"
+)
+
+
 def _check_agreement(table: list[dict], target_names: list[str], ignore_index: int) -> None:
     """The decisions every rank takes alike from the gathered :data:`FACTS` (see :func:`establish`)."""
     described = {
@@ -308,12 +323,14 @@ def _check_agreement(table: list[dict], target_names: list[str], ignore_index: i
     }
     for k, name in enumerate(target_names):
         described[f"sum_{k}"] = f"{name} (its values)"
+    from_dtensor = table[0]["dtensor_vocab"] != _NONE
     for key, what in described.items():
         values = [row[key] for row in table]
         if len(set(values)) > 1:
+            hint = _DATA_PARALLEL_DTENSOR if from_dtensor and (key == "rows" or key.startswith("sum_")) else ""
             raise ValueError(
                 f"the ranks of the process group disagree on {what}: {values} by rank; x, the targets and the "
-                "options must be the same on every rank, only weight and bias are split"
+                f"options must be the same on every rank, only weight and bias are split{hint}"
             )
     sizes = [row["shard_size"] for row in table]
     n_classes = sum(sizes)

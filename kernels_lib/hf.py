@@ -31,7 +31,11 @@ anything else is refused with an error naming the model type. Checked with Trans
 ``get_output_embeddings()``, and the output carries whatever cache field the installed version's
 ``CausalLMOutputWithPast`` has: ``past_key_values`` or ``cache``). The head's ``weight`` and ``bias``
 are read directly, not through its ``forward``: whatever wraps that forward (a LoRA adapter on the
-head itself, a device-placement hook) is bypassed, and an FSDP2-sharded head is not gathered.
+head itself, a device-placement hook) is bypassed. Sharded heads are used whole, as their framework
+would gather them for ``nn.Linear`` (:func:`_with_full_head`): under FSDP2 with the head a unit of its
+own (``fully_shard(model.lm_head)``, tied or untied, patched before or after sharding) the loss runs as
+the head's forward, so that FSDP2's hooks unshard it, reshard it and reduce-scatter its gradient;
+under DeepSpeed ZeRO-3 it is gathered with ``deepspeed.zero.GatheredParameters`` for the loss.
 Under ``torch.compile`` the kernel call is one graph break (the kernels_lib function is wrapped in
 ``torch.compiler.disable``); under ``torch.autocast`` it runs its matmuls in the autocast dtype, as
 ``nn.Linear`` would, and returns a float32 loss, as ``ForCausalLMLoss`` (which upcasts the logits) does.
@@ -51,7 +55,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 from transformers.utils.generic import can_return_tuple
 
-from .fused_linear_cross_entropy import fused_linear_cross_entropy
+from .fused_linear_cross_entropy import CrossEntropyOutput, fused_linear_cross_entropy
 
 try:  # recent Transformers 5.x; 5.17 inlines the same slicing (an int keeps the last k positions, else an index)
     from transformers.modeling_utils import slice_logits_to_keep
@@ -86,11 +90,16 @@ _BACKBONE_FIELDS = tuple(f.name for f in dataclasses.fields(CausalLMOutputWithPa
 class _LossOptions:
     chunk_size: int | None
     accurate: bool
-    keep_logits: bool
+    keep_logits: bool | None  # None: the logits when inferring (eval mode, no grad), as Trainer.evaluate needs them
     softcaps: bool  # the family's forward applies config.final_logit_softcapping (read at each call, as it does)
 
     def softcap(self, model) -> float | None:
         return model.config.final_logit_softcapping if self.softcaps else None
+
+    def keeps_logits(self, model) -> bool:
+        if self.keep_logits is not None:
+            return self.keep_logits
+        return not model.training and not torch.is_grad_enabled()
 
 
 @dataclasses.dataclass
@@ -194,6 +203,24 @@ def _logits(model, hidden_states: torch.Tensor, softcap: float | None) -> torch.
     return logits
 
 
+def _check_labels(name: str, labels: torch.Tensor, hidden_states: torch.Tensor, logits_to_keep) -> None:
+    """``labels``/``shift_labels`` must be ``(B, T)``: one per position of the model's input (after ``logits_to_keep``)."""
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids, (batch, sequence); got {type(labels).__name__}")
+    wanted = tuple(hidden_states.shape[:-1])
+    if tuple(labels.shape) != wanted:
+        kept = f", the positions logits_to_keep={logits_to_keep!r} keeps" if not _keeps_all(logits_to_keep) else ""
+        shift = " (unshifted: the model shifts them; pre-shifted ones go in shift_labels)" if name == "labels" else ""
+        raise ValueError(
+            f"{name} must have shape (batch, sequence) = {wanted}, one per position of input_ids{kept}{shift}; "
+            f"got {tuple(labels.shape)}"
+        )
+
+
+def _keeps_all(logits_to_keep) -> bool:
+    return isinstance(logits_to_keep, int) and logits_to_keep == 0
+
+
 @can_return_tuple
 def _loss_forward(
     model, labels=None, shift_labels=None, num_items_in_batch=None, logits_to_keep=0, **backbone_kwargs
@@ -204,28 +231,125 @@ def _loss_forward(
     outputs = model.base_model(**backbone_kwargs)
     hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
     if shift_labels is None:
+        _check_labels("labels", labels, hidden_states, logits_to_keep)
         shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    else:
+        _check_labels("shift_labels", shift_labels, hidden_states, logits_to_keep)
     head = model.get_output_embeddings()
-    loss = fused_linear_cross_entropy(
-        hidden_states.reshape(-1, hidden_states.shape[-1]).to(head.weight.device),
-        head.weight,
-        shift_labels.reshape(-1).to(head.weight.device),
-        head.bias,
-        ignore_index=IGNORE_INDEX,
-        softcap=softcap,
-        num_items_in_batch=num_items_in_batch,
-        chunk_size=options.chunk_size,
-        accurate=options.accurate,
-        host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
-    )
-    logits = _logits(model, hidden_states, softcap) if options.keep_logits else None
+
+    def loss_of(weight, bias, hidden, target):
+        return fused_linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]).to(weight.device),
+            weight,
+            target.reshape(-1).to(weight.device),
+            bias,
+            ignore_index=IGNORE_INDEX,
+            softcap=softcap,
+            num_items_in_batch=num_items_in_batch,
+            chunk_size=options.chunk_size,
+            accurate=options.accurate,
+            host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
+        )
+
+    loss = _with_full_head(head, loss_of, hidden_states, shift_labels)
+    logits = _logits(model, hidden_states, softcap) if options.keeps_logits(model) else None
     return CausalLMOutputWithPast(loss=loss, logits=logits, **_passthrough(outputs))
+
+
+# ------------------------------------------------------------------- the head's full parameters (FSDP2, ZeRO-3)
+
+
+def _fsdp_module_class():
+    """FSDP2's ``FSDPModule`` (the class ``fully_shard`` mixes into a module), or None in a torch without it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - the installed torch decides
+        return None
+    return FSDPModule
+
+
+def _zero3_partitioned(head) -> list:
+    """The head's parameters DeepSpeed ZeRO-3 holds partitioned now (``ds_id``, not available), each once (tied)."""
+    found = {}
+    for parameter in (head.weight, head.bias):
+        if parameter is not None and hasattr(parameter, "ds_id"):
+            if getattr(getattr(parameter, "ds_status", None), "name", None) != "AVAILABLE":
+                found[id(parameter)] = parameter
+    return list(found.values())
+
+
+class _GatheredCopy(torch.autograd.Function):
+    """A copy of a gathered ZeRO-3 parameter that outlives the gather (saved for backward where the loss saves
+    its weight), its gradient handed to the parameter itself: DeepSpeed's hooks then reduce it as a
+    ``nn.Linear``'s."""
+
+    @staticmethod
+    def forward(ctx, parameter):
+        return parameter.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _with_full_head(head, compute, *inputs):
+    r"""``compute(weight, bias, *inputs)`` with the head's whole ``weight`` and ``bias``, however the model is sharded.
+
+    * **FSDP2, the head a unit of its own** (``fully_shard(model.lm_head)``, or in a group with the tied
+      embedding, ``fully_shard([embed_tokens, lm_head])``): outside its forward the head's ``weight`` is a
+      ``DTensor`` sharded ``Shard(0)`` over the data-parallel ranks. That is storage, not a
+      vocabulary-parallel head (each rank has its own tokens), so the loss is run *as the head's forward*:
+      ``head.forward`` is set to ``compute`` for one call of ``head(*inputs)``, and FSDP2's own hooks do what
+      they do for ``nn.Linear``: the pre-forward hook all-gathers the weight (``head.weight`` is then the
+      unsharded parameter) and wraps the hidden states so that the post-backward hook reduce-scatters the
+      gradient; the post-forward hook reshards (with ``reshard_after_forward``) and registers the
+      pre-backward unshard on the loss. The full head so lives only during the loss and its backward, as the
+      unpatched model's does; the gradients reach FSDP's reduce-scatter as ``nn.Linear``'s. Chosen over
+      calling ``unshard()``/``reshard()`` by hand, which would have to re-register the gradient hooks FSDP2
+      keeps private. With ``mean``/``sum`` the loss forms ``dW`` in forward, so a rank holds one unsharded
+      ``dW`` from the loss to backward (the unpatched model holds the ``B × T × V`` logits instead). A
+      head inside a larger unit (the root) is already unsharded when the model's forward runs and needs
+      none of this.
+    * **DeepSpeed ZeRO-3** (parameters with ``ds_id``, partitioned): gathered for the loss as TRL's
+      ``maybe_gather_lm_head_ctx`` does, ``deepspeed.zero.GatheredParameters(params, modifier_rank=None)``
+      (read-only: no rank's edits are broadcast), each parameter once. The loss takes a copy that outlives
+      the gather (:class:`_GatheredCopy`), since it may save the weight for backward (``reduction="none"``,
+      the class-major route), when ZeRO-3 has partitioned the parameter again; its gradient goes to the
+      parameter, whole, for ZeRO-3's hooks to reduce. Cost: one more copy of the head during the loss.
+      Only the gather's interface is tested (a fake, ``tests/test_hf_zero3.py``); ZeRO-3 itself was not
+      run, so how DeepSpeed's gradient hooks take a whole gradient arriving on a parameter it has
+      partitioned again (TRL's head relies on the same) is unchecked here.
+    * Anything else: ``head.weight`` and ``head.bias`` as they are (a ``DTensor`` head not under FSDP2, such
+      as a tensor-parallel ``ColwiseParallel`` one, is vocabulary-parallel for
+      :func:`~kernels_lib.fused_linear_cross_entropy`).
+    """
+    fsdp_module = _fsdp_module_class()
+    if fsdp_module is not None and isinstance(head, fsdp_module):
+        had_own = "forward" in head.__dict__
+        own = head.__dict__.get("forward")
+        head.forward = lambda *args: compute(head.weight, head.bias, *args)
+        try:
+            return head(*inputs)
+        finally:
+            if had_own:
+                head.forward = own
+            else:
+                del head.forward
+    partitioned = _zero3_partitioned(head)
+    if partitioned:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+            weight = _GatheredCopy.apply(head.weight)
+            bias = None if head.bias is None else _GatheredCopy.apply(head.bias)
+            return compute(weight, bias, *inputs)
+    return compute(head.weight, head.bias, *inputs)
 
 
 # ------------------------------------------------------------------------------------------ public: patch
 
 
-def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool = False):
+def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool | None = None):
     """Make ``model``'s loss come from :func:`~kernels_lib.fused_linear_cross_entropy`; returns ``model``.
 
     With ``labels`` (or pre-shifted ``shift_labels``) the forward runs the backbone, slices its last
@@ -237,9 +361,16 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
     like the original, or its tuple under ``return_dict=False``. Labels (and the other arguments)
     may be positional, as the class's forward allows.
 
-    ``logits`` is None when labels are given, unless ``keep_logits=True``: then they are formed too,
-    exactly as the original forward does (and with a gradient), which costs the ``B × T × V`` memory
-    the patch exists to save. Without labels the original forward runs, unchanged.
+    With labels, the logits are formed too (exactly as the original forward forms them, with a
+    gradient if one is on, at the ``B × T × V`` memory the patch exists to save) when ``keep_logits``
+    is True, or when it is None (the default) and the model is inferring: ``model.training`` False
+    and no gradient recorded, which is how ``Trainer.evaluate``/``predict`` call it, so that
+    ``compute_metrics`` gets its predictions (with None it got ``predictions=()`` and failed, e.g. on
+    ``.argmax``). Like Liger's ``skip_logits``, which keeps the logits outside training; narrower, in
+    that an eval-mode model under autograd (no dropout, still training) stays lean. Otherwise
+    ``logits`` is None. ``keep_logits=False`` never forms them (an evaluation of the loss alone,
+    ``prediction_loss_only``, then costs no logits; ``compute_metrics`` would get nothing). Without
+    labels the original forward runs, unchanged.
 
     Patching again only updates the options (no double wrapping); :func:`unpatch` undoes it.
 
@@ -249,13 +380,18 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
             None means the function's default (:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`:
             ``H`` rows, at least 2048, ``N / 32`` for long batches). The loss makes no host sync (``host_checks=False``): a label outside
             the vocabulary is a device-side assert, as with Transformers' own loss on CUDA.
-        keep_logits: also return the logits when labels are given.
+        keep_logits: also return the logits when labels are given: True always, False never, None
+            (default) when inferring (eval mode and ``torch.is_grad_enabled()`` False).
 
     Raises:
         ValueError: an unsupported model, naming its class and ``model_type`` and the supported classes,
             or a supported class missing what the patch needs (an ``nn.Linear`` head, a backbone,
-            ``final_logit_softcapping`` on Gemma configs).
+            ``final_logit_softcapping`` on Gemma configs). At the call: ``labels`` (or ``shift_labels``)
+            not of the ``(batch, sequence)`` shape of ``input_ids`` (after ``logits_to_keep``), naming
+            the argument and both shapes.
     """
+    if keep_logits is not None and not isinstance(keep_logits, bool):
+        raise TypeError(f"keep_logits must be True, False or None; got {keep_logits!r}")
     softcaps = SUPPORTED[_supported_class(model)]
     _install(model).loss = _LossOptions(chunk_size, accurate, keep_logits, softcaps)
     return model
@@ -324,23 +460,29 @@ def _fused_head_forward(model, options: _HeadOptions, arguments: dict):
     arguments["use_cache"] = False
     hidden_states = model.base_model(**arguments).last_hidden_state
     if shift_labels is None:
+        _check_labels("labels", labels, hidden_states, 0)
         hidden_states, labels = hidden_states[:, :-1], labels[:, 1:]
     else:
+        _check_labels("shift_labels", shift_labels, hidden_states, 0)
         labels = shift_labels
     head = model.get_output_embeddings()
-    weight, bias = head.weight, head.bias
-    hidden_states, labels = hidden_states.to(weight.device), labels.to(weight.device)
-    autocast = nullcontext()
-    if options.cast_lm_head_to_fp32:
-        hidden_states, weight = hidden_states.float(), weight.float()
-        bias = None if bias is None else bias.float()
-        autocast = torch.autocast(hidden_states.device.type, enabled=False)
-    with autocast:
-        stats = fused_linear_cross_entropy(
-            hidden_states, weight, labels, bias, ignore_index=IGNORE_INDEX, reduction="none",
-            softcap=options.softcap, logit_scale=options.logit_scale, temperature=options.temperature,
-            return_token_stats=True, host_checks=False,
-        )
+
+    def stats_of(weight, bias, hidden, target):
+        hidden, target = hidden.to(weight.device), target.to(weight.device)
+        autocast = nullcontext()
+        if options.cast_lm_head_to_fp32:
+            hidden, weight = hidden.float(), weight.float()
+            bias = None if bias is None else bias.float()
+            autocast = torch.autocast(hidden.device.type, enabled=False)
+        with autocast:
+            return tuple(fused_linear_cross_entropy(
+                hidden, weight, target, bias, ignore_index=IGNORE_INDEX, reduction="none",
+                softcap=options.softcap, logit_scale=options.logit_scale, temperature=options.temperature,
+                return_token_stats=True, host_checks=False,
+            ))  # a tuple: what FSDP2's post-forward hook walks for the tensors to hook
+
+    stats = CrossEntropyOutput(*_with_full_head(head, stats_of, hidden_states, labels))
+    labels = labels.to(stats.loss.device)
     mask = labels != IGNORE_INDEX
     denominator = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
     computed = {

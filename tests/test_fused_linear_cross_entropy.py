@@ -457,10 +457,17 @@ def _record_grad_scales(monkeypatch):
     return seen
 
 
+@pytest.mark.parametrize("interpreted_epilogue", [False, True], ids=["default", "epilogue-in-interpreter"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_no_grad_path_computes_no_gradient(monkeypatch, reduction):
-    """Without a gradient: ``mean``/``sum`` take the log-sum-exp from the logits GEMM's epilogue (no
-    chunk kernel, no logits buffer), ``none`` the chunked kernel without its gradient pass."""
+def test_no_grad_path_computes_no_gradient(monkeypatch, reduction, interpreted_epilogue):
+    """Without a gradient: compiled, ``mean``/``sum`` take the log-sum-exp from the logits GEMM's epilogue
+    (no chunk kernel, no logits buffer); in the interpreter they take the chunked kernel without its
+    gradient pass, as ``none`` does everywhere, unless EPILOGUE_GEMM_WHEN_INTERPRETED asks for the GEMM
+    (there a Python loop over tiles, ~60x the chunks' time)."""
+    if interpreted_epilogue and not INTERPRETED:
+        pytest.skip("the flag is read only in the interpreter")
+    monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", interpreted_epilogue)
+    epilogue = reduction != "none" and (not INTERPRETED or interpreted_epilogue)
     x, w, b, target = make_inputs()
     with_grad = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8).detach()
     seen = _record_grad_scales(monkeypatch)
@@ -471,9 +478,13 @@ def test_no_grad_path_computes_no_gradient(monkeypatch, reduction):
         loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8)
     frozen = [t.detach() for t in (x, w, b)]
     loss_frozen = fused_linear_cross_entropy(*frozen[:2], target, frozen[2], reduction=reduction, chunk_size=8)
-    if reduction == "none":
+    if not epilogue:
         assert len(seen) == 2 * 5 and all(s is None for s in seen) and not epilogue_calls  # 37 rows in chunks of 8
-        assert torch.equal(loss, with_grad) and torch.equal(loss_frozen, with_grad)
+        if reduction == "none":
+            assert torch.equal(loss, with_grad) and torch.equal(loss_frozen, with_grad)
+        else:
+            torch.testing.assert_close(loss, with_grad, rtol=1e-6, atol=0)
+            assert torch.equal(loss, loss_frozen)
     else:
         assert not seen and len(epilogue_calls) == 2
         torch.testing.assert_close(loss, with_grad, rtol=1e-5, atol=0)
@@ -484,9 +495,11 @@ def test_no_grad_path_computes_no_gradient(monkeypatch, reduction):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on NaN, in the interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_no_grad_epilogue_against_float64(dtype):
+def test_no_grad_epilogue_against_float64(dtype, monkeypatch):
     """The epilogue path at an odd size (H not a power of two, V prime-ish, N = 1 and 37), bias,
-    logit_scale / temperature, ignored rows, ``mean`` and ``sum``: against float64; NaN in gives NaN out."""
+    logit_scale / temperature, ignored rows, ``mean`` and ``sum``: against float64; NaN in gives NaN out.
+    (In the interpreter the no-grad loss takes the GEMM only when asked to.)"""
+    monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
     torch.manual_seed(3)
     for n in (1, 37):
         x = torch.randn(n, 24, dtype=dtype, device=DEVICE)

@@ -83,23 +83,35 @@ def test_head_with_bias():
 
 
 def test_inference_unchanged_and_no_logits_with_labels():
-    """No labels: the original forward, bit for bit (and greedy generation the same); labels: no logits, unless kept."""
+    """No labels: the original forward, bit for bit (and greedy generation the same). Labels: no logits with
+    ``keep_logits=False``, or by default while training; the logits with ``keep_logits=True``, or by default
+    when inferring (eval mode, no grad: what Trainer.evaluate runs)."""
     model = tiny_model("gemma2")
     inputs = _inputs()
     no_labels = {k: v for k, v in inputs.items() if k != "labels"}
     with torch.no_grad():
         ref = model(**inputs)
         ref_logits = model(**no_labels).logits
-        hf.patch(model)
+        hf.patch(model, keep_logits=False)
         assert torch.equal(model(**no_labels).logits, ref_logits)  # the original forward, bit for bit
         out = model(**inputs)
         hf.patch(model, keep_logits=True)
         kept = model(**inputs)
+        hf.patch(model)
+        inferred = model(**inputs)
+        model.train()
+        training = model(**inputs)
+        model.eval()
+    with_grad = model(**inputs)  # eval mode under autograd: still lean by default
     assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast)
     assert out.logits is None and out.loss is not None
+    assert training.logits is None and with_grad.logits is None
     assert set(out.keys()) == set(ref.keys()) - {"logits"}  # the cache is passed through as before
-    assert torch.equal(kept.logits, ref.logits)  # formed as Gemma's forward forms them, softcap included
-    assert rel_err(kept.loss, ref.loss) < LOSS_TOL
+    for got in (kept, inferred):
+        assert torch.equal(got.logits, ref.logits)  # formed as Gemma's forward forms them, softcap included
+        assert rel_err(got.loss, ref.loss) < LOSS_TOL
+    with pytest.raises(TypeError, match="keep_logits must be True, False or None"):
+        hf.patch(model, keep_logits="yes")
     prompt = inputs["input_ids"][:1, :5]
     generated = model.generate(prompt, max_new_tokens=4, do_sample=False)
     assert torch.equal(generated, hf.unpatch(model).generate(prompt, max_new_tokens=4, do_sample=False))
@@ -125,7 +137,7 @@ def test_positional_labels():
     input_ids, attention_mask, labels = batch()
     with torch.no_grad():
         ref = model(input_ids, attention_mask, None, None, None, labels).loss
-        hf.patch(model)
+        hf.patch(model, keep_logits=False)
         out = model(input_ids, attention_mask, None, None, None, labels)
     assert out.logits is None
     assert rel_err(out.loss, ref) < LOSS_TOL
@@ -142,7 +154,7 @@ def test_unpatch_restores_and_double_patch_is_harmless(monkeypatch):
     kernel = hf.fused_linear_cross_entropy
     monkeypatch.setattr(hf, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     hf.patch(model)
-    hf.patch(model, chunk_size=4)  # updates the options, wraps nothing twice
+    hf.patch(model, chunk_size=4, keep_logits=False)  # updates the options, wraps nothing twice
     assert hf.is_patched(model)
     with torch.no_grad():
         fused = model(**inputs)
@@ -175,7 +187,7 @@ def test_unpatch_restores_a_previous_instance_forward():
     trl_add_fused_lm_head(model)
     theirs = model.__dict__["forward"]
     inputs = _inputs()
-    hf.patch(model)
+    hf.patch(model, keep_logits=False)
     with torch.no_grad():
         assert model(**inputs).logits is None  # ours, for the loss
         assert model(**inputs, fused_lm_head=True).log_probs is not None  # TRL's fused head, still reachable
@@ -435,3 +447,29 @@ def test_ours_after_trls_takes_over(monkeypatch):
         ref = reference(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
     assert len(calls) == 2
     assert torch.equal(out.log_probs, ref.log_probs) and torch.equal(out.entropy, ref.entropy)
+
+
+# --------------------------------------------------------------------------- labels of the wrong shape
+
+
+@pytest.mark.parametrize("fused_head", [False, True], ids=["patch", "fused_head"])
+def test_labels_of_the_wrong_shape_are_named_with_the_model_shapes(fused_head):
+    """Labels shaped (B, T - 1) (shifted by the caller) are refused naming ``labels`` and the (B, T) of
+    input_ids, not the flattened rows of the kernel; so are shift_labels, and labels that are not a tensor."""
+    model = tiny_model("llama")
+    input_ids, attention_mask, labels = batch(batch_size=2, seq_len=12)
+    if fused_head:
+        hf.add_fused_lm_head(model)
+    else:
+        hf.patch(model)
+    extra = {"fused_lm_head": True} if fused_head else {}
+    call = lambda **kw: model(input_ids=input_ids, attention_mask=attention_mask, **extra, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match=r"labels must have shape \(batch, sequence\) = \(2, 12\).*got \(2, 11\)"):
+        call(labels=labels[:, 1:])
+    with pytest.raises(ValueError, match=r"shift_labels must have shape \(batch, sequence\) = \(2, 12\).*got \(24,\)"):
+        call(shift_labels=labels.reshape(-1))
+    if not fused_head:
+        with pytest.raises(ValueError, match=r"= \(2, 3\).*logits_to_keep=3.*got \(2, 12\)"):
+            call(labels=labels, logits_to_keep=3)
+    with pytest.raises(TypeError, match="labels must be a tensor"):
+        call(labels=labels.tolist())

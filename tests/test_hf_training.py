@@ -78,6 +78,48 @@ def test_trainer_with_gradient_accumulation_logs_the_same_losses(tmp_path):
     assert_grads_close(weights, ref_weights, 1e-5)
 
 
+def _evaluate(tmp_path, patched: bool, keep_logits=None):
+    """``Trainer.evaluate`` with a ``compute_metrics`` that reads the predictions (next-token accuracy by argmax,
+    the mean of each position's largest logit)."""
+    model = tiny_model("llama")
+    if patched:
+        hf.patch(model, keep_logits=keep_logits)
+    rows = []
+    for ids in _token_rows(6, 12, seed=5):
+        pad = 12 - len(ids)
+        rows.append({"input_ids": ids + [0] * pad, "attention_mask": [1] * len(ids) + [0] * pad,
+                     "labels": ids + [-100] * pad})
+    seen = {}
+
+    def compute_metrics(prediction):
+        logits, labels = prediction.predictions, prediction.label_ids
+        seen["shape"] = logits.shape
+        hits = logits[:, :-1].argmax(-1) == labels[:, 1:]
+        valid = labels[:, 1:] != -100
+        return {"accuracy": float(hits[valid].mean()), "mean_top_logit": float(logits.max(-1).mean())}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / f"eval-{patched}-{keep_logits}"), per_device_eval_batch_size=4, report_to=[],
+        use_cpu=USE_CPU, disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, eval_dataset=rows, compute_metrics=compute_metrics)
+    return trainer.evaluate(), seen
+
+
+def test_trainer_evaluate_gives_compute_metrics_the_logits(tmp_path):
+    """``Trainer.evaluate(compute_metrics=...)`` on the patched model: the metrics get the logits (eval mode, no
+    grad: the default ``keep_logits=None`` forms them), and the eval loss and accuracy are the unpatched model's.
+    With ``keep_logits=False`` there are none, and the user's metric fails as it did before (the choice said)."""
+    ref, ref_seen = _evaluate(tmp_path, patched=False)
+    got, seen = _evaluate(tmp_path, patched=True)
+    assert seen["shape"] == ref_seen["shape"] == (6, 12, VOCAB)
+    assert abs(got["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"], (got, ref)
+    assert got["eval_accuracy"] == ref["eval_accuracy"]
+    assert abs(got["eval_mean_top_logit"] - ref["eval_mean_top_logit"]) <= 1e-6 * abs(ref["eval_mean_top_logit"])
+    with pytest.raises(AttributeError, match="'tuple' object has no attribute"):
+        _evaluate(tmp_path, patched=True, keep_logits=False)
+
+
 # --------------------------------------------------------------------------- convergence (Liger's mini-model test)
 
 
