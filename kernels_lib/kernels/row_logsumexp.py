@@ -30,7 +30,7 @@ import triton.language as tl
 #: relative): there ``1 - e^{-2|u|}`` cancels, and the rounding of the exponential (CUDA's is
 #: approximate, about 2^-22 relative) became a relative error of ``2^-22 / |u|`` in ``tanh(u)``: on the
 #: H200 a float32 loss with ``|u| ~ 1e-3`` came out 1.4e-4 off (``tests/test_properties.py``).
-TANH_SERIES_BELOW = 0.125
+TANH_SERIES_BELOW: tl.constexpr = tl.constexpr(0.125)
 
 
 @triton.jit
