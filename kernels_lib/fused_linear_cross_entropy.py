@@ -141,6 +141,7 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._autocast import compute_dtype_for
 from ._target_totals import target_totals
 from ._runtime import INTERPRETED
 from .kernels.class_major_gradient import launch_class_major_gradient
@@ -932,15 +933,6 @@ def _normalizer(num_items_in_batch, valid_normalizer: torch.Tensor):
     if num_items_in_batch is not None:
         return num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) else float(num_items_in_batch)
     return valid_normalizer
-
-
-def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
-    """The dtype the head's matmuls run in: the autocast dtype when autocast is on for x's device
-    (as ``nn.Linear`` would run), else x's own."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
 
 
 @torch.compiler.disable
