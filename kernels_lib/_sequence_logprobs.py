@@ -33,6 +33,11 @@ gradient pass reads one weight per row. ``token_logps`` (and ``token_entropy``) 
 values for the caller; ``logit_scale`` multiplies the logits as they are formed (``1/temperature``),
 and the pipeline applies the same factor to the weights (the chain rule through the scaled logits).
 
+Mixed precision: :func:`sequence_logprobs` resolves the head's matmul dtype from its ``x``
+(:func:`kernels_lib._autocast.compute_dtype_for`: the autocast dtype inside ``torch.autocast``, else
+``x``'s) and runs the chunk loop with autocast off, so every loss built on it, and every reference
+head it runs, follows autocast as ``F.linear`` would; the gradients come back in the leaves' dtypes.
+
 Vocabulary-parallel (``shard``, :mod:`kernels_lib._vocab_parallel`): the head is this rank's rows of
 ``W``. Per chunk the stats pass gives the shard's lse and, where the rank owns the target, the
 log-prob under the shard's softmax; :meth:`~kernels_lib._vocab_parallel.VocabShard.merge_token_logprobs`
@@ -123,7 +128,7 @@ def sequence_logprobs(
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
-        dtypes, or float32 for float16 inputs: there each chunk's ``dz`` is formed at a power-of-two
+        dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
         otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
     """

@@ -963,10 +963,10 @@ def fused_linear_cross_entropy(
     Args:
         x: hidden states, shape ``(..., H)`` (leading dims flatten to ``N`` rows); float32,
             bfloat16 or float16. Gradients flow to it.
-        weight: the LM head, ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the LM head, ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: class indices of shape ``x.shape[:-1]``, int64 or int32, aligned with the rows (no
             shift inside), each in ``[0, V)`` or equal to ``ignore_index``.
-        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         ignore_index: target value of rows that contribute nothing (loss and gradient 0).
         reduction: ``"mean"`` (over the valid rows), ``"sum"`` or ``"none"`` (per row, shape of
             ``target``, 0 at ignored rows).
@@ -1028,8 +1028,10 @@ def fused_linear_cross_entropy(
         ``weight`` or ``bias`` gives a NaN loss.
 
     Mixed precision: under ``torch.autocast`` the head's matmuls run in the autocast dtype (the
-    operands are rounded to it, as ``nn.Linear`` would be), the loss is float32, and the gradients
-    come back in the parameters' dtypes, accumulated in float32 across chunks for float32 parameters.
+    operands are rounded to it, as ``nn.Linear`` would be, so ``x``, ``weight`` and ``bias`` may differ
+    in dtype there: half hidden states and a float32 head), the loss is float32, and the gradients
+    come back in each input's own dtype, accumulated in float32 across chunks for float32 parameters
+    (:mod:`kernels_lib._autocast`; every fused loss does the same).
 
     Memory: with ``mean``/``sum`` the gradients are formed in forward and held until backward
     (``dx``, ``dW``, ``db``: the size of the inputs). With ``none`` forward keeps one float per row

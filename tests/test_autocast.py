@@ -14,7 +14,8 @@ same loss gives on copies cast to ``half`` explicitly, outside autocast:
   within one rounding of it: ``||g - round(g)|| <= u ||g||``, ``u = 2^-8`` (bfloat16), ``2^-11`` (float16).
 
 Two chunks per call (``chunk_size=6`` of 12 rows: whole pairs and sequences), biases, ignored
-positions. Outside autocast the mixed-dtype call is refused, naming the argument. Shapes are tiny:
+positions; the bfloat16 autocast calls go through each loss's ``nn.Module`` form, the float16 ones
+through the function. Outside autocast the mixed-dtype call is refused, naming the argument. Shapes are tiny:
 without a GPU the kernels run in Triton's interpreter.
 """
 
@@ -28,8 +29,14 @@ from kernels_lib import (
     distill_cosine_loss, distill_jsd_loss, fused_linear_cross_entropy, fused_linear_grpo, fused_linear_jsd,
     fused_linear_kto, fused_linear_orpo,
 )
-from kernels_lib.fused_linear_cpo import fused_linear_cpo, fused_linear_simpo
-from kernels_lib.fused_linear_dpo import fused_linear_dpo
+from kernels_lib.distillation import DistillCosineLoss, DistillJSDLoss
+from kernels_lib.fused_linear_cpo import FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
+from kernels_lib.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss
+from kernels_lib.fused_linear_dpo import FusedLinearDPOLoss, fused_linear_dpo
+from kernels_lib.fused_linear_grpo import FusedLinearGRPOLoss
+from kernels_lib.fused_linear_jsd import FusedLinearJSDLoss
+from kernels_lib.fused_linear_kto import FusedLinearKTOLoss
+from kernels_lib.fused_linear_orpo import FusedLinearORPOLoss
 from kernels_lib.workbench.check import relative_error
 
 DEVICE = kernels_lib.default_device()
@@ -101,6 +108,38 @@ LOSSES = {
 }
 
 
+def _module_two_heads(module):
+    def call(t):
+        teacher = _teacher(t)
+        out = module(t["x"], t["weight"], teacher["teacher_x"], teacher["teacher_weight"], t["target"],
+                     student_bias=t["bias"], teacher_bias=teacher["teacher_bias"])
+        return out if isinstance(out, torch.Tensor) else out.loss
+    return call
+
+
+#: name -> the nn.Module form called as a model's loss would call it (the options of LOSSES, chunk_size=CHUNK).
+MODULES = {
+    "cross_entropy": lambda t: FusedLinearCrossEntropyLoss(chunk_size=CHUNK)(
+        t["x"], t["weight"], t["target"], t["bias"]
+    ),
+    "jsd": _module_two_heads(FusedLinearJSDLoss(beta=0.3, temperature=1.5, chunk_size=CHUNK)),
+    "distill_jsd": _module_two_heads(DistillJSDLoss(beta=0.7, temperature=2.0, chunk_size=CHUNK)),
+    "distill_cosine": _module_two_heads(DistillCosineLoss(beta=0.5, chunk_size=CHUNK)),
+    "orpo": lambda t: FusedLinearORPOLoss(chunk_size=CHUNK)(t["x"], t["weight"], t["target"], t["bias"]).loss,
+    "dpo": lambda t: FusedLinearDPOLoss(chunk_size=CHUNK)(
+        t["x"], t["weight"], t["target"], t["bias"], **_reference(t)
+    ).loss,
+    "cpo": lambda t: FusedLinearCPOLoss(chunk_size=CHUNK)(t["x"], t["weight"], t["target"], t["bias"]).loss,
+    "simpo": lambda t: FusedLinearSimPOLoss(chunk_size=CHUNK)(t["x"], t["weight"], t["target"], t["bias"]).loss,
+    "kto": lambda t: FusedLinearKTOLoss(chunk_size=CHUNK)(
+        t["x"], t["weight"], t["target"], t["labels"], 0.05, bias=t["bias"], **_reference(t)
+    ).loss,
+    "grpo": lambda t: FusedLinearGRPOLoss(beta=0.04, temperature=0.9, chunk_size=CHUNK)(
+        t["x"], t["weight"], t["target"], t["bias"], advantages=t["advantages"], **_reference(t)
+    ).loss,
+}
+
+
 def _leaves(tensors, dtypes):
     """Fresh copies, each floating tensor cast to ``dtypes.get(name, float32)``; the head's take gradients."""
     out = {}
@@ -119,8 +158,8 @@ def test_autocast_equals_the_explicitly_cast_call(name, half):
     base = make(seed=len(name))
     # What AMP hands over: half hidden states, float32 parameters and second head.
     amp = _leaves(base, {"x": half})
-    with torch.autocast(DEVICE.type, dtype=half):
-        loss = call(amp, chunk_size=CHUNK)
+    with torch.autocast(DEVICE.type, dtype=half):  # bfloat16 through the nn.Module form, float16 the function
+        loss = MODULES[name](amp) if half == torch.bfloat16 else call(amp, chunk_size=CHUNK)
     grads = torch.autograd.grad(loss, [amp[k] for k in HEAD])
     # The same call on copies cast to half, outside autocast.
     cast = _leaves(base, dict.fromkeys(HEADS, half))
@@ -158,7 +197,9 @@ MISMATCHES = {
     "distill_jsd": [("weight", "student_weight", "student_x"), ("other_bias", "teacher_bias", "teacher_weight")],
     "distill_cosine": [("weight", "student_weight", "student_x")],
     "orpo": [("weight", "weight", "x"), ("bias", "bias", "weight")],
-    "dpo": [("weight", "weight", "x"), ("other_weight", "ref_weight", "ref_x"), ("other_bias", "ref_bias", "ref_weight")],
+    "dpo": [
+        ("weight", "weight", "x"), ("other_weight", "ref_weight", "ref_x"), ("other_bias", "ref_bias", "ref_weight"),
+    ],
     "cpo": [("weight", "weight", "x")],
     "simpo": [("bias", "bias", "weight")],
     "kto": [("weight", "weight", "x"), ("other_weight", "ref_weight", "ref_x")],
@@ -168,7 +209,7 @@ MISMATCHES = {
 
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_outside_autocast_mixed_dtypes_are_refused_naming_the_argument(name):
-    assert set(MISMATCHES) == set(LOSSES)
+    assert set(MISMATCHES) == set(LOSSES) == set(MODULES)
     base = make()
     for changed, argument, pair in MISMATCHES[name]:
         tensors = _leaves(base, {k: torch.bfloat16 for k in HEADS if k != changed})
