@@ -144,7 +144,8 @@ def require_chunk_options(chunk_size, accurate) -> None:
 
 def require_head_inputs(x, weight, x_ndim: int | None = None, names=("x", "weight"), n_cols: int | None = None) -> None:
     """The checks of a head's input ``x`` (..., H) and ``weight`` (V, H): tensors, float dtypes that
-    agree (or differ under autocast: :func:`require_head_dtype`), x's rank (``x_ndim``), non-empty, the head's shape (``n_cols`` classes when given)."""
+    agree (or differ under autocast: :func:`require_head_dtype`), x's rank (``x_ndim``), non-empty,
+    the head's shape (``n_cols`` classes when given)."""
     x_name, weight_name = names
     require_tensor(x_name, x)
     require_tensor(weight_name, weight)

@@ -221,3 +221,18 @@ def test_outside_autocast_mixed_dtypes_are_refused_naming_the_argument(name):
     if other is not None:
         with torch.autocast(other, dtype=torch.bfloat16), pytest.raises(TypeError, match="must have the dtype of"):
             LOSSES[name](_leaves(base, {"x": torch.bfloat16}), chunk_size=CHUNK)
+
+
+def test_logits_logsumexp_follows_autocast():
+    """The head's log-sum-exp kernel (the fused cross-entropy's no-gradient route) shares the head checks,
+    so it casts as they allow: inside autocast, bfloat16 ``x`` with a float32 head is the bfloat16 call."""
+    from kernels_lib.kernels.logits_logsumexp import logits_logsumexp
+
+    t = make(seed=7)
+    x, w, b, target = t["x"].reshape(-1, 8), t["weight"], t["bias"], t["target"].reshape(-1)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        lse, picked = logits_logsumexp(x.bfloat16(), w, b, target)
+    want_lse, want_picked = logits_logsumexp(x.bfloat16(), w.bfloat16(), b.bfloat16(), target)
+    assert relative_error(lse, want_lse) <= 1e-6 and relative_error(picked, want_picked) <= 1e-6
+    with pytest.raises(TypeError, match="weight must have the dtype of x"):
+        logits_logsumexp(x.bfloat16(), w, b, target)
