@@ -5,18 +5,20 @@ float32 teacher or reference head). Inside ``torch.autocast(device_type, dtype=h
 operands are rounded to ``half``, as ``F.linear`` would round them, so the call must give what the
 same loss gives on copies cast to ``half`` explicitly, outside autocast:
 
-* the loss and ``dx``: the same kernels on the same ``half`` operands, so equal; the bound is
-  ``1e-6`` (float32 rounding, were a reduction's order ever to differ; on this CPU it is 0);
+* the loss and ``dx``: the same kernels on the same ``half`` operands (the float32 head is rounded
+  before its matmul, on CUDA as in the interpreter), so equal bit for bit; the bound is ``1e-6``,
+  float32 rounding, were a reduction's order ever to differ;
 * ``dW`` and ``db`` come back float32, the leaves' dtype, accumulated across chunks in float32 (the
   default ``accurate=False`` accumulates in the parameter's dtype, here float32). The explicit call
-  uses ``accurate=True``, which accumulates in float32 too and rounds once at the end, so the
-  autocast gradient rounded to ``half`` equals it (bound ``1e-6``), and the float32 gradient is
-  within one rounding of it: ``||g - round(g)|| <= u ||g||``, ``u = 2^-8`` (bfloat16), ``2^-11`` (float16).
+  uses ``accurate=True``, which accumulates in float32 through the same matmul calls and rounds once
+  at the end, so the autocast gradient rounded to ``half`` equals it (bound ``1e-6``), and the
+  float32 gradient is within one rounding of it: ``||g - round(g)|| <= u ||g||``, ``u = 2^-8``
+  (bfloat16), ``2^-11`` (float16).
 
 Two chunks per call (``chunk_size=6`` of 12 rows: whole pairs and sequences), biases, ignored
 positions; the bfloat16 autocast calls go through each loss's ``nn.Module`` form, the float16 ones
-through the function. Outside autocast the mixed-dtype call is refused, naming the argument. Shapes are tiny:
-without a GPU the kernels run in Triton's interpreter.
+through the function. Outside autocast the mixed-dtype call is refused, naming the argument. Shapes
+are tiny: without a GPU the kernels run in Triton's interpreter.
 """
 
 from __future__ import annotations
