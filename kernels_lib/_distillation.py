@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from . import _validate as v
+from ._autocast import compute_dtype_for
 from ._sequence_logprobs import FusedSequenceLoss
-from .fused_linear_cross_entropy import _GradientSums, _Operands, compute_dtype_for, lean_chunk_size
+from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
 
@@ -88,9 +89,12 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     x, weight, bias = student
     n_rows = x.shape[0]
     rows_per_chunk = opts.chunk_size or lean_chunk_size(n_rows, x.shape[1])
-    with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype_for
-        ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype_for(x))
-        teacher_ops = _Operands(*teacher, rows_per_chunk, compute_dtype_for(teacher[0]))
+    # Each head's matmul dtype (the autocast dtype inside torch.autocast), resolved before autocast is
+    # turned off for the chunk loop: inside that block every head would read as outside autocast.
+    dtypes = compute_dtype_for(x), compute_dtype_for(teacher[0])
+    with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: dtypes
+        ops = _Operands(x, weight, bias, rows_per_chunk, dtypes[0])
+        teacher_ops = _Operands(*teacher, rows_per_chunk, dtypes[1])
         soft_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         hard_rows = torch.empty_like(soft_rows) if with_hard else None
         grads, scaled, unscale = None, None, 1.0
@@ -158,14 +162,15 @@ def validate_heads(student_x, student_weight, teacher_x, teacher_weight, target,
     """Tensors, dtypes, shapes and devices of the two heads, each error naming its argument.
 
     The student's ``x``, ``weight`` and ``bias`` share one float dtype, the teacher's another (may
-    differ from the student's); ``teacher_x`` has ``student_x``'s leading shape; both heads have the
-    same ``V``; ``target`` (int64/int32) has that leading shape."""
+    differ from the student's), except under ``torch.autocast``, which casts them all
+    (:mod:`kernels_lib._autocast`); ``teacher_x`` has ``student_x``'s leading shape; both heads have
+    the same ``V``; ``target`` (int64/int32) has that leading shape."""
     heads = {"student_x": student_x, "student_weight": student_weight, "teacher_x": teacher_x, "teacher_weight": teacher_weight}
     for name, tensor in heads.items():
         v.require_tensor(name, tensor)
         v.require_float(name, tensor)
-    v.require_same_dtype("student_x", student_x, "student_weight", student_weight)
-    v.require_same_dtype("teacher_x", teacher_x, "teacher_weight", teacher_weight)
+    v.require_head_dtype("student_x", student_x, "student_weight", student_weight)
+    v.require_head_dtype("teacher_x", teacher_x, "teacher_weight", teacher_weight)
     v.require_nonempty("student_x", student_x)
     v.require_nonempty("teacher_x", teacher_x)
     v.require_linear_head("student_weight", student_weight, student_x.shape[-1])

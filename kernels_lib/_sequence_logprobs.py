@@ -33,6 +33,11 @@ gradient pass reads one weight per row. ``token_logps`` (and ``token_entropy``) 
 values for the caller; ``logit_scale`` multiplies the logits as they are formed (``1/temperature``),
 and the pipeline applies the same factor to the weights (the chain rule through the scaled logits).
 
+Mixed precision: :func:`sequence_logprobs` resolves the head's matmul dtype from its ``x``
+(:func:`kernels_lib._autocast.compute_dtype_for`: the autocast dtype inside ``torch.autocast``, else
+``x``'s) and runs the chunk loop with autocast off, so every loss built on it, and every reference
+head it runs, follows autocast as ``F.linear`` would; the gradients come back in the leaves' dtypes.
+
 Vocabulary-parallel (``shard``, :mod:`kernels_lib._vocab_parallel`): the head is this rank's rows of
 ``W``. Per chunk the stats pass gives the shard's lse and, where the rank owns the target, the
 log-prob under the shard's softmax; :meth:`~kernels_lib._vocab_parallel.VocabShard.merge_token_logprobs`
@@ -48,6 +53,7 @@ from collections.abc import Callable
 import torch
 
 from . import _validate as v
+from ._autocast import compute_dtype_for
 from ._vocab_parallel import VocabShard
 from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, scaled_to_dtypes
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
@@ -122,7 +128,7 @@ def sequence_logprobs(
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
-        dtypes, or float32 for float16 inputs: there each chunk's ``dz`` is formed at a power-of-two
+        dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
         otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
     """
@@ -130,52 +136,58 @@ def sequence_logprobs(
         raise ValueError("token_coefficients replaces coefficients and takes no target2")
     if shard is not None and token_entropy is not None:
         raise NotImplementedError("token_entropy on a vocabulary shard (process_group): not implemented")
-    col_offset = 0 if shard is None else shard.offset
-    n_rows = x.shape[0]
-    n_seqs = n_rows // seq_len
-    ops = _Operands(x, weight, bias, rows_per_chunk, pre=logit_scale)
-    lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
-    logp2 = None if target2 is None else torch.empty_like(logp)
-    sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
-    sums2 = None if target2 is None else torch.empty_like(sums)
-    grads = _GradientSums(x, weight, bias, needs, accurate) if any(needs) else None
-    for rows, x_c, logits in ops:
-        n = rows.stop - rows.start
-        seqs = slice(rows.start // seq_len, rows.stop // seq_len)
-        y2 = None if target2 is None else target2[rows]
-        launch_token_logprobs(
-            logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
-            target2=y2, logp2=None if y2 is None else logp2[:n],
-            entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
-        )
-        if shard is not None:
-            pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
-            shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
-        sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
-        if sums2 is not None:
-            sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
-        if token_logps is not None:
-            token_logps[rows] = logp[:n]
-        if grads is None:
-            continue
-        if token_coefficients is not None:
-            w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
-        else:
-            (w, w2), rows_per_weight = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs]), seq_len
-        if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
-            w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
-        # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
-        unscale = grads.dz_unscale(lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max())
-        if unscale != 1.0:
-            w, w2 = w / unscale, None if w2 is None else w2 / unscale
-        launch_token_logprobs_grad(
-            logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(), rows_per_weight=rows_per_weight,
-            ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
-            col_offset=col_offset,
-        )
-        grads.add_chunk(logits, x_c, ops.w, rows, unscale)
-    if shard is not None and grads is not None and grads.dx is not None:
-        shard.sum_(grads.dx)
+    compute_dtype = compute_dtype_for(x)  # the autocast dtype inside torch.autocast, else x's
+    with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
+        col_offset = 0 if shard is None else shard.offset
+        n_rows = x.shape[0]
+        n_seqs = n_rows // seq_len
+        ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
+        lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
+        logp2 = None if target2 is None else torch.empty_like(logp)
+        sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
+        sums2 = None if target2 is None else torch.empty_like(sums)
+        grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+        for rows, x_c, logits in ops:
+            n = rows.stop - rows.start
+            seqs = slice(rows.start // seq_len, rows.stop // seq_len)
+            y2 = None if target2 is None else target2[rows]
+            launch_token_logprobs(
+                logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+                target2=y2, logp2=None if y2 is None else logp2[:n],
+                entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+            )
+            if shard is not None:
+                pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
+                shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
+            sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
+            if sums2 is not None:
+                sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+            if token_logps is not None:
+                token_logps[rows] = logp[:n]
+            if grads is None:
+                continue
+            if token_coefficients is not None:
+                w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+            else:
+                w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+                rows_per_weight = seq_len
+            if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
+                w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
+            # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
+            unscale = grads.dz_unscale(
+                lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max()
+            )
+            if unscale != 1.0:
+                w, w2 = w / unscale, None if w2 is None else w2 / unscale
+            launch_token_logprobs_grad(
+                logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(),
+                rows_per_weight=rows_per_weight,
+                ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
+                col_offset=col_offset,
+            )
+            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+        if shard is not None and grads is not None and grads.dx is not None:
+            shard.sum_(grads.dx)
     return sums, sums2, None if grads is None else grads.result()
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ._autocast import mixes_dtypes
 from ._runtime import check_kernel_device
 
 #: Floating dtypes the kernels load (and accumulate in float32).
@@ -62,6 +63,16 @@ def require_same_dtype(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tenso
         raise TypeError(f"{name_b} must have the dtype of {name_a} ({a.dtype}); got {b.dtype}")
 
 
+def require_head_dtype(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """A head's tensors (``x``, ``weight``, ``bias``) share one dtype, except inside ``torch.autocast``
+    for ``a``'s device type, where the matmuls cast them all to its dtype (:mod:`kernels_lib._autocast`)."""
+    if a.dtype != b.dtype and not mixes_dtypes(a):
+        raise TypeError(
+            f"{name_b} must have the dtype of {name_a} ({a.dtype}); got {b.dtype}"
+            " (inside torch.autocast they may differ: both are cast to its dtype)"
+        )
+
+
 def require_ndim(name: str, tensor: torch.Tensor, ndim: int) -> None:
     if tensor.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {tuple(tensor.shape)}")
@@ -92,10 +103,11 @@ def require_linear_head(name: str, weight: torch.Tensor, hidden: int, n_cols: in
 
 
 def require_bias(name: str, bias: torch.Tensor, weight: torch.Tensor, weight_name: str = "weight") -> None:
-    """Refuse a bias that is not a ``(V,)`` tensor of the dtype of its head."""
+    """Refuse a bias that is not a ``(V,)`` tensor of the dtype of its head (any float dtype under
+    autocast: :func:`require_head_dtype`)."""
     require_tensor(name, bias)
     require_float(name, bias)
-    require_same_dtype(weight_name, weight, name, bias)
+    require_head_dtype(weight_name, weight, name, bias)
     if bias.shape != weight.shape[:1]:
         raise ValueError(f"{name} must have shape (V,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
 
@@ -132,13 +144,14 @@ def require_chunk_options(chunk_size, accurate) -> None:
 
 def require_head_inputs(x, weight, x_ndim: int | None = None, names=("x", "weight"), n_cols: int | None = None) -> None:
     """The checks of a head's input ``x`` (..., H) and ``weight`` (V, H): tensors, float dtypes that
-    agree, x's rank (``x_ndim``), non-empty, the head's shape (``n_cols`` classes when given)."""
+    agree (or differ under autocast: :func:`require_head_dtype`), x's rank (``x_ndim``), non-empty,
+    the head's shape (``n_cols`` classes when given)."""
     x_name, weight_name = names
     require_tensor(x_name, x)
     require_tensor(weight_name, weight)
     require_float(x_name, x)
     require_float(weight_name, weight)
-    require_same_dtype(x_name, x, weight_name, weight)
+    require_head_dtype(x_name, x, weight_name, weight)
     if x_ndim is not None:
         require_ndim(x_name, x, x_ndim)
     require_nonempty(x_name, x)

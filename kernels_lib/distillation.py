@@ -104,10 +104,10 @@ _ARGS_DOC = """
     Args:
         student_x: ``(..., H_s)`` student hidden states (leading dims flatten to ``N`` rows); float32,
             bfloat16 or float16. Gradients flow to it.
-        student_weight: ``(V, H_s)``, the dtype of ``student_x``. Gradients flow to it.
+        student_weight: ``(V, H_s)``, the dtype of ``student_x`` (any inside ``torch.autocast``). Gradients flow to it.
         teacher_x: ``(..., H_t)`` with ``student_x``'s leading dims; any of the three float dtypes.
             A constant: read detached, no gradient, whether or not it requires grad.
-        teacher_weight: ``(V, H_t)``, the dtype of ``teacher_x``. A constant.
+        teacher_weight: ``(V, H_t)``, the dtype of ``teacher_x`` (any inside ``torch.autocast``). A constant.
         target: ``student_x.shape[:-1]`` int64/int32 labels aligned with the rows (no shift inside),
             each in ``[0, V)`` or ``ignore_index``.
         student_bias, teacher_bias: optional ``(V,)`` in their head's dtype; gradients flow to the student's.

@@ -173,10 +173,10 @@ def fused_linear_cpo(
     Args:
         x: ``(2n, T, H)`` hidden states, the ``n`` chosen sequences then the ``n`` rejected ones
             (pair ``i`` = rows ``i`` and ``i+n``); float32, bfloat16 or float16. Gradients flow to it.
-        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: ``(2n, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
             ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
-        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         beta: β > 0 (TRL's default 0.1).
         loss_type: ``"sigmoid"`` (CPO), ``"hinge"``, ``"ipo"`` or ``"simpo"``; ``ipo`` and ``simpo``
             average the log-probs over the valid tokens, the others sum them (as TRL).

@@ -141,6 +141,7 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._autocast import compute_dtype_for
 from ._target_totals import target_totals
 from ._runtime import INTERPRETED
 from .kernels.class_major_gradient import launch_class_major_gradient
@@ -967,15 +968,6 @@ def _normalizer(num_items_in_batch, valid_normalizer: torch.Tensor):
     return valid_normalizer
 
 
-def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
-    """The dtype the head's matmuls run in: the autocast dtype when autocast is on for x's device
-    (as ``nn.Linear`` would run), else x's own."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
-
-
 @torch.compiler.disable
 def fused_linear_cross_entropy(
     x: torch.Tensor,
@@ -1004,10 +996,10 @@ def fused_linear_cross_entropy(
     Args:
         x: hidden states, shape ``(..., H)`` (leading dims flatten to ``N`` rows); float32,
             bfloat16 or float16. Gradients flow to it.
-        weight: the LM head, ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the LM head, ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: class indices of shape ``x.shape[:-1]``, int64 or int32, aligned with the rows (no
             shift inside), each in ``[0, V)`` or equal to ``ignore_index``.
-        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         ignore_index: target value of rows that contribute nothing (loss and gradient 0).
         reduction: ``"mean"`` (over the valid rows), ``"sum"`` or ``"none"`` (per row, shape of
             ``target``, 0 at ignored rows).
@@ -1069,8 +1061,10 @@ def fused_linear_cross_entropy(
         ``weight`` or ``bias`` gives a NaN loss.
 
     Mixed precision: under ``torch.autocast`` the head's matmuls run in the autocast dtype (the
-    operands are rounded to it, as ``nn.Linear`` would be), the loss is float32, and the gradients
-    come back in the parameters' dtypes, accumulated in float32 across chunks for float32 parameters.
+    operands are rounded to it, as ``nn.Linear`` would be, so ``x``, ``weight`` and ``bias`` may differ
+    in dtype there: half hidden states and a float32 head), the loss is float32, and the gradients
+    come back in each input's own dtype, accumulated in float32 across chunks for float32 parameters
+    (:mod:`kernels_lib._autocast`; every fused loss does the same).
 
     Memory: with ``mean``/``sum`` the gradients are formed in forward and held until backward
     (``dx``, ``dW``, ``db``: the size of the inputs). With ``none`` forward keeps one float per row

@@ -282,14 +282,14 @@ def fused_linear_dpo(
     Args:
         x: ``(2n, T, H)`` hidden states, the ``n`` chosen sequences then the ``n`` rejected ones
             (pair ``i`` = rows ``i`` and ``i+n``); float32, bfloat16 or float16. Gradients flow to it.
-        weight: the policy head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the policy head ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: ``(2n, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
             ``[0, V)`` or ``ignore_index`` (TRL's completion mask: the prompt and padding are
             ignored); every sequence needs at least one valid token.
-        bias: optional ``(V,)`` policy bias, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)`` policy bias, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         ref_x, ref_weight, ref_bias: the reference model's hidden states ``(2n, T, H_ref)``, head
-            ``(V, H_ref)`` and optional bias (one dtype among them), run without gradient and
-            without stored logits, on the same ``target``.
+            ``(V, H_ref)`` and optional bias (one dtype among them, any inside ``torch.autocast``), run
+            without gradient and without stored logits, on the same ``target``.
         ref_logps: instead of the reference model, its precomputed ``(2n,)`` log-probs, chosen then
             rejected (TRL's ``ref_chosen_logps`` and ``ref_rejected_logps`` concatenated; sums, or
             averages with ``average_log_prob``); detached.

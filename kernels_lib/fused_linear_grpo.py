@@ -395,11 +395,11 @@ def fused_linear_grpo(
     Args:
         x: ``(B, T, H)`` hidden states of the completion tokens; float32, bfloat16 or float16.
             Gradients flow to it.
-        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: ``(B, T)`` int64/int32 completion token ids aligned with ``x`` (no shift inside),
             each in ``[0, V)`` or ``ignore_index`` (padding: masked, log-prob 0, as TRL's ``-100``
             labels). A sequence with no valid token is allowed (it adds 0, as in TRL).
-        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         advantages: ``(B,)`` (or ``(B, T)``, as TRL accepts from subclasses), detached.
         old_logps: ``(B, T)`` the sampling policy's per-token log-probs (TRL's
             ``old_per_token_logps``), detached; None: the current ones detached (TRL with

@@ -93,10 +93,10 @@ def fused_linear_jsd(
     Args:
         student_x: ``(..., H_s)`` student hidden states (leading dims flatten to ``N`` rows); float32,
             bfloat16 or float16. Gradients flow to it.
-        student_weight: ``(V, H_s)``, the dtype of ``student_x``. Gradients flow to it.
+        student_weight: ``(V, H_s)``, the dtype of ``student_x`` (any inside ``torch.autocast``). Gradients flow to it.
         teacher_x: ``(..., H_t)`` with ``student_x``'s leading dims; any of the three float dtypes
             (the teacher's own). A constant: no gradient.
-        teacher_weight: ``(V, H_t)``, the dtype of ``teacher_x``. A constant.
+        teacher_weight: ``(V, H_t)``, the dtype of ``teacher_x`` (any inside ``torch.autocast``). A constant.
         target: optional ``student_x.shape[:-1]`` int64/int32 labels, only compared with ``ignore_index``
             (rows equal to it are skipped); None counts every row.
         student_bias, teacher_bias: optional ``(V,)`` in their head's dtype; gradients flow to the student's.

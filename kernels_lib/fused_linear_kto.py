@@ -173,17 +173,17 @@ def fused_linear_kto(
 
     Args:
         x: ``(B, T, H)`` hidden states of the policy; float32, bfloat16 or float16. Gradients flow to it.
-        weight: the policy head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the policy head ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: ``(B, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
             ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
         preference_labels: ``(B,)`` bool, True for a desirable example. All-desirable and
             all-undesirable batches are fine (the other side's outputs are then empty).
         kl: the KL estimate, a real number or one-element tensor, detached (no gradient flows to
             it); None for 0 (TRL without ``calculate_KL``).
-        bias: optional ``(V,)`` policy bias, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)`` policy bias, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         ref_x, ref_weight, ref_bias: the reference model's hidden states ``(B, T, H_ref)``, head
-            ``(V, H_ref)`` and optional bias ``(V,)`` (one dtype among them, any of the three), run
-            without gradient and without stored logits, on the same ``target``.
+            ``(V, H_ref)`` and optional bias ``(V,)`` (one dtype among them, any of the three; any
+            inside ``torch.autocast``), run without gradient and without stored logits, on the same ``target``.
         ref_logps: instead of the reference model, its precomputed ``(B,)`` log-probs (sums, or
             averages with ``average_log_prob``); detached.
         beta: the temperature β (0.1 by default, as TRL).

@@ -146,10 +146,10 @@ def fused_linear_orpo(
     Args:
         x: ``(2n, T, H)`` hidden states, the ``n`` chosen sequences then the ``n`` rejected ones
             (pair ``i`` = rows ``i`` and ``i+n``); float32, bfloat16 or float16. Gradients flow to it.
-        weight: the head ``(V, H)``, the dtype of ``x``. Gradients flow to it.
+        weight: the head ``(V, H)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         target: ``(2n, T)`` int64/int32 next-token ids aligned with ``x`` (no shift inside), each in
             ``[0, V)`` or ``ignore_index``; every sequence needs at least one valid token.
-        bias: optional ``(V,)``, the dtype of ``x``. Gradients flow to it.
+        bias: optional ``(V,)``, the dtype of ``x`` (any inside ``torch.autocast``). Gradients flow to it.
         beta: the weight of the odds-ratio term (TRL's default 0.1).
         ignore_index: target value of positions that count nowhere.
         nll_target: optional ``(2n, T)`` targets for the NLL term only (its chosen half is read),

@@ -88,6 +88,7 @@ import triton
 import triton.language as tl
 
 from .. import _validate as v
+from .._autocast import compute_dtype_for
 from .._runtime import INTERPRETED
 from .shifted_exponentials import EXP_HEADROOM, launch_rescale_flagged_rows
 
@@ -565,19 +566,21 @@ def logits_logsumexp(
     unless ``logits_out`` asks for them.
 
     ``x``: ``(N, H)`` float32/bfloat16/float16; ``weight``: ``(V, H)`` of the same dtype; ``bias``:
-    optional ``(V,)`` of that dtype; ``target``: optional ``(N,)`` int32/int64 class indices in
-    ``[0, V)`` or ``ignore_index``. Returns float32 ``lse`` ``(N,)`` and float32 ``target_logit``
-    ``(N,)`` (0 at ignored rows, NaN at targets outside ``[0, V)``), or ``None`` without ``target``.
-    ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
-    ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``, ``WARP_SPECIALIZE``,
-    ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE`` stores ``logits_out``'s
-    tiles by TMA where its base and row stride are 16-byte aligned). When ``TMA`` is asked for and
-    :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and a
-    :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's
-    matmuls do (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor
-    of x's dtype with unit stride along ``V`` (a slice of a larger buffer's rows will do), or along ``N``
-    (the ``.t()`` of a class-major ``(V, N)`` buffer), into which the epilogue also writes the logits
-    (``e·N·V`` more bytes written; the fused loss's gradient pass reads them, its log-sum-exp already done).
+    optional ``(V,)`` of that dtype (inside ``torch.autocast`` any of the three: all are cast to its
+    dtype, as the fused losses do, :mod:`kernels_lib._autocast`); ``target``: optional ``(N,)``
+    int32/int64 class indices in ``[0, V)`` or ``ignore_index``. Returns float32 ``lse`` ``(N,)`` and
+    float32 ``target_logit`` ``(N,)`` (0 at ignored rows, NaN at targets outside ``[0, V)``), or
+    ``None`` without ``target``. ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``,
+    ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``,
+    ``WARP_SPECIALIZE``, ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE``
+    stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned). When
+    ``TMA`` is asked for and :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and
+    a :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's matmuls do
+    (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor of x's dtype
+    (the autocast dtype inside autocast) with unit stride along ``V`` (a slice of a larger buffer's rows
+    will do), or along ``N`` (the ``.t()`` of a class-major ``(V, N)`` buffer), into which the epilogue
+    also writes the logits (``e·N·V`` more bytes written; the fused loss's gradient pass reads them, its
+    log-sum-exp already done).
     """
     if target is None:
         v.require_head_inputs(x, weight, x_ndim=2)
@@ -589,6 +592,8 @@ def logits_logsumexp(
         tensors["bias"] = bias
     if target is not None:
         tensors["target"] = target
+    dtype = compute_dtype_for(x)  # inside torch.autocast its dtype, for every operand (as F.linear)
+    x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     if logits_out is not None:
         v.require_tensor("logits_out", logits_out)
         v.require_shape("logits_out", logits_out, (x.shape[0], weight.shape[0]), "(N, V)")
