@@ -38,11 +38,12 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   goes too: the GEMM stores the shifted exponentials ``ẽ`` (:mod:`kernels_lib.kernels.shifted_exponentials`;
   shift: each row's target logit, formed before it), the merge of its lse partials subtracts the
   one-hot term and gives each row's factor ``u``, and ``dz = g·diag(u)·ẽ`` puts the factors on
-  ``x_c`` (for ``dW``) and on ``dx``, ``N × H`` each, instead of on the ``N × V`` buffer. A/B on the
-  H200 in one run (``scripts/flce_frontier.py --parts exponentials``, commit 19c09c4): ``full`` 0.997 /
-  0.990 / 0.992× the logits route at N = 4096 / 8192 / 16384; the profile of that commit then showed
-  0.36 ms per step of torch's mixed-dtype multiplies for the factors, one Triton kernel's 0.07 ms
-  since 481e0d7 (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`).
+  ``x_c`` (for ``dW``) and on ``dx``, ``N × H`` each, instead of on the ``N × V`` buffer: one pass over
+  the logits fewer, for ``full`` 0.99–1.00× the logits route's time at N = 4096 / 8192 / 16384 on the
+  H200 (``scripts/flce_frontier.py --parts exponentials``,
+  ``gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv``). The factors are applied by one Triton
+  kernel (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`), not torch's mixed-dtype
+  multiplies, which cost five times as long in the profiles (``..._frontier_profile.csv``).
 * The class-major route (the same plain loss, one chunk of ``N ≤ H`` rows, or with the default
   ``chunk_size`` of ``N ≤ 2H`` whose logits fit in memory, :data:`CLASS_MAJOR_ROWS_PER_HIDDEN`; ``dW`` in
   the inputs' dtype: the published N = 4096 and 8192 at H = 4096): forward's epilogue GEMM writes the logits
@@ -51,12 +52,11 @@ factor; then ``dx_c = dz W`` (written into ``dx``), ``dW += dz^T x_c`` and ``db 
   (:mod:`kernels_lib.kernels.class_major_gradient`), then ``dx`` and ``dW``, ``dW`` slab by slab over
   the logits already read (:func:`_class_major_gradients`). Forward holds nothing the gradients
   would not hold anyway, so the work waits for backward. Up to ``H`` rows the logits take no memory of their own:
-  on the H200 at N = 4096 (bf16, H = 4096, V = 128256; ``scripts/flce_frontier.py --parts frontier``,
-  ``gpu_runs/fused_linear_cross_entropy_frontier.csv``) the peak of ``full`` was 2052 MiB in the run of
-  3d4b700 (18.97 ms) and 1098 MiB with this route in the run of 7942f44 (19.49 ms, QuACK's 18.98 ms
-  at 2036 MiB), the gradients then still formed in forward; with them deferred to backward (run of
-  62af643) forward with a gradient took 6.48 ms (torch's 9.09) and ``full`` 19.08 ms (QuACK's 18.65);
-  with the shifted exponentials (run of b9d905b) 6.55 ms and 18.65 ms (QuACK's 18.50).
+  on the H200 at N = 4096 (bf16, H = 4096, V = 128256) this route about halves the peak of ``full``
+  (about 1.1 GB against 2.1 GB for the chunked route, QuACK's about 2.0 GB) at the same time, and with
+  the gradients deferred to backward ``forward`` with a gradient takes about 0.7× torch's
+  (``scripts/flce_frontier.py --parts frontier``, ``gpu_runs/fused_linear_cross_entropy_frontier.csv``,
+  which keeps each measurement with its commit; ``data/measured/README.md`` tells them in order).
 * ``mean``/``sum`` (the class-major route apart): the gradient is known in forward, so all of the
   above happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``, read on the device
   (no host sync; no pass at all when it is 1), and hands the buffers out: a second backward through
@@ -72,11 +72,11 @@ of the device's free memory. Each chunk's ``dW += dz^T x_c`` reads and writes th
 accumulator once: ``4·V·H`` bytes against ``2·c·V·H`` FLOPs, ``c / 2`` FLOPs per byte, so small chunks
 make that pass, not the matmuls, the cost (about ``105 / c`` of a chunk's three matmuls on an H200);
 with ``H`` rows the logits buffer is the size of ``dW`` itself, so forward + backward hold at most
-twice the gradients. ``chunk_size`` is the dial. Measured on an H200 at N = 8192, H = 4096,
-V = 128256, bf16 (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``, commit
-f148516, ``full``): 512 rows take 43.5 ms at 1193 MiB (Liger's Triton kernel: 54.1 ms, 1129 MiB),
-2048 rows 38.4 ms at 1575 MiB, 4096 rows (this default) 38.2 ms at 2084 MiB, 8192 rows 37.9 ms at
-3102 MiB (QuACK's chunked loss in the same run: 38.2 ms at 4072 MiB). The
+twice the gradients. ``chunk_size`` is the dial. On an H200 at N = 8192, H = 4096, V = 128256, bf16
+(``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``, ``full``, one run): 512 rows take
+43.5 ms at 1193 MiB (Liger's Triton kernel: 54.1 ms, 1129 MiB), 2048 rows 38.4 ms at 1575 MiB, 4096 rows
+(this default) 38.2 ms at 2084 MiB, 8192 rows 37.9 ms at 3102 MiB (QuACK's chunked loss in the same run:
+38.2 ms at 4072 MiB): past ``H`` rows time hardly falls while memory keeps growing. The
 memory-lean point of earlier versions, ``H / 8`` rows, is :func:`lean_chunk_size`: the fused losses
 with a second head or a reference model keep it (their memory is judged against Liger's).
 

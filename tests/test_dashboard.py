@@ -124,6 +124,17 @@ def test_every_measured_loss_has_a_chart_with_peers_and_targets(board):
     assert set(board[board.kind == "target"].status) <= {"met", "missed", "not measured"}
 
 
+def _shown(value: float, bound: float) -> str:
+    """A ratio as the index must print it: "not measured" without one; two decimals, or as many more (up to
+    six) as it takes for the printed number to differ from the bound of the target that judges it."""
+    if pd.isna(value):
+        return "not measured"
+    digits = 2
+    while not pd.isna(bound) and value != bound and digits < 6 and float(f"{value:.{digits}f}") == float(bound):
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
     (tmp_path / "executed").mkdir()
     reports = []
@@ -139,7 +150,8 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
         # A target badge names its worst ratio only where the target was measured (a peer missing from the run: none).
         columns = ("time ratio", "memory ratio") if row.kind == "ratio" else ("worst ratio",) * (not pd.isna(row["worst ratio"]))
         for column in columns:
-            expected[(row.key, column)] = "–" if pd.isna(row[column]) else f"{row[column]:.2f}"
+            bound = row.bound if column == "worst ratio" else row[column.replace("ratio", "bound")]
+            expected[(row.key, column)] = _shown(row[column], bound)
         if row.kind == "target" and not pd.isna(row["worst ratio"]):
             worst_at = row["worst at x"]
             expected[(row.key, "worst at x")] = worst_at if isinstance(worst_at, str) else f"{worst_at:g}"
@@ -152,3 +164,134 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
     for _, row in board[board.kind == "target"].iterrows():
         assert f'data-key="{html.escape(row.key)}" data-status="{html.escape(row.status)}"' in page
     assert page.count("<svg") == board.chart.nunique()
+    assert 'data-card="gpu-test-runs"' in page
+
+
+def test_a_ratio_cell_is_coloured_by_its_targets_verdict(board):
+    """Each ratio cell's class is the verdict of the target that judges it (met / missed / not measured),
+    none where no target does; Liger's time cell on the FLCE card carries the verdict of full ≤ 0.6× Liger."""
+    flce = board[board.kernel_name == "fused_linear_cross_entropy"]
+    liger = flce[(flce.kind == "ratio") & (flce.peer == "liger")].iloc[0]
+    target = flce[(flce.kind == "target") & (flce.target == "full ≤ 0.6× Liger")].iloc[0]
+    assert liger["time status"] == target.status
+    for chart in dashboard.charts():
+        rows = board[board.chart == chart.title].reset_index(drop=True)
+        section = dashboard.chart_section(chart, rows)
+        for _, row in rows[rows.kind == "ratio"].iterrows():
+            for column in ("time", "memory"):
+                status = row[f"{column} status"]
+                cell = re.search(r'<td( class="([^"]*)")?><span class="num" data-key="' + re.escape(html.escape(row.key))
+                                 + f'" data-col="{column} ratio">', section)
+                assert cell, (row.key, column)
+                assert cell.group(2) == (status.replace(" ", "-") if isinstance(status, str) else None), (row.key, column)
+
+
+def test_ratio_text_shows_which_side_of_the_bound():
+    assert dashboard.ratio_text(1.000418, 1.0) == "1.0004"
+    assert dashboard.ratio_text(0.551077, 0.55) == "0.551"
+    assert dashboard.ratio_text(0.8505, 0.6) == "0.85"
+    assert dashboard.ratio_text(0.9999, None) == "1.00"
+    assert dashboard.ratio_text(float("nan"), 1.0) == "not measured"
+
+
+def _two_runs() -> pd.DataFrame:
+    """Synthetic rows of two runs: run A (old commit) measured kernels_lib, liger and cce; run B (new commit)
+    kernels_lib and liger only; and one row of the new commit on another GPU."""
+    rows = []
+    for commit, gpu, stamp, providers in (("aaaaaaa", H200, "2026-11-01 10:00:00", {"kernels_lib": 10.0, "liger": 20.0, "cce": 40.0}),
+                                          ("bbbbbbb", H200, "2026-12-01 10:00:00", {"kernels_lib": 8.0, "liger": 16.0}),
+                                          ("bbbbbbb", "NVIDIA H100", "2026-12-02 10:00:00", {"kernels_lib": 12.0, "cce": 13.0})):
+        for provider, ms in providers.items():
+            for x in (1024.0, 2048.0):
+                rows.append({"kernel_name": "toy", "kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": "speed",
+                             "x_value": x, "y_value_50": ms * x / 1024, "gpu_name": gpu, "kernels_lib_commit": commit, "timestamp": stamp})
+    return pd.DataFrame(rows)
+
+
+def test_same_run_pairs_never_pairs_two_runs():
+    rows = _two_runs()
+    with pytest.raises(ValueError, match="one run expected.*aaaaaaa on NVIDIA H200.*bbbbbbb"):
+        data.same_run_pairs(rows, "kernels_lib", ["cce"])
+    newest = data.one_run(rows[rows.gpu_name == H200])
+    assert set(newest.kernels_lib_commit) == {"bbbbbbb"}
+    pairs = data.same_run_pairs(newest, "kernels_lib", ["liger", "cce"]).set_index(["peer", "x"])
+    assert pairs.loc[("liger", 2048.0), "ratio"] == pytest.approx(0.5)
+    assert pairs.loc[("cce", 2048.0), ["peer value", "ratio"]].isna().all()  # CCE was only in the old run: not measured
+    assert set(pairs.run) == {"run of commit bbbbbbb on NVIDIA H200 (2026-12-01)"}
+    old = data.same_run_pairs(data.one_run(rows, "aaaaaaa", H200), "kernels_lib", ["cce"])
+    assert old.ratio.tolist() == pytest.approx([0.25, 0.25])
+    # the same commit on another GPU is another run
+    assert set(data.one_run(rows).gpu_name) == {"NVIDIA H100"}
+    with pytest.raises(ValueError, match="one run expected"):
+        data.run_label(rows[rows.kernels_lib_commit == "bbbbbbb"])
+
+
+def test_a_chart_of_two_runs_is_refused():
+    mixed = _two_runs()
+    mixed = mixed[mixed.gpu_name == H200].assign(kernel_name="kl_div")
+    chart = dashboard.Chart("kl_div", "toy", "V", mixed, "kernels_lib", None, "bbbbbbb", H200)
+    with pytest.raises(ValueError, match="one run expected"):
+        dashboard.chart_rows(chart, pd.DataFrame())
+
+
+def test_a_peer_missing_from_the_run_is_not_measured(board):
+    """CCE is in older FLCE runs; where the newest run lacks it, its targets read "not measured", whatever an
+    older run measured."""
+    run = _newest_run("fused_linear_cross_entropy")
+    targets = board[(board.kernel_name == "fused_linear_cross_entropy") & (board.kind == "target")].set_index("target")
+    in_run = "cce" in set(run.kernel_provider)
+    assert (targets.loc["full ≤ 0.5× CCE", "status"] == "not measured") == (not in_run)
+    assert "cce" in set(pd.read_csv(data.MEASURED_DIR / "fused_linear_cross_entropy.csv").kernel_provider)
+    flce = board[board.kernel_name == "fused_linear_cross_entropy"]
+    assert set(flce.run) == {f"run of commit {run.kernels_lib_commit.iloc[0]} on {H200} ({run.timestamp.max()[:10]})"}
+
+
+def test_every_chart_names_one_run_per_workload(board):
+    for chart in dashboard.charts():
+        for name, part in chart.rows.groupby("kernel_name"):
+            assert part.groupby(["kernels_lib_commit", "gpu_name"]).ngroups == 1, (chart.key, name)
+            assert data.run_label(part) in chart.run
+
+
+def test_sparkline_names_its_axes_and_draws_ours_on_top():
+    times = pd.DataFrame({"kernels_lib TP=2": [1.0, 2.0, 4.0], "kernels_lib TP=1": [2.0, 4.0, 8.0], "torch TP=2": [3.0, 6.0, 12.0]},
+                         index=[4096.0, 8192.0, 16384.0])
+    svg = dashboard.sparkline(times, "kernels_lib TP=2", "N")
+    lines = re.findall(r'<polyline fill="none" stroke="([^"]*)"', svg)
+    assert len(lines) == 3 and lines[-1] == "#d62728" and lines.count("#d62728") == 1  # one red line, drawn last
+    assert svg.count("color:#d62728") == 1  # one red legend entry
+    assert "over N (log₂ scale, 4096 to 16384)" in svg
+    assert ">12 ms</text>" in svg and ">0</text>" in svg and ">4096</text>" in svg and ">16384</text>" in svg
+
+
+def test_the_training_step_has_a_card(board):
+    rows = pd.read_csv(data.MEASURED_DIR / "training_step.csv")
+    shown = board[board.kernel_name == "training_step"]
+    assert set(shown.report) == {"05_training_step"}
+    assert shown.chart.nunique() == rows.groupby(["model", "checkpointing"]).ngroups
+    assert set(shown.commit) == set(rows.kernels_lib_commit)
+    one = shown[(shown.kind == "ratio") & (shown.peer == "huggingface")].iloc[0]
+    ok = rows[(rows.model == "llama-3.2-1b") & (~rows.checkpointing.astype(bool)) & rows.note.isna() & rows.step_ms_50.notna()]
+    at = ok[ok.tokens == one.x].set_index("provider").step_ms_50
+    assert one["time ratio"] == pytest.approx(at["kernels_lib"] / at["huggingface"], rel=1e-12)
+
+
+GPU_RUNS = """date,kernels_lib_commit,gpu_name,torch_version,triton_version,transformers_version,trl_version,target,passed,failed,skipped,deselected,minutes,command
+2026-12-01 10:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,900,2,10,0,12.5,./workbench test --gpu
+2026-12-03 09:00,2222222,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,905,0,8,1,11.0,./workbench test --gpu
+2026-12-02 08:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,reports,10,0,0,0,5.0,./workbench reports --device cuda
+"""
+
+
+def test_gpu_test_runs_card_shows_the_newest_run_per_target(tmp_path):
+    path = tmp_path / "gpu_test_runs.csv"
+    path.write_text(GPU_RUNS)
+    newest = dashboard.gpu_test_runs(path)
+    assert dict(zip(newest.target, newest.kernels_lib_commit.astype(str))) == {"gpu": "2222222", "reports": "1111111"}
+    card = dashboard.gpu_test_runs_card(path)
+    assert "GPU test runs" in card and "2222222" in card and "905 passed · 0 failed · 8 skipped · 1 deselected" in card
+    assert "900 passed" not in card and "./workbench reports --device cuda" in card and "11.0 min" in card
+    assert "No run recorded" in dashboard.gpu_test_runs_card(tmp_path / "absent.csv")
+    (tmp_path / "bad.csv").write_text("date,target\n2026-12-01,gpu\n")
+    with pytest.raises(ValueError, match="bad.csv lacks the column"):
+        dashboard.gpu_test_runs(tmp_path / "bad.csv")

@@ -255,3 +255,23 @@ def test_each_notebook_takes_the_runner_parameters(path):
     source = "".join(tagged[0]["source"]) if isinstance(tagged[0]["source"], list) else tagged[0]["source"]
     assigned = {t.id for s in ast.parse(source).body if isinstance(s, ast.Assign) for t in s.targets}
     assert set(RUNNER_PARAMETERS) <= assigned, f"missing {set(RUNNER_PARAMETERS) - assigned}"
+
+
+def test_readme_is_a_manual():
+    """The README opens with the two commands, says how long a CPU run takes and how large the
+    environment grows, carries no commit hashes or run narratives, and points at nothing outside the
+    repository (docs/spec.md holds what users need of the specification)."""
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: a manual fits in a few screens"
+    first_screen = "\n".join(lines[:30])
+    assert "./workbench reports" in first_screen and "./workbench test" in first_screen
+    assert "9.5 min" in text and "20 min" in text and "2.9 GB" in text
+    assert "./workbench test --gpu" in text and "./workbench reports --device cuda" in text
+    assert "../shared" not in text
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)]
+    assert not hashes, f"commit hashes in README.md: {hashes}"
+    for path in re.findall(r"`((?:docs|data|kernels_lib|scripts|tests)/[^`\s<]*)`", text):
+        assert (ROOT / path).exists(), f"README.md names {path}, which does not exist"
+    spec = (ROOT / "docs" / "spec.md").read_text()
+    assert "lse" in spec and "128256" in spec and "../shared" not in spec

@@ -42,7 +42,7 @@ partials of its rows ``BLOCK_B`` blocks at a time with the online rule: per step
 :math:`\mathrm{lse} = M + \log S`, and :math:`t_i = 0` at ignored rows (NaN at out-of-range targets),
 which no tile touches. (One block per step, 128 rows per program, left 32 programs at N = 4096 each
 waiting on 501 dependent loads: 80 µs per 4096 rows on the H200, the time of reading the partials
-twenty times over; 18 µs in 64-block steps over 32 rows, profile of 6b80ae7.)
+twenty times over; 18 µs in 64-block steps over 32 rows: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``.)
 
 **NaN.** ``tl.max`` ignores NaN operands (``maxnum``, compiled and interpreted alike), so :math:`m_b`
 may be finite, or :math:`-\infty`, beside a NaN logit; but that logit reaches :math:`s_b` through
@@ -116,14 +116,14 @@ CONFIGS = [
     dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, WARP_SPECIALIZE=True),
 ]
 #: The launch without ``config`` where the TMA kernel can take 16-bit inputs: the fastest measured on
-#: the H200 (bf16, H = 4096, V = 128256, commit 8b5f943,
+#: the H200 (bf16, H = 4096, V = 128256,
 #: ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``): 6.32 / 12.69 / 25.27 ms at
 #: N = 4096 / 8192 / 16384, 681 / 678 / 681 TFLOP/s, where cuBLAS's logits matmul alone took 6.33 /
 #: 12.39 / 24.87 ms and the pointer kernel below 7.35 / 15.17 / 30.07.
 TMA_DEFAULT_CONFIG = CONFIGS[2]
 #: The same where ``logits_out`` is given: the logits tile stored by TMA. On the H200 (bf16, 4096 × 4096
-#: × 128256, commit e1d22d4, ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``) 6.42 ms
-#: (670 TFLOP/s) against 6.59 with masked stores (cuBLAS's logits alone: 6.35 in the stages of that
+#: × 128256, ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``) 6.42 ms
+#: (670 TFLOP/s) against 6.59 with masked stores (cuBLAS's logits alone: 6.35 in the stages of the same
 #: run); the non-persistent grid with TMA stores took 8.10.
 TMA_LOGITS_OUT_CONFIG = dict(TMA_DEFAULT_CONFIG, TMA_STORE=True)
 #: The launch without ``config`` otherwise: the fastest measured pointer-based config.

@@ -2,27 +2,39 @@
 
 A *chart* is the measured rows of one loss on one swept axis and configuration on the H200 (CUDA):
 each published workload of :func:`kernels_lib.workbench.overview.workloads` that has measured rows,
-the measured losses without a published chart (DPO), and the tensor-parallel rows
-(``data/measured/tensor_parallel.csv``, :mod:`kernels_lib.workbench.tensor_parallel`). Only the
-chart's newest run is read (the rows of the commit of its newest kernels_lib row): ratios and targets
-compare providers measured in the same run.
+the measured losses without a published chart (DPO), the tensor-parallel rows
+(``data/measured/tensor_parallel.csv``, :mod:`kernels_lib.workbench.tensor_parallel`) and the training
+step (``data/measured/training_step.csv``, one chart per model and checkpointing). Only one run of a
+chart is read, the newest (:func:`.data.one_run`: one ``kernels_lib_commit`` on one GPU), and every ratio
+is paired within it (:func:`.data.same_run_pairs`): a peer the run did not measure is *not measured*,
+never a number of another run. The tensor-parallel chart judges each workload on its own newest run
+and names each.
 
 :func:`dashboard` returns one tidy row per (chart, peer) (``kind == "ratio"``): kernels_lib's ``full``
 median time and memory and their ratios to the peer's at the headline x (the published chart's
-largest x when measured, else the largest measured), and one row per (chart, target)
-(``kind == "target"``): the verdict of the target functions of :mod:`.bench.analysis` (or of
-:func:`.tensor_parallel.verdicts`) over every x of the run, with its bound and worst ratio.
+largest x when measured, else the largest measured), each with the verdict of the target that judges
+that ratio (``time status``, ``memory status``: a cell's colour on the index is its target's verdict,
+none where no target judges it), and one row per (chart, target) (``kind == "target"``): the verdict of
+the target functions of :mod:`.bench.analysis` (or of :func:`.tensor_parallel.verdicts`, or
+:func:`.training_step.training_verdicts`) over every x of the run, with its bound and worst ratio.
+
+:func:`chart_section` and :func:`gpu_test_runs_card` render it for the index
+(:func:`kernels_lib.workbench.report.write_index`); :func:`ratio_text` prints a ratio with the digits
+that show which side of its bound it lies on (a miss by 0.04% reads 1.0004, not 1.00).
 """
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from . import data, overview
 from . import tensor_parallel as tp
+from . import training_step as ts
 from .bench.analysis import (
     DIVERGENCE_TARGETS,
     FLCE_TARGETS,
@@ -41,6 +53,7 @@ from .bench.analysis import (
     target_verdicts,
 )
 from .bench.registry import get_spec
+from .charts import COLORS
 
 #: The report (notebook stem) that judges each measured loss; ``tensor_parallel`` is the
 #: tensor-parallel CSV. Losses not named here have no card.
@@ -62,11 +75,20 @@ REPORTS = {
     "cross_entropy": "09_tensor_parallel",
     "megatron_cross_entropy": "09_tensor_parallel",
     "tensor_parallel": "09_tensor_parallel",
+    "training_step": "05_training_step",
 }
 TENSOR_PARALLEL = "tensor_parallel"
+TRAINING_STEP = "training_step"
 COLUMNS = ["key", "kind", "report", "chart", "kernel_name", "x_name", "x", "published x", "peer", "ours ms", "peer ms",
-           "time ratio", "ours MB", "peer MB", "memory ratio", "target", "bound", "worst ratio", "worst at x", "status",
-           "commit", "gpu", "date"]
+           "time ratio", "time status", "time bound", "ours MB", "peer MB", "memory ratio", "memory status", "memory bound", "target", "bound",
+           "worst ratio", "worst at x", "status", "commit", "gpu", "date", "run"]
+#: What a target's verdict reads where its peer is missing from the run, on every card alike.
+NOT_MEASURED = "not measured"
+#: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu") or of
+#: the full-size notebooks (``target`` "reports") on a CUDA machine.
+GPU_TEST_RUNS = data.MEASURED_DIR / "gpu_test_runs.csv"
+GPU_TEST_RUN_COLUMNS = ["date", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
+                        "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,7 @@ class Chart:
     published_x: float | None  # the published chart's largest x; None without a published chart
     commit: str
     gpu: str
+    source: pd.DataFrame | None = None  # the training step's own rows (``training_step.csv``), for its verdicts
 
     @property
     def key(self) -> str:
@@ -93,6 +116,14 @@ class Chart:
     @property
     def date(self) -> str:
         return str(self.rows.timestamp.max())[:10]
+
+    @property
+    def run(self) -> str:
+        """Which run the chart's numbers come from (:func:`.data.run_label`); the tensor-parallel chart
+        names the run of each workload it judges."""
+        if self.kernel_name != TENSOR_PARALLEL:
+            return data.run_label(self.rows)
+        return "; ".join(f"{name}: {data.run_label(part)}" for name, part in self.rows.groupby("kernel_name", sort=False))
 
 
 def _newest_run(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -114,7 +145,7 @@ def charts(gpu_name: str = overview.H200) -> list[Chart]:
         result.append(Chart(workload.kernel_name, workload.title, workload.x_name, run, "kernels_lib",
                             float(workload.published.x_value.max()), commit, gpu_name))
     for kernel_name in REPORTS:
-        if kernel_name in published_names or kernel_name == TENSOR_PARALLEL:
+        if kernel_name in published_names or kernel_name in (TENSOR_PARALLEL, TRAINING_STEP):
             continue
         everything = overview.measured_on(kernel_name, gpu_name, latest=False)
         if not len(everything):
@@ -128,21 +159,51 @@ def charts(gpu_name: str = overview.H200) -> list[Chart]:
         flce = runs[runs.kernel_name == "fused_linear_cross_entropy"]
         config = json.loads(flce.extra_benchmark_config_str.iloc[0])
         title = "tensor-parallel " + overview.chart_title("fused_linear_cross_entropy", config, "N").replace("TP = 1, ", "")
-        commits = ", ".join(sorted(set(runs.kernels_lib_commit)))
-        result.append(Chart(TENSOR_PARALLEL, title, "N", runs.reset_index(drop=True), f"kernels_lib TP={max(runs.tp)}", None,
-                            commits, gpu_name))
+        result.append(Chart(TENSOR_PARALLEL, title, "N", runs.reset_index(drop=True), f"kernels_lib TP={max(flce.tp)}", None,
+                            str(flce.kernels_lib_commit.iloc[0]), gpu_name))
+    result += training_step_charts(gpu_name)
     return result
+
+
+def training_step_charts(gpu_name: str = overview.H200) -> list[Chart]:
+    """The training step's charts: per (model, checkpointing) of the newest run of each model
+    (:func:`.training_step.latest_run`) on ``gpu_name``, its rows in the measured CSVs' columns (``speed``:
+    the median step time in ms, ``memory``: the peak in MB, both as mode ``full``, x = tokens per step)."""
+    path = data.measured_path(TRAINING_STEP)
+    if not path.exists():
+        return []
+    raw = pd.read_csv(path)
+    raw = raw[(raw.gpu_name == gpu_name) & (raw.device == "cuda")]
+    out = []
+    for (model, ckpt), group in ts.latest_run(raw).groupby(["model", "checkpointing"], sort=False):
+        ok = ts.measured(group)
+        if not len(ok) or "kernels_lib" not in set(ok.provider):
+            continue
+        common = {"kernel_name": TRAINING_STEP, "kernel_operation_mode": "full", "x_name": "tokens", "x_value": ok.tokens.astype(float),
+                  "kernel_provider": ok.provider, "gpu_name": ok.gpu_name, "kernels_lib_commit": ok.kernels_lib_commit.astype(str),
+                  "timestamp": ok.timestamp, "extra_benchmark_config_str": "{}"}
+        rows = pd.concat([pd.DataFrame({**common, "metric_name": "speed", "y_value_50": ok.step_ms_50}),
+                          pd.DataFrame({**common, "metric_name": "memory", "y_value_50": ok.peak_gib * 1024})], ignore_index=True)
+        title = f"training step, {model}, checkpointing {'on' if bool(ckpt) else 'off'}"
+        out.append(Chart(TRAINING_STEP, title, "tokens", rows, "kernels_lib", None, str(rows.kernels_lib_commit.iloc[0]), gpu_name,
+                         group.reset_index(drop=True)))
+    return out
+
+
+def _paired_rows(chart: Chart) -> pd.DataFrame:
+    """The rows whose ``full`` medians the chart's ratios pair: its own rows, or on the tensor-parallel
+    chart the fused linear cross-entropy rows of its run with each provider named ``"provider TP=n"``."""
+    if chart.kernel_name != TENSOR_PARALLEL:
+        return chart.rows
+    rows = chart.rows[chart.rows.kernel_name == "fused_linear_cross_entropy"]
+    return rows.assign(kernel_provider=[f"{p} TP={n}" for p, n in zip(rows.kernel_provider, rows.tp)])
 
 
 def full_medians(chart: Chart, metric: str) -> pd.DataFrame:
     """The chart's ``full`` medians of ``metric`` (``speed``: ms, ``memory``: MB) per x (index) and provider
     (columns); for the tensor-parallel chart the fused linear cross-entropy rows, one column per
     ``"provider TP=n"``."""
-    if chart.kernel_name != TENSOR_PARALLEL:
-        return medians(chart.rows, metric, "full")
-    table = tp.pivot(chart.rows, "fused_linear_cross_entropy", metric, "full")
-    table.columns = [f"{provider} TP={n}" for provider, n in table.columns]
-    return table
+    return medians(_paired_rows(chart), metric, "full")
 
 
 def peers(chart: Chart) -> list[str]:
@@ -158,9 +219,39 @@ def peers(chart: Chart) -> list[str]:
 
 def headline_x(chart: Chart) -> float:
     """The x of the headline ratios: the published chart's largest x where kernels_lib's ``full`` time
-    was measured in the run, else the largest such x."""
-    measured = full_medians(chart, "speed")[chart.ours].dropna().index
+    was measured in the run, else the largest such x (for the training step, the largest step that
+    every provider of the run measured)."""
+    speed = full_medians(chart, "speed")
+    measured = speed[chart.ours].dropna().index
+    if chart.kernel_name == TRAINING_STEP:  # no published chart: the largest step every provider ran, where there is one
+        everyone = speed.dropna().index
+        return float(max(everyone) if len(everyone) else max(measured))
     return float(chart.published_x if chart.published_x in measured else max(measured))
+
+
+def _targets(chart: Chart, ceilings: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    """The chart's target definitions (label → (ratio column, bound, ...)) with the table of ratios per x
+    they are judged on, as its report judges them, from rows of one run (:func:`.data.run_label` refuses
+    rows of two)."""
+    rows, name = chart.rows, chart.kernel_name
+    data.run_label(rows)
+    if name == "fused_linear_cross_entropy":
+        # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
+        table = fused_linear_cross_entropy_targets(rows, ceiling(ceilings, "matmul", chart.gpu, chart.commit))
+        return [(FLCE_TARGETS, table), (FRONTIER_TARGETS, frontier_targets(rows))]
+    if name in ("kl_div", "jsd", "tvd"):
+        targets = KL_DIV_TARGETS if name == "kl_div" else DIVERGENCE_TARGETS
+        return [(targets, row_divergence_targets(rows, name, ceiling(ceilings, "copy", chart.gpu, chart.commit), targets))]
+    if name in ("fused_linear_orpo_loss", "kto_loss"):
+        targets = ORPO_TARGETS if name == "fused_linear_orpo_loss" else KTO_TARGETS
+        return [(targets, preference_targets(rows, targets))]
+    if name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
+        return [(distillation_targets("torch"), preference_targets(rows, distillation_targets("torch"), baseline="torch"))]
+    if name.startswith(("fused_linear_dpo", "fused_linear_cpo", "fused_linear_simpo", "fused_linear_grpo")):
+        baseline = get_spec(name).baseline
+        targets = issue13_targets(baseline)
+        return [(targets, preference_targets(rows, targets, baseline=baseline))]
+    return []
 
 
 def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
@@ -168,53 +259,114 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     writes them (index ``target``; ``bound``, ``worst ratio``, ``worst at x``, ``status``): the target
     functions its report uses, with the ceilings of the same run. For the tensor-parallel chart,
     :func:`.tensor_parallel.verdicts` per target (issue 11's, at TP = 2) and :func:`.tensor_parallel.scaling_verdicts`
-    (issue 15's, at TP = 8): ``met`` where met at every point, the largest ratio.
-    Empty for a chart without targets."""
+    (issue 15's, at TP = 8), each workload on its own run; for the training step
+    :func:`.training_step.training_verdicts` (a target it could not judge: ``not measured``). ``met`` where
+    met at every point, the largest ratio. Empty for a chart without targets."""
     rows, name = chart.rows, chart.kernel_name
     if name == TENSOR_PARALLEL:
+        for _, part in rows.groupby("kernel_name"):
+            data.run_label(part)
         judged = [(tp.TARGETS, tp.verdicts(rows), "x"), (tp.SCALING_TARGETS, tp.scaling_verdicts(rows), "N")]
         out = [_worst_point(f"{what} ≤ {limit}", limit, points[(points.target == target) & points.ratio.notna()], x)
                for targets, points, x in judged for target, (what, limit) in targets.items()]
         return pd.DataFrame(out).set_index("target")
-    if name == "fused_linear_cross_entropy":
-        # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
-        table = fused_linear_cross_entropy_targets(rows, ceiling(ceilings, "matmul", chart.gpu, chart.commit))
-        return pd.concat([target_verdicts(table, FLCE_TARGETS), target_verdicts(frontier_targets(rows), FRONTIER_TARGETS)])
-    if name in ("kl_div", "jsd", "tvd"):
-        targets = KL_DIV_TARGETS if name == "kl_div" else DIVERGENCE_TARGETS
-        table = row_divergence_targets(rows, name, ceiling(ceilings, "copy", chart.gpu, chart.commit), targets)
-    elif name in ("fused_linear_orpo_loss", "kto_loss"):
-        targets = ORPO_TARGETS if name == "fused_linear_orpo_loss" else KTO_TARGETS
-        table = preference_targets(rows, targets)
-    elif name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
-        targets = distillation_targets("torch")
-        table = preference_targets(rows, targets, baseline="torch")
-    elif name.startswith(("fused_linear_dpo", "fused_linear_cpo", "fused_linear_simpo", "fused_linear_grpo")):
-        baseline = get_spec(name).baseline
-        targets = issue13_targets(baseline)
-        table = preference_targets(rows, targets, baseline=baseline)
-    else:
+    if name == TRAINING_STEP:
+        data.run_label(rows)
+        judged = ts.training_verdicts(chart.source)
+        judged = judged[(judged.model == chart.source.model.iloc[0]) & (judged.checkpointing == bool(chart.source.checkpointing.iloc[0]))]
+        return pd.DataFrame({"target": judged.target, "bound": [float(b.split()[-1]) for b in judged.bound],
+                             "worst ratio": judged.ratio.values, "worst at x": judged["at tokens"].values,
+                             "status": [NOT_MEASURED if s == "not judged" else s for s in judged.status]}).set_index("target")
+    targets = _targets(chart, ceilings)
+    if not targets:
         return pd.DataFrame(columns=["bound", "worst ratio", "best ratio", "worst at x", "status"]).rename_axis("target")
-    return target_verdicts(table, targets)
+    return pd.concat([target_verdicts(table, defined) for defined, table in targets])
+
+
+#: A target's ratio column's peer as the dashboard names the provider (``"full / Liger"`` → ``liger``).
+_PEER_OF_COLUMN = {"torch": "torch", "liger": "liger", "cce": "cce", "quack": "quack", "huggingface": "huggingface", "trl": "trl"}
+#: The tensor-parallel targets (:data:`.tensor_parallel.TARGETS`) that judge a cell at TP = 2: name → (peer, column).
+_TP_CELLS = {"tp2_time": ("kernels_lib TP=1", "time ratio"), "tp2_memory": ("kernels_lib TP=1", "memory ratio"),
+             "vs_loss_parallel_time": ("torch_loss_parallel TP=2", "time ratio"), "vs_megatron_time": ("megatron-core TP=2", "time ratio"),
+             "vs_loss_parallel_memory": ("torch_loss_parallel TP=2", "memory ratio"), "vs_megatron_memory": ("megatron-core TP=2", "memory ratio")}
+
+
+def judged_cells(chart: Chart, ceilings: pd.DataFrame) -> dict[tuple[str, str], list[str]]:
+    """Which targets judge which ratio cell: ``(peer, "time ratio" | "memory ratio")`` → target labels. A
+    target on ``full / <peer>`` judges that peer's time cell, one on ``memory / <peer>`` its memory cell;
+    one on the fastest peer judges the cells of the peer fastest at the headline x; a target on another
+    mode or on a ceiling judges no cell."""
+    cells: dict[tuple[str, str], list[str]] = {}
+    if chart.kernel_name == TENSOR_PARALLEL:
+        if chart.ours.endswith(" TP=2"):
+            for name, (what, limit) in tp.TARGETS.items():
+                if name in _TP_CELLS:
+                    cells.setdefault(_TP_CELLS[name], []).append(f"{what} ≤ {limit}")
+        return cells
+    if chart.kernel_name == TRAINING_STEP:
+        defined = [{label: (quantity.replace("time /", "full /"),) for label, (quantity, *_) in ts.TRAINING_TARGETS.items()}]
+    else:
+        defined = [targets for targets, _ in _targets(chart, ceilings)]
+    speed = full_medians(chart, "speed")
+    x = headline_x(chart)
+    at_x = speed.loc[x, peers(chart)].dropna() if x in speed.index else pd.Series(dtype=float)
+    fastest = str(at_x.idxmin()) if len(at_x) else None
+    for targets in defined:
+        for label, (column, *_) in targets.items():
+            quantity, _, who = column.partition(" / ")
+            cell = {"full": "time ratio", "memory": "memory ratio"}.get(quantity)
+            peer = fastest if who == "fastest peer" else _PEER_OF_COLUMN.get(who.lower())
+            if cell and peer:
+                cells.setdefault((peer, cell), []).append(label)
+    return cells
+
+
+def _cell_bound(labels: list[str], judged: pd.DataFrame) -> float:
+    """The bound of the one target that judges a cell (for :func:`ratio_text`'s digits); NaN otherwise."""
+    bounds = {float(judged.at[label, "bound"]) for label in labels if label in judged.index}
+    return bounds.pop() if len(bounds) == 1 else float("nan")
+
+
+def _cell_status(labels: list[str], judged: pd.DataFrame) -> str | None:
+    """The verdict a ratio cell shows: ``missed`` if any of its targets missed, ``met`` if every one was
+    met, ``not measured`` if none was measured; None where no target judges the cell."""
+    statuses = [judged.at[label, "status"] for label in labels if label in judged.index]
+    if not statuses:
+        return None
+    if "missed" in statuses:
+        return "missed"
+    return "met" if all(s == "met" for s in statuses) else NOT_MEASURED
 
 
 def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     """The dashboard rows of one chart (:data:`COLUMNS`): one per peer at :func:`headline_x` (ratios of
-    kernels_lib's ``full`` time and memory to the peer's, NaN where either was not measured, and the
-    memory ratio NaN where the peer allocates under 1 MB beyond its inputs, as Liger's cross-entropy
-    does by writing the gradient over the logits: a ratio to ~0 says nothing), then one per target
-    (:func:`verdicts`)."""
-    speed, memory = full_medians(chart, "speed"), full_medians(chart, "memory")
+    kernels_lib's ``full`` time and memory to the peer's, paired within the run by
+    :func:`.data.same_run_pairs`, NaN where either was not measured, and the memory ratio NaN where the peer
+    allocates under 1 MB beyond its inputs, as Liger's cross-entropy does by writing the gradient over the
+    logits: a ratio to ~0 says nothing), each with its target's verdict (:func:`judged_cells`), then one
+    per target (:func:`verdicts`)."""
+    paired = _paired_rows(chart)
+    peer_list = peers(chart)
     x = headline_x(chart)
-    at = lambda table, provider: float(table.loc[x, provider]) if provider in table and x in table.index else float("nan")  # noqa: E731
+    speed = data.same_run_pairs(paired, chart.ours, peer_list, "speed").set_index(["peer", "x"])
+    memory = data.same_run_pairs(paired, chart.ours, peer_list, "memory").set_index(["peer", "x"])
+    judged = verdicts(chart, ceilings)
+    cells = judged_cells(chart, ceilings)
     common = {"report": chart.report, "chart": chart.title, "kernel_name": chart.kernel_name, "x_name": chart.x_name, "x": x,
-              "published x": chart.published_x, "commit": chart.commit, "gpu": chart.gpu, "date": chart.date}
+              "published x": chart.published_x, "commit": chart.commit, "gpu": chart.gpu, "date": chart.date, "run": chart.run}
+    nan = {"ours": float("nan"), "peer value": float("nan"), "ratio": float("nan")}
     out = []
-    for peer in peers(chart):
-        ours_ms, peer_ms, ours_mb, peer_mb = at(speed, chart.ours), at(speed, peer), at(memory, chart.ours), at(memory, peer)
-        out.append({**common, "key": f"{chart.key}/{peer}", "kind": "ratio", "peer": peer, "ours ms": ours_ms, "peer ms": peer_ms,
-                    "time ratio": ours_ms / peer_ms, "ours MB": ours_mb, "peer MB": peer_mb, "memory ratio": ours_mb / peer_mb if peer_mb >= 1 else float("nan")})
-    for target, row in verdicts(chart, ceilings).iterrows():
+    for peer in peer_list:
+        t = speed.loc[(peer, x)] if (peer, x) in speed.index else pd.Series(nan)
+        m = memory.loc[(peer, x)] if (peer, x) in memory.index else pd.Series(nan)
+        out.append({**common, "key": f"{chart.key}/{peer}", "kind": "ratio", "peer": peer, "ours ms": t["ours"], "peer ms": t["peer value"],
+                    "time ratio": t["ratio"], "time status": _cell_status(cells.get((peer, "time ratio"), []), judged),
+                    "time bound": _cell_bound(cells.get((peer, "time ratio"), []), judged),
+                    "ours MB": m["ours"], "peer MB": m["peer value"],
+                    "memory ratio": m["ratio"] if m["peer value"] >= 1 else float("nan"),
+                    "memory status": _cell_status(cells.get((peer, "memory ratio"), []), judged),
+                    "memory bound": _cell_bound(cells.get((peer, "memory ratio"), []), judged)})
+    for target, row in judged.iterrows():
         out.append({**common, "key": f"{chart.key}/{target}", "kind": "target", "target": target, "bound": row["bound"],
                     "worst ratio": row["worst ratio"], "worst at x": row["worst at x"], "status": row["status"]})
     return pd.DataFrame(out, columns=COLUMNS)
@@ -238,11 +390,167 @@ def _worst_point(target: str, limit: float, points: pd.DataFrame, x: str) -> dic
             "status": "not measured" if worst is None else ("met" if (points.ratio <= limit).all() else "missed")}
 
 
-def ratio_text(value: float) -> str:
-    """How the index writes a ratio: two decimals, or an en dash where not measured."""
-    return "–" if pd.isna(value) else f"{value:.2f}"
+def ratio_text(value: float, bound: float | None = None) -> str:
+    """How the index writes a ratio: two decimals, more where two would hide which side of ``bound`` it lies
+    on (1.0004 against a bound of 1.0 reads ``1.0004``, not ``1.00``; up to six); ``not measured`` where
+    there is none."""
+    if pd.isna(value):
+        return NOT_MEASURED
+    digits = 2
+    if bound is not None and value != bound:
+        while digits < 6 and round(value, digits) == round(bound, digits):
+            digits += 1
+    return f"{value:.{digits}f}"
 
 
 def x_text(value) -> str:
     """How the index writes an x (an integer size, or the tensor-parallel verdict's label)."""
     return f"{value:g}" if isinstance(value, float | int) else str(value)
+
+
+# --------------------------------------------------------------------------- the index's HTML
+
+#: The dashboard's part of the index's style (the cells' verdict colours, the sparkline's axes).
+STYLE = """
+td.met { color: #1a7f37; } td.missed { color: #cf222e; } td.not-measured { color: #57606a; font-style: italic; }
+figure.spark svg text { font-size: 9px; fill: #57606a; font-family: system-ui, sans-serif; }
+.card.gpu-runs { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
+table.gpu-runs { border-collapse: collapse; font-size: .9rem; } table.gpu-runs td, table.gpu-runs th { padding: .2rem .6rem;
+  border-bottom: 1px solid #eaeef2; text-align: left; }
+"""
+#: Colours of providers without one of their own in :data:`.charts.COLORS`, and of kernels_lib's other
+#: configurations (TP = 1 beside TP = 2): never kernels_lib's red, which is only the line of ``ours``.
+_OTHER_COLORS = ("#7f7f7f", "#8c564b", "#e377c2", "#bcbd22", "#aec7e8", "#98df8a")
+
+
+def num(key: str, column: str, text: str) -> str:
+    """A number of the dashboard on the index: marked with its row's key and column (the browser test
+    compares each with :func:`dashboard`)."""
+    return f'<span class="num" data-key="{html.escape(key)}" data-col="{html.escape(column)}">{html.escape(text)}</span>'
+
+
+def _x_scale(xs: list[float]) -> str:
+    """How the sparkline spaces its x: evenly, which is a log scale when the sizes grow by one factor."""
+    if len(xs) < 3:
+        return "evenly spaced"
+    factors = {round(b / a, 6) for a, b in zip(xs, xs[1:]) if a > 0}
+    if len(factors) == 1:
+        factor = factors.pop()
+        return "log₂ scale" if factor == 2 else f"log scale (×{factor:g} per step)"
+    return "evenly spaced (not to scale)"
+
+
+def sparkline(times: pd.DataFrame, ours: str, x_name: str = "x", width: int = 280, height: int = 96) -> str:
+    """An inline SVG of each provider's ``full`` time (``times``: x index, provider columns, ms) over x, with
+    its axes named and scaled: x evenly spaced in sorted order (the charts' sizes are powers of two: a log₂
+    axis, labelled at its ends), y linear from 0 ms to the largest time (labelled). ``ours`` is drawn last
+    and thickest, in kernels_lib's red, so no peer hides it; the legend below it as text, so no label overlaps."""
+    times = times.sort_index()
+    left, right, top_pad, bottom = 40, 8, 6, 18
+    span_x, span_y = width - left - right, height - top_pad - bottom
+    index = [float(x) for x in times.index]
+    xs = {x: left + i * span_x / max(len(index) - 1, 1) for i, x in enumerate(times.index)}
+    top = float(times.max().max())
+    others = iter(_OTHER_COLORS)
+    order = [p for p in times.columns if p != ours] + ([ours] if ours in times.columns else [])
+    lines, legend = [], []
+    for provider in order:
+        series = times[provider].dropna()
+        base = provider.split("[")[0].split(" ")[0]
+        own = COLORS.get(base) if (base != "kernels_lib" or provider == ours) else None
+        color = own or next(others, "#7f7f7f")
+        dash = "" if own else ' stroke-dasharray="4 2"'
+        points = " ".join(f"{xs[x]:.1f},{top_pad + span_y * (1 - v / top):.1f}" for x, v in series.items())
+        lines.append(f'<polyline fill="none" stroke="{color}"{dash} stroke-width="{3 if provider == ours else 1.5}" points="{points}"/>')
+        legend.append(f'<span style="color:{color}">■ {html.escape(provider)}</span>')
+    legend = legend[-1:] + legend[:-1]  # ours first in the legend
+    x0, y0 = left, top_pad + span_y
+    axes = (f'<line x1="{x0}" y1="{top_pad}" x2="{x0}" y2="{y0}" stroke="#8c959f"/>'
+            f'<line x1="{x0}" y1="{y0}" x2="{width - right}" y2="{y0}" stroke="#8c959f"/>'
+            f'<text x="{x0 - 3}" y="{top_pad + 8}" text-anchor="end">{top:.3g} ms</text>'
+            f'<text x="{x0 - 3}" y="{y0}" text-anchor="end">0</text>'
+            f'<text x="{x0}" y="{height - 4}" text-anchor="start">{x_text(index[0])}</text>'
+            f'<text x="{width - right}" y="{height - 4}" text-anchor="end">{x_text(index[-1])}</text>'
+            f'<text x="{x0 + span_x / 2:.0f}" y="{height - 4}" text-anchor="middle">{html.escape(x_name)}</text>')
+    scale = _x_scale(index)
+    return (f'<figure class="spark"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img"><title>full time (ms) over {html.escape(x_name)}, per provider</title>'
+            f'<rect width="{width}" height="{height}" fill="#fafbfc"/>{axes}{"".join(lines)}</svg>'
+            f'<figcaption>full time (ms, linear from 0) over {html.escape(x_name)} ({scale}, {x_text(index[0])} to '
+            f'{x_text(index[-1])}) · {"".join(legend)}</figcaption></figure>')
+
+
+def chart_section(chart: Chart, rows: pd.DataFrame) -> str:
+    """One chart of a card: its run, the headline ratios table (each cell coloured by the verdict of the
+    target that judges it, none where no target does), the targets' badges and a sparkline (``rows``: the
+    chart's rows of :func:`dashboard`)."""
+    ratios, targets = rows[rows.kind == "ratio"], rows[rows.kind == "target"]
+    first = rows.iloc[0]
+    x_key = ratios.key.iloc[0] if len(ratios) else first.key
+    published = "" if pd.isna(first["published x"]) or first["published x"] == first.x else f" (published up to {x_text(first['published x'])})"
+    scope = "the published chart's largest" if published == "" and not pd.isna(first["published x"]) else "the largest measured"
+    run = (f'<p class="run">Every number here is from one run: {html.escape(first.run)}; '
+           f'ratios of kernels_lib&#39;s <code>full</code> at {scope} {html.escape(first.x_name)} = '
+           f'{num(x_key, "x", x_text(first.x))}{published}; targets over every {html.escape(first.x_name)} of the run.</p>')
+    body = []
+    for _, row in ratios.iterrows():
+        out = [f"<td>{html.escape(row.peer)}</td>"]
+        for column, what in (("time ratio", "time"), ("memory ratio", "memory")):
+            status = row[f"{what} status"]
+            tone = "" if not isinstance(status, str) else f' class="{status.replace(" ", "-")}"'
+            bound = None if pd.isna(row[f"{what} bound"]) else float(row[f"{what} bound"])
+            text = ratio_text(row[column], bound)
+            out.append(f"<td{tone}>{num(row.key, column, text)}{'' if pd.isna(row[column]) else '×'}</td>")
+        body.append("<tr>" + "".join(out) + "</tr>")
+    table = ('<table class="ratios"><thead><tr><th>kernels_lib / peer</th><th>time</th><th>memory</th></tr></thead>'
+             f"<tbody>{''.join(body)}</tbody></table>") if body else ""
+    badges = []
+    for _, row in targets.iterrows():
+        status = row.status.replace(" ", "-")
+        where = "" if isinstance(row["worst at x"], str) else f"{html.escape(row.x_name)} = "  # a size, or the point's label
+        worst = ("" if pd.isna(row["worst ratio"]) else
+                 f" · worst {num(row.key, 'worst ratio', ratio_text(row['worst ratio'], row.bound))} at "
+                 f"{where}{num(row.key, 'worst at x', x_text(row['worst at x']))}")
+        badges.append(f'<span class="badge {status}" data-key="{html.escape(row.key)}" data-status="{html.escape(row.status)}">'
+                      f'{html.escape(row.status)}: {html.escape(row.target)}{worst}</span>')
+    times = full_medians(chart, "speed")[[chart.ours, *peers(chart)]]
+    return (f'<section class="chart" data-chart="{html.escape(chart.key)}"><h3>{html.escape(chart.title)}</h3>{run}'
+            f'<div class="row">{table}{sparkline(times, chart.ours, chart.x_name)}</div>'
+            f'<div class="badges">{"".join(badges)}</div></section>')
+
+
+def gpu_test_runs(path: Path | str = GPU_TEST_RUNS) -> pd.DataFrame:
+    """The newest row per ``target`` of ``gpu_test_runs.csv`` (the GPU test target's and the full-size
+    reports' runs), newest first; empty (with its columns) where the file does not exist. A file without
+    the columns of :data:`GPU_TEST_RUN_COLUMNS` raises an error that names it and the missing columns."""
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame(columns=GPU_TEST_RUN_COLUMNS)
+    rows = data.read_rows(path, ["date", "kernels_lib_commit", "gpu_name", "target", "passed", "failed", "skipped", "minutes"])
+    newest = rows.sort_values("date", kind="stable").groupby("target", sort=False).tail(1)
+    return newest.sort_values("date", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
+    """The index's card *GPU test runs*: per target (``gpu``: ``./workbench test --gpu``; ``reports``: the
+    full-size notebooks) its newest run: when, which commit on which GPU, with which versions, and how many
+    tests passed, failed, were skipped or deselected, in how many minutes, by which command; *no run
+    recorded* where the file is absent or empty."""
+    rows = gpu_test_runs(path)
+    head = '<div class="card gpu-runs" data-card="gpu-test-runs"><h2>GPU test runs</h2>'
+    if not len(rows):
+        return head + "<p>No run recorded (<code>data/measured/gpu_test_runs.csv</code>: <code>./workbench test --gpu</code> " \
+                      "on a CUDA machine records one).</p></div>"
+    what = {"gpu": "GPU test target", "reports": "full-size notebooks"}
+    cells = []
+    for _, row in rows.iterrows():
+        versions = ", ".join(f"{name} {row[f'{name}_version']}" for name in ("torch", "triton", "transformers", "trl")
+                             if f"{name}_version" in row and not pd.isna(row[f"{name}_version"]))
+        counts = " · ".join(f"{int(row[c])} {c}" for c in ("passed", "failed", "skipped", "deselected") if c in row and not pd.isna(row[c]))
+        command = "" if "command" not in row or pd.isna(row["command"]) else f"<code>{html.escape(str(row['command']))}</code>"
+        cells.append(f'<tr data-target="{html.escape(str(row.target))}"><td>{html.escape(what.get(row.target, str(row.target)))}</td>'
+                     f"<td>{html.escape(str(row.date))}</td><td><code>{html.escape(str(row.kernels_lib_commit))}</code> on "
+                     f"{html.escape(str(row.gpu_name))}</td><td>{html.escape(versions)}</td><td>{html.escape(counts)}</td>"
+                     f"<td>{float(row.minutes):.1f} min</td><td>{command}</td></tr>")
+    return (head + '<table class="gpu-runs"><thead><tr><th>target</th><th>date</th><th>run</th><th>versions</th><th>tests</th>'
+            f'<th>time</th><th>command</th></tr></thead><tbody>{"".join(cells)}</tbody></table></div>')

@@ -85,6 +85,75 @@ def newest_run(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows.kernels_lib_commit == run_commit(rows)].reset_index(drop=True)
 
 
+#: What makes one run: the commit of kernels_lib that was measured and the GPU it ran on. Two rows
+#: are comparable (a ratio, a target's verdict) only when they agree on both.
+RUN_COLUMNS = ("kernels_lib_commit", "gpu_name")
+
+
+def runs(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    """The runs ``(kernels_lib_commit, gpu_name)`` that ``rows`` hold, oldest first (by their newest row)."""
+    if not len(rows):
+        return []
+    missing = [c for c in RUN_COLUMNS if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows lack the run column(s) {', '.join(missing)}: which run they come from is unknown")
+    order = rows.assign(_t=rows["timestamp"].astype(str) if "timestamp" in rows else "").groupby(list(RUN_COLUMNS))._t.max()
+    return [(str(commit), str(gpu)) for commit, gpu in order.sort_values(kind="stable").index]
+
+
+def run_label(rows: pd.DataFrame) -> str:
+    """Which run ``rows`` come from, as the notebooks and the index print it: ``run of commit C on GPU
+    (date)``. Raises ``ValueError`` naming the runs when ``rows`` mix several (their ratios would compare
+    two runs) or hold none."""
+    found = runs(rows)
+    if len(found) != 1:
+        what = ", ".join(f"{c} on {g}" for c, g in found) or "no rows"
+        raise ValueError(f"rows of one run expected (one kernels_lib_commit and one gpu_name), got {what}")
+    (commit, gpu), date = found[0], str(rows["timestamp"].max())[:10] if "timestamp" in rows else ""
+    return f"run of commit {commit} on {gpu}" + (f" ({date})" if date else "")
+
+
+def one_run(rows: pd.DataFrame, commit: str | None = None, gpu_name: str | None = None) -> pd.DataFrame:
+    """The rows of one run: of ``commit`` on ``gpu_name`` when given, else of the newest kernels_lib row's
+    commit and GPU (:func:`run_commit`). Every ratio the notebooks, the dashboard and the README print is
+    taken within such rows (:func:`same_run_pairs`), so a peer missing from the run is *not measured*
+    rather than filled in from another run."""
+    if not len(rows):
+        return rows
+    runs(rows)  # the run columns are there
+    if commit is None or gpu_name is None:
+        ours = rows[rows.kernel_provider.astype(str).str.startswith("kernels_lib")] if "kernel_provider" in rows else rows.iloc[:0]
+        newest = (ours if len(ours) else rows).sort_values("timestamp", kind="stable").iloc[-1]
+        commit = str(newest.kernels_lib_commit) if commit is None else commit
+        gpu_name = str(newest.gpu_name) if gpu_name is None else gpu_name
+    chosen = (rows.kernels_lib_commit.astype(str) == str(commit)) & (rows.gpu_name.astype(str) == str(gpu_name))
+    return rows[chosen].reset_index(drop=True)
+
+
+def same_run_pairs(rows: pd.DataFrame, ours: str, peers: list[str] | tuple[str, ...], metric: str = "speed",
+                   mode: str = "full") -> pd.DataFrame:
+    """The pairing behind every ratio: per x and peer, ``ours``' and the peer's median of ``metric`` in
+    ``mode`` and their ratio, both taken from one run.
+
+    ``rows`` must be one run's (:func:`one_run`); rows that mix runs raise ``ValueError`` (:func:`run_label`),
+    so no printed ratio can set a number of one commit or GPU beside one of another. A peer the run did
+    not measure at an x gives NaN there (shown as *not measured*). Columns: ``x``, ``peer``, ``ours``,
+    ``peer value``, ``ratio``, ``run``."""
+    label = run_label(rows)
+    chosen = rows[(rows.metric_name == metric) & (rows.kernel_operation_mode == mode)]
+    table = chosen.pivot_table(index="x_value", columns="kernel_provider", values="y_value_50")
+    if ours not in table.columns:
+        table[ours] = float("nan")
+    out = []
+    for peer in peers:
+        theirs = table[peer] if peer in table.columns else pd.Series(float("nan"), index=table.index)
+        for x in table.index:
+            a, b = float(table.at[x, ours]), float(theirs[x])
+            out.append({"x": float(x), "peer": peer, "ours": a, "peer value": b, "ratio": a / b if b == b and b != 0 else float("nan"),
+                        "run": label})
+    return pd.DataFrame(out, columns=["x", "peer", "ours", "peer value", "ratio", "run"])
+
+
 def append_measured(rows: pd.DataFrame, kernel_name: str) -> Path:
     """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path.
 

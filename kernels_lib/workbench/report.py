@@ -31,7 +31,6 @@ from nbconvert.preprocessors import TagRemovePreprocessor
 
 from .._runtime import default_device
 from . import dashboard
-from .charts import COLORS
 from .mathml import MathMLPreprocessor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -150,66 +149,8 @@ figure.spark figcaption span { margin-right: .6rem; white-space: nowrap; }
 """
 
 
-def _num(key: str, column: str, text: str) -> str:
-    """A number of the dashboard on the index: marked with its row's key and column (the browser test
-    compares each with :func:`.dashboard.dashboard`)."""
-    return f'<span class="num" data-key="{html.escape(key)}" data-col="{html.escape(column)}">{html.escape(text)}</span>'
-
-
-def sparkline(times, ours: str, width: int = 240, height: int = 64) -> str:
-    """An inline SVG of each provider's ``full`` time (``times``: x index, provider columns, ms) over x:
-    x evenly spaced in sorted order (the charts' sizes are powers of two: a log₂ axis), y linear from 0
-    to the largest time; kernels_lib's line thicker; the legend below it as text, so no label overlaps."""
-    times = times.sort_index()
-    xs = {x: 4 + i * (width - 8) / max(len(times.index) - 1, 1) for i, x in enumerate(times.index)}
-    top = float(times.max().max())
-    lines, legend = [], []
-    others = iter(("#7f7f7f", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"))  # providers without a color of their own
-    for provider in times.columns:
-        series = times[provider].dropna()
-        color = COLORS.get(provider.split("[")[0].split(" ")[0]) or next(others, "#7f7f7f")
-        points = " ".join(f"{xs[x]:.1f},{height - 4 - (height - 8) * v / top:.1f}" for x, v in series.items())
-        lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="{3 if provider == ours else 1.5}" points="{points}"/>')
-        legend.append(f'<span style="color:{color}">■ {html.escape(provider)}</span>')
-    return (f'<figure class="spark"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img"><title>full time (ms) over x, per provider</title>'
-            f'<rect width="{width}" height="{height}" fill="#fafbfc"/>{"".join(lines)}</svg>'
-            f'<figcaption>full time over x · {"".join(legend)}</figcaption></figure>')
-
-
-def chart_section(chart, rows) -> str:
-    """One chart of a card: its run, the headline ratios table, the targets' badges and a sparkline
-    (``rows``: the chart's rows of :func:`.dashboard.dashboard`)."""
-    ratios, targets = rows[rows.kind == "ratio"], rows[rows.kind == "target"]
-    first = rows.iloc[0]
-    x_key = ratios.key.iloc[0] if len(ratios) else first.key
-    published = "" if pd.isna(first["published x"]) or first["published x"] == first.x else f" (published up to {dashboard.x_text(first['published x'])})"
-    scope = "the published chart's largest" if published == "" and not pd.isna(first["published x"]) else "the largest measured"
-    run = (f'<p class="run">{html.escape(first.gpu)}, run of commit <code>{html.escape(first.commit)}</code> ({first.date}); '
-           f'ratios of kernels_lib&#39;s <code>full</code> at {scope} {html.escape(first.x_name)} = '
-           f'{_num(x_key, "x", dashboard.x_text(first.x))}{published}; targets over every {html.escape(first.x_name)} of the run.</p>')
-    body = []
-    for _, row in ratios.iterrows():
-        cells = [f"<td>{html.escape(row.peer)}</td>"]
-        for column in ("time ratio", "memory ratio"):
-            tone = "" if pd.isna(row[column]) else (' class="better"' if row[column] < 1 else ' class="worse"')
-            cells.append(f"<td{tone}>{_num(row.key, column, dashboard.ratio_text(row[column]))}×</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    table = ('<table class="ratios"><thead><tr><th>kernels_lib / peer</th><th>time</th><th>memory</th></tr></thead>'
-             f"<tbody>{''.join(body)}</tbody></table>") if body else ""
-    badges = []
-    for _, row in targets.iterrows():
-        status = row.status.replace(" ", "-")
-        where = "" if isinstance(row["worst at x"], str) else f"{html.escape(row.x_name)} = "  # a size, or the point's label
-        worst = ("" if pd.isna(row["worst ratio"]) else
-                 f" · worst {_num(row.key, 'worst ratio', dashboard.ratio_text(row['worst ratio']))} at "
-                 f"{where}{_num(row.key, 'worst at x', dashboard.x_text(row['worst at x']))}")
-        badges.append(f'<span class="badge {status}" data-key="{html.escape(row.key)}" data-status="{html.escape(row.status)}">'
-                      f'{html.escape(row.status)}: {html.escape(row.target)}{worst}</span>')
-    times = dashboard.full_medians(chart, "speed")[[chart.ours, *dashboard.peers(chart)]]
-    return (f'<section class="chart" data-chart="{html.escape(chart.key)}"><h3>{html.escape(chart.title)}</h3>{run}'
-            f'<div class="row">{table}{sparkline(times, chart.ours)}</div>'
-            f'<div class="badges">{"".join(badges)}</div></section>')
+#: The dashboard's cards are drawn by :mod:`.dashboard` (its numbers, colours and sparklines in one place).
+chart_section, sparkline = dashboard.chart_section, dashboard.sparkline
 
 
 def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: dict) -> Path:
@@ -235,14 +176,14 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
                      f'<h2><a href="{html.escape(link)}">{html.escape(title)}</a></h2><small>{html.escape(status)}</small>{sections}</li>')
     page = (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>kernels_lib reports</title><style>{INDEX_STYLE}</style></head><body>"
+        f"<title>kernels_lib reports</title><style>{INDEX_STYLE}{dashboard.STYLE}</style></head><body>"
         "<h1>kernels_lib reports</h1>"
         f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>. Each report is one self-contained "
         "file: figures embedded with plotly.js and formulas as MathML, readable offline. Under each report, the H200 "
         "measurements it judges (<code>data/measured/</code>, the newest run of each chart): kernels_lib&#39;s "
         "<code>full</code> time and memory over each peer&#39;s measured in the same run (below 1: kernels_lib is faster or "
         "smaller), and its targets.</p>"
-        '<ul class="cards">\n' + "\n".join(items) + "\n</ul></body></html>"
+        '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + "</body></html>"
     )
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
