@@ -292,6 +292,9 @@ class _GatheredCopy(torch.autograd.Function):
         return grad
 
 
+# Not traced by torch.compile: the loss is one graph break (its kernels are not traceable), and the FSDP2 /
+# ZeRO-3 gathering around it stays out of the backbone's graph.
+@torch.compiler.disable
 def _with_full_head(head, compute, *inputs):
     r"""``compute(weight, bias, *inputs)`` with the head's whole ``weight`` and ``bias``, however the model is sharded.
 

@@ -467,7 +467,11 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns
     assert set(stages.route) == {"cuBLAS logits", "epilogue GEMM", "epilogue GEMM, logits_out configs"}
     major = pd.read_csv(tmp_path / script.FILES["class_major"])
-    assert set(major.stage) == {"shift", "exponentials GEMM", "dx", "dW", "scale rows"} and major.ms.notna().all()
+    assert set(major.stage) == {"shift", "exponentials GEMM", "dx", "dW", "scale rows"}
+    # Every stage timed; a GEMM config the GPU cannot hold (shared memory) is a recorded failure with its reason.
+    gemm = major.stage == "exponentials GEMM"
+    assert major[~gemm].ms.notna().all() and major[gemm].ms.notna().any()
+    assert (major[gemm & major.ms.isna()].error.astype(str).str.contains("out of resource")).all()
     assert major[major.stage == "dW"].variant.str.contains(r"\(1 matmuls\)").any(), "one slab of all V classes"
     profile = pd.read_csv(tmp_path / script.FILES["profile"])
     assert set(profile.kernel_provider) == {"kernels_lib", "quack"}
