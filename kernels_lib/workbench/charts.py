@@ -247,3 +247,24 @@ def add_floor(figure: go.Figure, floor: pd.DataFrame, *, name: str = "floor", pa
         )
         shown = True
     return kernels_lib_on_top(figure)
+
+
+def table_number(value: float) -> str:
+    """A table's float as the reports print it: an integral value as an integer (a vocabulary of
+    128256, not 128256.000), otherwise three decimals, or three significant digits in scientific
+    notation below 0.001 and from a million (relative errors of 1e-7 stay visible)."""
+    if value != value:
+        return "NaN"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{value:.0f}"
+    return f"{value:.3f}" if 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
+
+
+def table_options() -> None:
+    """pandas' display options for the notebooks' tables: :func:`table_number` for floats, every row
+    and column shown (no "…" rows or columns in a report; a table too wide to read is pivoted or
+    trimmed where it is made)."""
+    pd.set_option("display.float_format", table_number)
+    pd.set_option("display.max_rows", 500)
+    pd.set_option("display.max_columns", 100)
+    pd.set_option("display.width", 250)
