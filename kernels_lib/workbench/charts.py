@@ -218,7 +218,8 @@ def speed_memory_chart(
                          annotation_position="bottom right")
     figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log")
     figure.update_yaxes(title_text=f"time, {mode} (ms)")
-    figure.update_layout(title=title or f"time vs memory at x = {x_value} ({mode})", height=480, showlegend=True,
+    # tall enough for the legend's every entry (a dial has a dozen points): none scrolled out of view
+    figure.update_layout(title=title or f"time vs memory at x = {x_value} ({mode})", height=max(480, 160 + 22 * len(providers)), showlegend=True,
                          legend={"font": {"size": 11}})
     return kernels_lib_on_top(figure)
 
