@@ -381,9 +381,9 @@ def saved_bytes_per_token(model_name: str, provider: str, device: torch.device |
 
     The fit is over the ``B·T`` tokens, but a head that keeps tensors of the shifted rows keeps them for
     the ``B·(T − 1)`` tokens that have a label: ``b`` bytes per such token add ``b`` to the slope and
-    ``−b·B`` to the intercept. So "fixed bytes" can be negative: TRL's fused head keeps its shifted
-    hidden states (``2H`` bytes in bf16), labels (8) and mask (1) per labelled token, ``2H + 9`` bytes;
-    at CPU size (``H = 64``, ``B = 2``) that is ``−2 × 137 = −274`` bytes, with nothing fixed. A fixed
+    ``−b·B`` to the intercept. So "fixed bytes" can be negative: at CPU size (``H = 64``, ``B = 2``)
+    TRL's fused head reads ``−274 = −2 × 137``, and ``137 = 2H + 9`` is what a copy of the shifted hidden
+    states (``2H`` bytes in bf16), the labels (8) and a mask (1) take per labelled token: nothing fixed. A fixed
     part of ``2VH`` (kernels_lib's and Liger's ``dW``) is far larger than ``b·B`` and reads as it is."""
     small, large = (saved_for_backward(model_name, provider, batch, seq, device, checkpointing=checkpointing, seed=seed)
                     for seq in seqs)
