@@ -154,6 +154,15 @@ def test_scaling_chart_draws_kernels_lib_last_times_in_ms_and_ticks_integers():
     assert figure.layout.xaxis2.matches == "x"
 
 
+def test_tables_print_integers_as_integers_and_keep_small_errors_visible():
+    from kernels_lib.workbench.charts import table_number
+
+    assert [table_number(v) for v in (128256.0, 2.0, 0.0, -3.0)] == ["128256", "2", "0", "-3"]
+    assert [table_number(v) for v in (3.914, 1066.0625, 25.8213)] == ["3.914", "1066.062", "25.821"]
+    assert [table_number(v) for v in (2.5e-16, 1.234e-7, 12345678.5)] == ["2.5e-16", "1.23e-07", "1.23e+07"]
+    assert table_number(float("nan")) == "NaN"
+
+
 def test_speed_memory_chart_names_providers_in_the_legend_not_beside_the_markers():
     rows = pd.DataFrame([
         {"kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": metric, "x_value": 8, "y_value_50": value}

@@ -33,7 +33,7 @@ from papermill.engines import NBClientEngine, papermill_engines
 
 from .._runtime import default_device
 from . import dashboard
-from .charts import COLORS
+from .charts import provider_color
 from .mathml import MathMLPreprocessor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -266,10 +266,9 @@ def sparkline(times, ours: str, width: int = 240, height: int = 64) -> str:
     xs = {x: 4 + i * (width - 8) / max(len(times.index) - 1, 1) for i, x in enumerate(times.index)}
     top = float(times.max().max())
     lines, legend = [], []
-    others = iter(("#7f7f7f", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"))  # providers without a color of their own
     for provider in times.columns:
         series = times[provider].dropna()
-        color = COLORS.get(provider.split("[")[0].split(" ")[0]) or next(others, "#7f7f7f")
+        color = provider_color(provider)  # the colour the reports' figures give it
         points = " ".join(f"{xs[x]:.1f},{height - 4 - (height - 8) * v / top:.1f}" for x, v in series.items())
         lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="{3 if provider == ours else 1.5}" points="{points}"/>')
         legend.append(f'<span style="color:{color}">■ {html.escape(provider)}</span>')
