@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,10 @@ def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int, prog
     executed_dir = out / "executed"
     executed_dir.mkdir(parents=True, exist_ok=True)
     executed = executed_dir / notebook.name
+    # the kernel imports this checkout's kernels_lib, not whichever one is installed (another worktree's)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, paths)])
     try:
         papermill.execute_notebook(
             str(notebook),
@@ -199,8 +204,6 @@ def estimate(notebooks: list[Path], device: str, times: pd.DataFrame) -> str:
 
 def record_times(reports: list[tuple[Path, float, str]], device: str, path: Path | None = None) -> None:
     """Replace ``device``'s rows of ``path`` (default :data:`TIMES_CSV`) for the notebooks that ran without a failure."""
-    import os
-
     path = TIMES_CSV if path is None else path
     times = read_times(path)
     ran = {html.stem: seconds for html, seconds, failure in reports if not failure}
