@@ -141,8 +141,9 @@ def test_runner_index_lists_titles_and_status_and_hides_tagged_inputs(tmp_path):
     assert "visible " in page and "source" in page
 
 
-def _tiny_notebook(folder: Path, name: str = "10_tiny.ipynb") -> Path:
-    """Parameters, a markdown formula, a print, a warning to stderr and a last print."""
+def _tiny_notebook(folder: Path, name: str = "10_tiny.ipynb", figure: bool = False) -> Path:
+    """Parameters, a markdown formula, a print, a warning to stderr and a last print (and, with ``figure``,
+    a plotly figure drawn as the notebooks draw theirs)."""
     notebook = nbformat.v4.new_notebook()
     parameters = nbformat.v4.new_code_cell('device = "auto"\nsize = "auto"\ninteractive = True\nrecord = False')
     parameters.metadata["tags"] = ["parameters"]
@@ -153,6 +154,10 @@ def _tiny_notebook(folder: Path, name: str = "10_tiny.ipynb") -> Path:
         nbformat.v4.new_code_cell("import sys, warnings\nwarnings.warn('a warning ' + 'to stderr')\nprint('printed ' + 'to stderr', file=sys.stderr)"),
         nbformat.v4.new_code_cell("print('last output')"),
     ]
+    if figure:
+        notebook.cells.append(nbformat.v4.new_code_cell(
+            'import plotly.graph_objects as go, plotly.io as pio\npio.renderers.default = "plotly_mimetype+notebook"\n'
+            "go.Figure(go.Scatter(x=[1, 2], y=[3, 4])).show()"))
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path = folder / name
     nbformat.write(notebook, path)
@@ -193,7 +198,7 @@ def test_reports_leave_out_stderr_and_load_nothing_from_a_cdn(tmp_path):
 
     folder = tmp_path / "notebooks"
     folder.mkdir()
-    notebook = _tiny_notebook(folder)
+    notebook = _tiny_notebook(folder, figure=True)
     out = tmp_path / "out"
     html_path = report.run_notebook(notebook, out, report.notebook_parameters("cpu"), timeout=120)
     executed = nbformat.read(out / "executed" / notebook.name, as_version=4)
@@ -202,6 +207,8 @@ def test_reports_leave_out_stderr_and_load_nothing_from_a_cdn(tmp_path):
     page = html_path.read_text(encoding="utf-8")
     assert "first output" in page and "last output" in page
     assert "a warning to stderr" not in page and "printed to stderr" not in page and 'data-mime-type="application/vnd.jupyter.stderr"' not in page
-    assert re.findall(r"<script[^>]*\bsrc=", page) == []
-    assert not re.search(r"mathjax|require\.js|require\.min\.js|mermaid", page, re.I)
+    assert "Plotly.newPlot(" in page  # the figure, with plotly.js inline
+    assert "cdnjs" in "".join(o.get("data", {}).get("text/html", "") for c in executed.cells for o in c.get("outputs", []))
+    assert re.findall(r"<script[^>]*\bsrc=", page) == []  # plotly's MathJax from a CDN left out too
+    assert not re.search(r"https?://[^\"'\s]*(/mathjax/|require(\.min)?\.js|mermaid)", page, re.I)  # no URL of them left to load
     assert "<math" in page  # the formula as MathML

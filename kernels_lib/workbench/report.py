@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -70,32 +71,43 @@ OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 """
 
 
-class DropStderrPreprocessor(Preprocessor):
-    """Leaves stderr stream outputs out of the report (they stay in the executed notebook): a
-    library's warning, with the machine's paths in it, is not part of what a report says. Counts
-    them in ``dropped``."""
+#: A script an output loads from elsewhere: plotly's notebook renderer asks a CDN for MathJax 3 in every
+#: figure's HTML (for TeX in a figure's text, which ours have none of).
+_REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.I)
+
+
+class OfflinePreprocessor(Preprocessor):
+    """Leaves out of the report what is not the notebook's to say or would leave the file: stderr
+    stream outputs (a library's warning, with the machine's paths in it; they stay in the executed
+    notebook) and scripts an HTML output loads from a CDN. Counts them in ``stderr`` and ``scripts``."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.dropped = 0
+        self.stderr = self.scripts = 0
 
     def preprocess_cell(self, cell, resources, index):
         if "outputs" in cell:
             kept = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
-            self.dropped += len(cell.outputs) - len(kept)
+            self.stderr += len(cell.outputs) - len(kept)
+            for output in kept:
+                data = output.get("data", {})
+                if "text/html" in data:
+                    data["text/html"], removed = _REMOTE_SCRIPT.subn("", data["text/html"])
+                    self.scripts += removed
             cell.outputs = kept
         return cell, resources
 
 
 def export_html(executed: Path, html_path: Path) -> Path:
     """Write a self-contained HTML report of an executed notebook (inputs of ``hide-input`` cells
-    removed, formulas as MathML, stderr left out, no script from a CDN: :data:`OFFLINE_TEMPLATE`)."""
+    removed, formulas as MathML, stderr left out, no script from a CDN: :data:`OFFLINE_TEMPLATE`,
+    :class:`OfflinePreprocessor`)."""
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})],
                             template_file="offline.html.j2")
     remover = TagRemovePreprocessor(remove_input_tags={"hide-input"}, enabled=True)
     exporter.register_preprocessor(remover, enabled=True)
     exporter.register_preprocessor(MathMLPreprocessor(), enabled=True)
-    exporter.register_preprocessor(DropStderrPreprocessor(), enabled=True)
+    exporter.register_preprocessor(OfflinePreprocessor(), enabled=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
     html_path.write_text(body, encoding="utf-8")
     return html_path
