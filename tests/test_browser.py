@@ -226,8 +226,10 @@ def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, repo
             if overlapping or clipped:
                 problems.append(f"{where}: overlapping {overlapping[:5]}, clipped {clipped[:5]}")
             lines = [t for t in figure["traces"] if t["fill"] != "toself" and t["name"]]
-            for trace in lines:
-                colours.setdefault(charts.base_provider(trace["name"]), set()).add(trace["color"])
+            for trace in lines:  # a provider by its base name; any other trace (a bar's component, a floor) by its name
+                base = charts.base_provider(trace["name"])
+                named = base in charts.COLORS or "[" in trace["name"] or " · " in trace["name"]
+                colours.setdefault(base if named else trace["name"], set()).add(trace["color"])
             providers = [charts.base_provider(t["name"]) for t in lines if charts.base_provider(t["name"]) in charts.COLORS]
             if "kernels_lib" in providers and providers[providers.index("kernels_lib"):].count("kernels_lib") != len(providers) - providers.index("kernels_lib"):
                 problems.append(f"{where}: a peer drawn over kernels_lib: {providers}")

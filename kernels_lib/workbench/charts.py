@@ -15,6 +15,7 @@ where a figure shows the dial), kernels_lib's traces are drawn last, on top of t
 from __future__ import annotations
 
 import re
+import textwrap
 import zlib
 
 import pandas as pd
@@ -86,6 +87,13 @@ def kernels_lib_on_top(figure: go.Figure) -> go.Figure:
         if base_provider(trace.name or "") == "kernels_lib":
             trace.legendrank = 1
     return figure
+
+
+def wrapped_title(title: str, width: int = 100) -> dict:
+    """A layout ``title`` broken into lines of at most ``width`` characters (a report's figure is about
+    1200 px wide: a longer title would be clipped at its right edge), with the top margin it needs."""
+    lines = textwrap.wrap(str(title), width) or [""]
+    return {"title": "<br>".join(lines), "margin": {"t": 60 + 22 * len(lines)}}
 
 
 def integer_ticks(values) -> dict:
@@ -173,7 +181,7 @@ def scaling_chart(
         figure.update_yaxes(title_text=METRIC_TITLES.get(metric, metric), row=1, col=col)
     if log_x and xs_seen:  # every panel over the same sizes, ticked at them: a panel never looks linear
         figure.update_xaxes(matches="x", **integer_ticks(xs_seen))
-    figure.update_layout(title=title, height=460, legend={"orientation": "h", "y": -0.25}, margin={"t": 80})
+    figure.update_layout(height=460, legend={"orientation": "h", "y": -0.25}, **wrapped_title(title))
     return kernels_lib_on_top(figure)
 
 
@@ -219,7 +227,8 @@ def speed_memory_chart(
     figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log")
     figure.update_yaxes(title_text=f"time, {mode} (ms)")
     # tall enough for the legend's every entry (a dial has a dozen points): none scrolled out of view
-    figure.update_layout(title=title or f"time vs memory at x = {x_value} ({mode})", height=max(480, 160 + 22 * len(providers)), showlegend=True,
+    figure.update_layout(height=max(480, 160 + 22 * len(providers)), showlegend=True,
+                         **wrapped_title(title or f"time vs memory at x = {x_value} ({mode})", width=80),
                          legend={"font": {"size": 11}})
     return kernels_lib_on_top(figure)
 
