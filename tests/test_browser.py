@@ -2,7 +2,9 @@
 
 - The exported HTML: the runner executes every notebook at CPU size once; each report is opened from
   disk with the network cut off, and every plotly chart must have rendered with the number of traces
-  its figure has in the executed notebook, without a page error; a screenshot is written next to it.
+  its figure has in the executed notebook, without a page error, without a request that leaves the file
+  and without a stderr box; a screenshot is written next to it. In every figure no two text boxes
+  overlap or are clipped, and a provider has one colour in every report.
 - The index: a card per report, with the H200 dashboard of :mod:`kernels_lib.workbench.dashboard`;
   every number it shows must equal the dashboard's, offline.
 - JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
@@ -30,7 +32,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import dashboard, report
+from kernels_lib.workbench import charts, dashboard, report
 from kernels_lib.workbench.mathml import markdown_math_to_mathml
 
 pytestmark = pytest.mark.browser
@@ -149,15 +151,17 @@ def test_every_report_renders_its_charts_offline(browser, reports):
     for html in (p for p in pages if p.name != "index.html"):
         expected = _expected_traces(out / "executed" / html.with_suffix(".ipynb").name)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors, blocked = [], []
+        errors, requests = [], []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        # no network: every request that is not the file itself is refused (MathJax's CDN among them)
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else (blocked.append(route.request.url), route.abort()))
+        # every request the report makes is recorded; none may leave the file (and the network is cut off anyway)
+        page.on("request", lambda request: requests.append(request.url))
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
         try:
             page.goto(html.as_uri(), wait_until="load")
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {len(expected)}", timeout=60_000)
             traces = page.eval_on_selector_all(".js-plotly-plot", "plots => plots.map(p => p.data.length)")
             formulas = page.eval_on_selector_all("math", "ms => ms.filter(m => m.getBoundingClientRect().width > 0).length")
+            stderr_boxes = page.locator('[data-mime-type="application/vnd.jupyter.stderr"]').count()
             page.screenshot(path=str(html.with_suffix(".png")), full_page=True)
         finally:
             page.close()
@@ -166,9 +170,75 @@ def test_every_report_renders_its_charts_offline(browser, reports):
         assert errors == [], f"{html.name}: page errors {errors}"
         # every formula of the notebook's markdown laid out as MathML by the browser itself, offline
         assert formulas == _expected_formulas(out / "executed" / html.with_suffix(".ipynb").name), f"{html.name}: {formulas} formulas drawn"
-        # only the optional scripts nbconvert's template and plotly's figures ask a CDN for (math, require.js)
-        assert all(re.search(r"/(mathjax|require\.js)/", url) for url in blocked), f"{html.name}: asked the network for {blocked}"
+        elsewhere = [url for url in requests if url != html.as_uri() and not url.startswith(("data:", "blob:"))]
+        assert elsewhere == [], f"{html.name}: asked for {elsewhere}"
+        assert stderr_boxes == 0, f"{html.name}: {stderr_boxes} stderr outputs in the report"
         assert html.with_suffix(".png").stat().st_size > 10_000
+
+
+#: Per plotly figure of a page: its box, the boxes of its SVG text (tick labels, titles, legend, annotations),
+#: and per trace its name, its fill and the colour it is drawn in (plotly's full data: defaults resolved).
+FIGURES_JS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map((plot, index) => {
+  const box = plot.getBoundingClientRect();
+  const texts = Array.from(plot.querySelectorAll('svg text')).map(t => {
+    const r = t.getBoundingClientRect();
+    return {text: t.textContent, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom};
+  }).filter(t => t.text.trim() && t.x1 > t.x0 && t.y1 > t.y0);
+  const traces = (plot._fullData || []).filter(t => t.visible !== false).map(t => ({name: t.name || '', fill: t.fill || '',
+    color: (t.marker && typeof t.marker.color === 'string' ? t.marker.color : null) || (t.line && t.line.color) || null}));
+  return {index, title: (plot.layout.title && plot.layout.title.text) || '', box: {x0: box.left, y0: box.top, x1: box.right, y1: box.bottom},
+          texts, traces};
+})
+"""
+
+
+def _overlap(a: dict, b: dict, tolerance: float = 1.0) -> bool:
+    """Whether two boxes share more than ``tolerance`` pixels in both directions."""
+    return (min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > tolerance
+            and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > tolerance)
+
+
+def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, reports):
+    """Across every report's plotly figures: no two SVG text boxes overlap and none is clipped by its figure;
+    a provider (by base name: ``kernels_lib[chunk_size=256]`` is kernels_lib) is drawn in one colour, the
+    one :func:`kernels_lib.workbench.charts.provider_color` gives it; kernels_lib's lines come after every peer's
+    (drawn on top)."""
+    out, pages = reports
+    colours: dict[str, set] = {}
+    problems = []
+    for html in (p for p in pages if p.name != "index.html"):
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
+        try:
+            page.goto(html.as_uri(), wait_until="load")
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=60_000)
+            page.wait_for_timeout(1000)
+            figures = page.evaluate(FIGURES_JS)
+        finally:
+            page.close()
+        for figure in figures:
+            where = f"{html.stem} figure {figure['index']} ({figure['title'][:50]!r})"
+            texts, box = figure["texts"], figure["box"]
+            overlapping = [(a["text"], b["text"]) for i, a in enumerate(texts) for b in texts[i + 1:] if _overlap(a, b)]
+            clipped = [t["text"] for t in texts if t["x0"] < box["x0"] - 1 or t["x1"] > box["x1"] + 1
+                       or t["y0"] < box["y0"] - 1 or t["y1"] > box["y1"] + 1]
+            if overlapping or clipped:
+                problems.append(f"{where}: overlapping {overlapping[:5]}, clipped {clipped[:5]}")
+            lines = [t for t in figure["traces"] if t["fill"] != "toself" and t["name"]]
+            for trace in lines:  # a provider by its base name; any other trace (a bar's component, a floor) by its name
+                base = charts.base_provider(trace["name"])
+                named = base in charts.COLORS or "[" in trace["name"] or " · " in trace["name"]
+                colours.setdefault(base if named else trace["name"], set()).add(trace["color"])
+            providers = [charts.base_provider(t["name"]) for t in lines if charts.base_provider(t["name"]) in charts.COLORS]
+            if "kernels_lib" in providers and providers[providers.index("kernels_lib"):].count("kernels_lib") != len(providers) - providers.index("kernels_lib"):
+                problems.append(f"{where}: a peer drawn over kernels_lib: {providers}")
+    assert problems == [], "\n".join(problems)
+    several = {name: sorted(map(str, found)) for name, found in colours.items() if len(found) > 1}
+    assert several == {}, f"providers drawn in more than one colour: {several}"
+    wrong = {name: found for name, found in colours.items() if name in charts.COLORS and found != {charts.COLORS[name]}}
+    assert wrong == {}, f"providers not in their palette colour: {wrong}"
+    assert colours.get("kernels_lib") == {charts.COLORS["kernels_lib"]}
 
 
 def _free_port() -> int:

@@ -11,7 +11,9 @@ from kernels_lib import default_device
 from kernels_lib.workbench import data
 from kernels_lib.workbench.bench.spec import Provider
 from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.charts import LABEL_POSITIONS, PANELS, label_positions, line_traces, scaling_chart, speed_memory_chart
+from kernels_lib.workbench.charts import (
+    COLORS, PANELS, axis_title, base_provider, line_traces, provider_color, scaling_chart, speed_memory_chart,
+)
 from kernels_lib.workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
 from kernels_lib.kl_div import kl_div
 
@@ -80,7 +82,7 @@ def test_chart_axes_log_and_linear():
     axes = [figure.layout[name] for name in figure.layout if name.startswith("xaxis")]
     assert len(axes) == len(PANELS)
     assert all(axis.type == "log" for axis in axes)
-    assert all(axis.title.text == "V" for axis in axes)
+    assert all(axis.title.text == "vocabulary size (V)" for axis in axes)  # the one name of the V axis
     linear = scaling_chart(frame, None, x_label="V", title="t", log_x=False)
     assert all(linear.layout[name].type == "linear" for name in linear.layout if name.startswith("xaxis"))
 
@@ -113,28 +115,66 @@ def test_chart_of_the_committed_kl_data():
     assert {x for line in lines for x in line.x} == {4096, 8192, 16384, 32768, 65536, 131072}
 
 
-# --------------------------------------------------------------------------- speed_memory_chart labels
+# --------------------------------------------------------------------------- one look
 
 
-def test_label_positions_separate_close_markers_only():
-    # three markers within 1% of each other (memory on a log axis, time linear), one far away
-    positions = label_positions([1000.0, 1010.0, 1005.0, 90000.0], [10.0, 10.05, 9.98, 40.0])
-    assert len(set(positions[:3])) == 3
-    assert positions[3] == LABEL_POSITIONS[0]
-    # far-apart markers all keep the preferred position
-    assert label_positions([10.0, 1000.0, 100000.0], [1.0, 5.0, 9.0]) == [LABEL_POSITIONS[0]] * 3
+def test_a_provider_has_one_colour_whatever_its_dial_or_series():
+    assert base_provider("kernels_lib[chunk_size=256 accurate=False]") == "kernels_lib"
+    assert base_provider("liger_sm90 · NVIDIA H200 (measured)") == "liger_sm90"
+    assert base_provider("trl OOM") == "trl"
+    assert provider_color("kernels_lib[chunk_size=256]") == provider_color("kernels_lib · GPU (measured)") == COLORS["kernels_lib"]
+    assert provider_color("trl") != provider_color("kernels_lib[chunk_size=256]")
+    assert provider_color("quack") != provider_color("trl")
+    assert provider_color("some_new_peer") == provider_color("some_new_peer[x=1]")  # a spare colour, fixed by the name
 
 
-def test_speed_memory_chart_gives_close_providers_different_label_sides():
+def test_axis_titles_name_each_workload_once():
+    assert {axis_title(label) for label in ("B x T", "tokens", "total tokens")} == {"tokens (B × T)"}
+    assert {axis_title(label) for label in ("B", "Batch Size (B)", "batch size B", "B (sequences)")} == {"batch size (B)"}
+    assert axis_title("vocab size") == axis_title("V") == "vocabulary size (V)"
+    assert axis_title("something else") == "something else"
+
+
+def test_scaling_chart_draws_kernels_lib_last_times_in_ms_and_ticks_integers():
+    xs = [4096, 8192, 16384]
+    frame = pd.DataFrame(_rows("G", "kernels_lib", "forward", "speed", xs) + _rows("G", "torch", "forward", "speed", xs)
+                         + _rows("G", "kernels_lib[chunk_size=256]", "forward", "speed", xs)
+                         + _rows("G", "liger", "full", "memory", xs[:2]))
+    figure = scaling_chart(None, frame, x_label="B x T", title="t")
+    lines = line_traces(figure)
+    ours = [i for i, t in enumerate(figure.data) if base_provider(t.name) == "kernels_lib" and t.fill != "toself"]
+    peers = [i for i, t in enumerate(figure.data) if base_provider(t.name) != "kernels_lib" and t.fill != "toself"]
+    assert ours and peers and min(ours) > max(peers)
+    assert max(i for i, t in enumerate(figure.data) if t.fill == "toself") < min(ours + peers)  # bands below every line
+    assert {t.line.color for t in lines if base_provider(t.name) == "kernels_lib"} == {COLORS["kernels_lib"]}
+    assert figure.layout.yaxis.title.text == "time (ms)" and figure.layout.yaxis3.title.text == "memory (MB)"
+    assert figure.layout.xaxis.title.text == "tokens (B × T)"
+    for name in ("xaxis", "xaxis2", "xaxis3"):
+        assert list(figure.layout[name].ticktext) == ["4096", "8192", "16384"]
+    assert figure.layout.xaxis2.matches == "x"
+
+
+def test_tables_print_integers_as_integers_and_keep_small_errors_visible():
+    from kernels_lib.workbench.charts import table_number
+
+    assert [table_number(v) for v in (128256.0, 2.0, 0.0, -3.0)] == ["128256", "2", "0", "-3"]
+    assert [table_number(v) for v in (3.914, 1066.0625, 25.8213)] == ["3.914", "1066.062", "25.821"]
+    assert [table_number(v) for v in (2.5e-16, 1.234e-7, 12345678.5)] == ["2.5e-16", "1.23e-07", "1.23e+07"]
+    assert table_number(float("nan")) == "NaN"
+
+
+def test_speed_memory_chart_names_providers_in_the_legend_not_beside_the_markers():
     rows = pd.DataFrame([
         {"kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": metric, "x_value": 8, "y_value_50": value}
         for provider, ms, mb in (("kernels_lib", 20.0, 500.0), ("kernels_lib[chunk_size=1024]", 20.1, 505.0), ("torch", 60.0, 9000.0))
         for metric, value in (("speed", ms), ("memory", mb))
     ])
     figure = speed_memory_chart(rows, 8)
-    sides = {trace.name: trace.textposition for trace in figure.data}
-    assert sides["kernels_lib"] != sides["kernels_lib[chunk_size=1024]"]
-    assert {trace.text[0] for trace in figure.data} == set(sides)
+    assert [trace.name for trace in figure.data] == ["torch", "kernels_lib", "kernels_lib[chunk_size=1024]"]
+    assert all(trace.mode == "markers" and trace.text is None for trace in figure.data)
+    assert figure.layout.showlegend is True
+    assert [t.marker.symbol for t in figure.data] == ["circle", "circle", "diamond"]
+    assert figure.layout.yaxis.title.text == "time, full (ms)"
 
 
 # --------------------------------------------------------------------------- SweepPanel
@@ -267,4 +307,4 @@ def test_sweep_panel_sweeps_any_axis_of_the_loss():
     assert set(rows.x_name) == {"N"}
     assert sorted(set(rows.x_value)) == [low, high]
     assert all('"V": 100' in config for config in rows.extra_benchmark_config_str)
-    assert panel.figure.layout.xaxis.title.text == "N"
+    assert panel.figure.layout.xaxis.title.text == "rows (N)"  # the N axis by its one name

@@ -139,3 +139,76 @@ def test_runner_index_lists_titles_and_status_and_hides_tagged_inputs(tmp_path):
     page = (out / "10_small.html").read_text(encoding="utf-8")
     assert "shown output" in page and "hidden source" not in page
     assert "visible " in page and "source" in page
+
+
+def _tiny_notebook(folder: Path, name: str = "10_tiny.ipynb", figure: bool = False) -> Path:
+    """Parameters, a markdown formula, a print, a warning to stderr and a last print (and, with ``figure``,
+    a plotly figure drawn as the notebooks draw theirs)."""
+    notebook = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell('device = "auto"\nsize = "auto"\ninteractive = True\nrecord = False')
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [
+        parameters,
+        nbformat.v4.new_markdown_cell("# Tiny\n\nA formula: $e^{x}$."),
+        nbformat.v4.new_code_cell("print('first output')"),
+        nbformat.v4.new_code_cell("import sys, warnings\nwarnings.warn('a warning ' + 'to stderr')\nprint('printed ' + 'to stderr', file=sys.stderr)"),
+        nbformat.v4.new_code_cell("print('last output')"),
+    ]
+    if figure:
+        notebook.cells.append(nbformat.v4.new_code_cell(
+            'import plotly.graph_objects as go, plotly.io as pio\npio.renderers.default = "plotly_mimetype+notebook"\n'
+            "go.Figure(go.Scatter(x=[1, 2], y=[3, 4])).show()"))
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / name
+    nbformat.write(notebook, path)
+    return path
+
+
+@pytest.mark.notebook
+def test_runner_prints_an_estimate_and_a_line_per_cell(tmp_path, capsys, monkeypatch):
+    """The estimate from the table of measured times first, then per notebook ``[k/n] name: cell i/m, t s``
+    for each code cell (numbered from 1 as in the source notebook, papermill's injected cell left out)."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _tiny_notebook(folder)
+    _tiny_notebook(folder, "11_other.ipynb")
+    times = tmp_path / "times.csv"
+    pd.DataFrame([{"notebook": "10_tiny", "device": "cpu", "seconds": 90.0, "cpus": 2, "date": "2025-01-01"}]).to_csv(times, index=False)
+    monkeypatch.setattr(report, "TIMES_CSV", times)
+    out = tmp_path / "out"
+    args = ["--notebooks", str(folder), "--out", str(out), "--device", "cpu", "--timeout", "120", "--record-times"]
+    assert report.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 notebook(s) on cpu: about 1.5 min") and "no time measured for 11_other" in lines[0], lines[0]
+    cells = [line for line in lines if line.startswith("[1/2] 10_tiny: cell")]
+    assert [line.split(",")[0] for line in cells] == ["[1/2] 10_tiny: cell 1/5", "[1/2] 10_tiny: cell 3/5",
+                                                      "[1/2] 10_tiny: cell 4/5", "[1/2] 10_tiny: cell 5/5"], lines
+    assert all(line.endswith(" s") and line.rsplit(", ", 1)[1][:-2].isdigit() for line in cells)
+    assert any(line.startswith("[2/2] 11_other: cell 5/5") for line in lines)
+    assert any(line.startswith("[2/2] 11_other: done in ") for line in lines)
+    recorded = pd.read_csv(times).set_index("notebook")
+    assert sorted(recorded.index) == ["10_tiny", "11_other"] and (recorded.seconds < 90).all()
+
+
+@pytest.mark.notebook
+def test_reports_leave_out_stderr_and_load_nothing_from_a_cdn(tmp_path):
+    """stderr (a warning's red box, with this machine's paths) stays in the executed notebook, not in the
+    HTML; the HTML loads no script from elsewhere (no MathJax, require.js or mermaid)."""
+    import re
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = _tiny_notebook(folder, figure=True)
+    out = tmp_path / "out"
+    html_path = report.run_notebook(notebook, out, report.notebook_parameters("cpu"), timeout=120)
+    executed = nbformat.read(out / "executed" / notebook.name, as_version=4)
+    stderr = "".join(o.text for c in executed.cells for o in c.get("outputs", []) if o.get("name") == "stderr")
+    assert "a warning to stderr" in stderr and "printed to stderr" in stderr  # there to be left out
+    page = html_path.read_text(encoding="utf-8")
+    assert "first output" in page and "last output" in page
+    assert "a warning to stderr" not in page and "printed to stderr" not in page and 'data-mime-type="application/vnd.jupyter.stderr"' not in page
+    assert "Plotly.newPlot(" in page  # the figure, with plotly.js inline
+    assert "cdnjs" in "".join(o.get("data", {}).get("text/html", "") for c in executed.cells for o in c.get("outputs", []))
+    assert re.findall(r"<script[^>]*\bsrc=", page) == []  # plotly's MathJax from a CDN left out too
+    assert not re.search(r"https?://[^\"'\s]*(/mathjax/|require(\.min)?\.js|mermaid)", page, re.I)  # no URL of them left to load
+    assert "<math" in page  # the formula as MathML

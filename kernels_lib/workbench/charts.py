@@ -4,27 +4,105 @@
 swept axis on x, median on y, a p20–p80 band around each line. Liger's charts put x on a log₂
 scale for these workloads (powers of two) and y linear; so do we. Each trace is named
 ``provider · GPU (published|measured)`` so rows from different GPUs never read as one series.
+
+One look in every figure of every report: a provider has one colour (:func:`provider_color`, keyed by
+its base name, so ``kernels_lib[chunk_size=256]`` is drawn in kernels_lib's colour, with a diamond
+where a figure shows the dial), kernels_lib's traces are drawn last, on top of the peers'
+(:func:`kernels_lib_on_top`), the speed axis is "time (ms)", each workload's swept axis has one name
+(:func:`axis_title`), and a log axis is ticked at the measured sizes, printed as integers.
 """
 
 from __future__ import annotations
 
-import math
+import re
+import textwrap
+import zlib
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 PANELS = (("speed", "forward"), ("speed", "full"), ("memory", "full"))
+#: A provider's colour, by base name (:func:`base_provider`), in every figure. ``torch`` and
+#: ``huggingface`` share the baseline's blue: Liger's published rows call torch's path "huggingface".
 COLORS = {
     "kernels_lib": "#d62728",
     "torch": "#1f77b4",
     "huggingface": "#1f77b4",
+    "baseline": "#1f77b4",
     "liger": "#2ca02c",
-    "cce": "#9467bd",
     "liger_sm90": "#17becf",
+    "liger_tp": "#98df8a",
+    "cce": "#9467bd",
     "quack": "#ff7f0e",
+    "trl": "#8c564b",
+    "megatron-core": "#e377c2",
+    "megatron-fused": "#bcbd22",
+    "megatron-unfused": "#dbdb8d",
+    "torch_loss_parallel": "#aec7e8",
 }
+#: Colours for a provider not in :data:`COLORS`, picked by a hash of its base name (the same in every figure).
+SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 UNITS = {"speed": "ms", "memory": "MB"}
+#: The y title of each metric: a median time is "time", whatever the CSV's metric is called.
+METRIC_TITLES = {"speed": "time (ms)", "memory": "memory (MB)"}
+#: One name per swept axis, whatever the published CSV or a preset calls it.
+AXIS_TITLES = {
+    "tokens": "tokens (B × T)", "total tokens": "tokens (B × T)", "b x t": "tokens (B × T)", "bt": "tokens (B × T)",
+    "tokens (b × t)": "tokens (B × T)",
+    "b": "batch size (B)", "batch size b": "batch size (B)", "batch size (b)": "batch size (B)", "b (sequences)": "batch size (B)",
+    "b (chosen + rejected rows)": "batch size (B, chosen + rejected rows)",
+    "v": "vocabulary size (V)", "vocab size": "vocabulary size (V)",
+    "n": "rows (N)", "t": "sequence length (T)", "h": "hidden size (H)",
+}
+
+
+def base_provider(name: str) -> str:
+    """A trace's or a row's provider, without its dial and its series: ``kernels_lib[chunk_size=512]``,
+    ``kernels_lib · NVIDIA H200 (measured)`` and ``kernels_lib OOM`` are all ``kernels_lib``."""
+    return re.split(r"[\[ ·]", str(name).strip(), maxsplit=1)[0]
+
+
+def provider_color(name: str) -> str:
+    """The colour of ``name``'s provider (:data:`COLORS` by base name; else a fixed spare colour)."""
+    base = base_provider(name)
+    return COLORS.get(base) or SPARE_COLORS[zlib.crc32(base.encode()) % len(SPARE_COLORS)]
+
+
+def axis_title(x_label: str) -> str:
+    """The one name of a swept axis (:data:`AXIS_TITLES`): "B x T", "tokens", "total tokens" are all
+    "tokens (B × T)"; a label it does not know is kept."""
+    return AXIS_TITLES.get(str(x_label).strip().lower(), x_label)
+
+
+def kernels_lib_on_top(figure: go.Figure) -> go.Figure:
+    """Reorder ``figure``'s traces so that bands come first and kernels_lib's traces last (drawn on top
+    of the peers'), keeping the order within each group; kernels_lib leads the legend. Returns ``figure``."""
+    def key(trace):
+        ours = base_provider(trace.name or "") == "kernels_lib"
+        return (getattr(trace, "fill", None) != "toself", ours)
+
+    figure.data = tuple(sorted(figure.data, key=key))
+    for trace in figure.data:
+        if base_provider(trace.name or "") == "kernels_lib":
+            trace.legendrank = 1
+    return figure
+
+
+def wrapped_title(title: str, width: int = 100) -> dict:
+    """A layout ``title`` broken into lines of at most ``width`` characters (a report's figure is about
+    1200 px wide: a longer title would be clipped at its right edge), with the top margin it needs."""
+    lines = textwrap.wrap(str(title), width) or [""]
+    return {"title": "<br>".join(lines), "margin": {"t": 60 + 22 * len(lines)}}
+
+
+def integer_ticks(values) -> dict:
+    """``tickvals`` and ``ticktext`` for a log axis at the measured sizes (integers printed as
+    integers), thinned to at most 8 labels so that they never overlap."""
+    values = sorted({float(v) for v in values if pd.notna(v) and v > 0})
+    step = max(1, -(-len(values) // 8))
+    values = values[::step]
+    return {"tickvals": values, "ticktext": [f"{v:.0f}" if float(v).is_integer() else f"{v:g}" for v in values]}
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -53,7 +131,9 @@ def scaling_chart(
     shows the rows of its (metric, mode); a line per (GPU, provider, source) with its p20–p80 band.
     Published lines are dashed, measured ones solid.
     """
-    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{m} · {mode}" for m, mode in panels])
+    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{'time' if m == 'speed' else m} · {mode}" for m, mode in panels])
+    x_label = axis_title(x_label)
+    xs_seen = []
     sources = [(published, "published", "dash"), (measured, "measured", "solid")]
     legend_seen = set()
     for col, (metric, mode) in enumerate(panels, start=1):
@@ -62,8 +142,9 @@ def scaling_chart(
                 continue
             rows = frame[(frame.metric_name == metric) & (frame.kernel_operation_mode == mode)]
             for name, provider, series in _series(rows, source):
-                color = COLORS.get(provider, "#7f7f7f")
+                color = provider_color(provider)
                 x = series.x_value.tolist()
+                xs_seen += x
                 if {"y_value_20", "y_value_80"} <= set(series.columns):
                     figure.add_trace(
                         go.Scatter(
@@ -97,9 +178,11 @@ def scaling_chart(
                 )
                 legend_seen.add(name)
         figure.update_xaxes(title_text=x_label, type="log" if log_x else "linear", row=1, col=col)
-        figure.update_yaxes(title_text=f"{metric} ({UNITS.get(metric, '')})", row=1, col=col)
-    figure.update_layout(title=title, height=460, legend={"orientation": "h", "y": -0.25}, margin={"t": 80})
-    return figure
+        figure.update_yaxes(title_text=METRIC_TITLES.get(metric, metric), row=1, col=col)
+    if log_x and xs_seen:  # every panel over the same sizes, ticked at them: a panel never looks linear
+        figure.update_xaxes(matches="x", **integer_ticks(xs_seen))
+    figure.update_layout(height=460, legend={"orientation": "h", "y": -0.25}, **wrapped_title(title))
+    return kernels_lib_on_top(figure)
 
 
 def line_traces(figure: go.Figure) -> list[go.Scatter]:
@@ -107,38 +190,14 @@ def line_traces(figure: go.Figure) -> list[go.Scatter]:
     return [trace for trace in figure.data if trace.fill != "toself"]
 
 
-def _base_provider(provider: str) -> str:
-    """``kernels_lib[chunk_size=512 accurate=False]`` → ``kernels_lib`` (for its color)."""
-    return provider.split("[", 1)[0]
-
-
-#: Where a marker's label may go, in order of preference (plotly's ``textposition`` values).
-LABEL_POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left", "top left", "bottom right")
-
-
-def label_positions(x: list[float], y: list[float], *, log_x: bool = True, near: float = 0.08) -> list[str]:
-    """A ``textposition`` per marker such that markers closer than ``near`` (a fraction of each axis's
-    span; x in log₁₀ when ``log_x``) never share one: each marker, in order, takes the first of
-    :data:`LABEL_POSITIONS` that no nearer-than-``near`` earlier marker took, so two labels of close
-    markers go to different sides instead of overlapping."""
-    xs = pd.Series(x, dtype=float).pipe(lambda s: s.clip(lower=1e-12).map(math.log10) if log_x else s)
-    ys = pd.Series(y, dtype=float)
-    span = lambda s: (s.max() - s.min()) or 1.0  # noqa: E731
-    xs, ys = (xs - xs.min()) / span(xs), (ys - ys.min()) / span(ys)
-    chosen: list[str] = []
-    for i in range(len(xs)):
-        taken = {chosen[j] for j in range(i) if abs(xs[i] - xs[j]) < near and abs(ys[i] - ys[j]) < near}
-        chosen.append(next((p for p in LABEL_POSITIONS if p not in taken), LABEL_POSITIONS[i % len(LABEL_POSITIONS)]))
-    return chosen
-
-
 def speed_memory_chart(
     rows: pd.DataFrame, x_value: int, mode: str = "full", *, title: str | None = None, floor_ms: float | None = None
 ) -> go.Figure:
     """Speed against memory at one point of the swept axis: one marker per provider (points of a
     dial such as ``kernels_lib[chunk_size=…]`` are providers too), the ``mode``'s peak memory on x
-    and its median time on y; lower-left is better. Each marker is labelled with its provider, on the side
-    :func:`label_positions` picks so that close markers' labels do not overlap. ``floor_ms``, when given, draws the arithmetic
+    and its median time on y; lower-left is better. Providers are named in the legend and on hover, not
+    beside their markers: the points of a dial lie within a few percent of each other, and no placement
+    of a dozen labels there keeps them apart. ``floor_ms``, when given, draws the arithmetic
     floor (e.g. the matmuls at the measured ceiling) as a horizontal line.
 
     ``rows``: measured rows of one GPU holding ``speed`` and ``memory`` rows of ``mode``.
@@ -150,27 +209,28 @@ def speed_memory_chart(
     mb = memory.groupby("kernel_provider", sort=False).y_value_50.median()
     figure = go.Figure()
     providers = ms.index.intersection(mb.index)
-    positions = label_positions(mb[providers].tolist(), ms[providers].tolist())
-    for provider, position in zip(providers, positions):
-        color = COLORS.get(_base_provider(provider), "#7f7f7f")
+    for provider in providers:
         figure.add_trace(
             go.Scatter(
                 x=[mb[provider]],
                 y=[ms[provider]],
-                mode="markers+text",
+                mode="markers",
                 name=provider,
-                text=[provider],
-                textposition=position,
-                marker={"color": color, "size": 11, "symbol": "circle" if provider == _base_provider(provider) else "diamond"},
+                marker={"color": provider_color(provider), "size": 11,
+                        "symbol": "circle" if provider == base_provider(provider) else "diamond"},
                 hovertemplate=f"{provider}<br>%{{x:.0f}} MB<br>%{{y:.3g}} ms<extra></extra>",
             )
         )
     if floor_ms is not None:
-        figure.add_hline(y=floor_ms, line_dash="dot", line_color="#7f7f7f", annotation_text=f"floor {floor_ms:.1f} ms")
+        figure.add_hline(y=floor_ms, line_dash="dot", line_color="#7f7f7f", annotation_text=f"floor {floor_ms:.1f} ms",
+                         annotation_position="bottom right")
     figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log")
     figure.update_yaxes(title_text=f"time, {mode} (ms)")
-    figure.update_layout(title=title or f"speed vs memory at x = {x_value} ({mode})", height=480, showlegend=False)
-    return figure
+    # tall enough for the legend's every entry (a dial has a dozen points): none scrolled out of view
+    figure.update_layout(height=max(480, 160 + 22 * len(providers)), showlegend=True,
+                         **wrapped_title(title or f"time vs memory at x = {x_value} ({mode})", width=80),
+                         legend={"font": {"size": 11}})
+    return kernels_lib_on_top(figure)
 
 
 def add_floor(figure: go.Figure, floor: pd.DataFrame, *, name: str = "floor", panels=PANELS) -> go.Figure:
@@ -196,4 +256,25 @@ def add_floor(figure: go.Figure, floor: pd.DataFrame, *, name: str = "floor", pa
             col=col,
         )
         shown = True
-    return figure
+    return kernels_lib_on_top(figure)
+
+
+def table_number(value: float) -> str:
+    """A table's float as the reports print it: an integral value as an integer (a vocabulary of
+    128256, not 128256.000), otherwise three decimals, or three significant digits in scientific
+    notation below 0.001 and from a million (relative errors of 1e-7 stay visible)."""
+    if value != value:
+        return "NaN"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{value:.0f}"
+    return f"{value:.3f}" if 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
+
+
+def table_options() -> None:
+    """pandas' display options for the notebooks' tables: :func:`table_number` for floats, every row
+    and column shown (no "…" rows or columns in a report; a table too wide to read is pivoted or
+    trimmed where it is made)."""
+    pd.set_option("display.float_format", table_number)
+    pd.set_option("display.max_rows", 500)
+    pd.set_option("display.max_columns", 100)
+    pd.set_option("display.width", 250)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,8 +28,10 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import papermill
+from jinja2 import DictLoader
 from nbconvert import HTMLExporter
-from nbconvert.preprocessors import TagRemovePreprocessor
+from nbconvert.preprocessors import Preprocessor, TagRemovePreprocessor
+from papermill.engines import NBClientEngine, papermill_engines
 
 from .._runtime import default_device
 from . import dashboard
@@ -56,13 +60,53 @@ def notebook_parameters(device: str) -> dict:
     return {"device": device, "size": "full" if full else "small", "interactive": False, "record": full}
 
 
+#: nbconvert's lab template less the three scripts it loads from a CDN: require.js (nothing in a report
+#: needs it: plotly's figures are inline), MathJax (formulas are MathML already, :mod:`.mathml`) and
+#: mermaid (no diagrams). With them gone a report makes no request beyond its own file.
+OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+#: A script an output loads from elsewhere: plotly's notebook renderer asks a CDN for MathJax 3 in every
+#: figure's HTML (for TeX in a figure's text, which ours have none of).
+_REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.I)
+
+
+class OfflinePreprocessor(Preprocessor):
+    """Leaves out of the report what is not the notebook's to say or would leave the file: stderr
+    stream outputs (a library's warning, with the machine's paths in it; they stay in the executed
+    notebook) and scripts an HTML output loads from a CDN. Counts them in ``stderr`` and ``scripts``."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.stderr = self.scripts = 0
+
+    def preprocess_cell(self, cell, resources, index):
+        if "outputs" in cell:
+            kept = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+            self.stderr += len(cell.outputs) - len(kept)
+            for output in kept:
+                data = output.get("data", {})
+                if "text/html" in data:
+                    data["text/html"], removed = _REMOTE_SCRIPT.subn("", data["text/html"])
+                    self.scripts += removed
+            cell.outputs = kept
+        return cell, resources
+
+
 def export_html(executed: Path, html_path: Path) -> Path:
     """Write a self-contained HTML report of an executed notebook (inputs of ``hide-input`` cells
-    removed, formulas as MathML)."""
-    exporter = HTMLExporter(template_name="lab")
+    removed, formulas as MathML, stderr left out, no script from a CDN: :data:`OFFLINE_TEMPLATE`,
+    :class:`OfflinePreprocessor`)."""
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})],
+                            template_file="offline.html.j2")
     remover = TagRemovePreprocessor(remove_input_tags={"hide-input"}, enabled=True)
     exporter.register_preprocessor(remover, enabled=True)
     exporter.register_preprocessor(MathMLPreprocessor(), enabled=True)
+    exporter.register_preprocessor(OfflinePreprocessor(), enabled=True)
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
     html_path.write_text(body, encoding="utf-8")
     return html_path
@@ -85,11 +129,40 @@ def _failed_cell(executed: Path) -> str:
     return "an unknown cell"
 
 
-def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int) -> Path:
-    """Execute one notebook into ``out/executed/`` and export its HTML to ``out/``; return the HTML path."""
+class ProgressEngine(NBClientEngine):
+    """papermill's nbclient engine that calls ``progress(cell_number, cells)`` as each code cell starts
+    (numbered from 1 as in the source notebook: papermill's injected cells are left out), so that a
+    long run says where it is instead of going quiet for minutes."""
+
+    @classmethod
+    def execute_managed_notebook(cls, nb_man, kernel_name, progress=None, **kwargs):
+        if progress is not None:
+            injected = {i for i, c in enumerate(nb_man.nb.cells) if _PAPERMILL_TAGS & set(c.metadata.get("tags", []))}
+            number = {i: n for n, i in enumerate((i for i in range(len(nb_man.nb.cells)) if i not in injected), start=1)}
+            cells, start = len(number), nb_man.cell_start
+
+            def cell_start(cell, cell_index=None, **kw):
+                if cell_index in number and cell.cell_type == "code":
+                    progress(number[cell_index], cells)
+                return start(cell, cell_index, **kw)
+
+            nb_man.cell_start = cell_start
+        return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+
+papermill_engines.register("kernels_lib-progress", ProgressEngine)
+
+
+def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int, progress=None) -> Path:
+    """Execute one notebook into ``out/executed/`` and export its HTML to ``out/``; return the HTML path.
+    ``progress(cell_number, cells)``, when given, is called as each code cell starts (:class:`ProgressEngine`)."""
     executed_dir = out / "executed"
     executed_dir.mkdir(parents=True, exist_ok=True)
     executed = executed_dir / notebook.name
+    # the kernel imports this checkout's kernels_lib, not whichever one is installed (another worktree's)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, paths)])
     try:
         papermill.execute_notebook(
             str(notebook),
@@ -99,12 +172,56 @@ def run_notebook(notebook: Path, out: Path, parameters: dict, timeout: int) -> P
             execution_timeout=timeout,
             cwd=str(notebook.parent),
             progress_bar=False,
+            engine_name="kernels_lib-progress",
+            progress=progress,
         )
     except papermill.PapermillExecutionError as error:
         raise NotebookFailed(
             f"{notebook.name} failed in {_failed_cell(executed)}; partial output in {executed}"
         ) from error
     return export_html(executed, out / notebook.with_suffix(".html").name)
+
+
+#: The last measured time of each notebook per device (seconds), from which the runner estimates a run.
+TIMES_CSV = REPO_ROOT / "data" / "report_times.csv"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    return str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)
+
+
+def read_times(path: Path | None = None) -> pd.DataFrame:
+    """``notebook, device, seconds, cpus, date`` rows of ``path`` (default :data:`TIMES_CSV`; empty when missing)."""
+    path = TIMES_CSV if path is None else path
+    if not path.exists():
+        return pd.DataFrame(columns=["notebook", "device", "seconds", "cpus", "date"])
+    return pd.read_csv(path)
+
+
+def estimate(notebooks: list[Path], device: str, times: pd.DataFrame) -> str:
+    """One line: the run's expected duration, the sum of each notebook's last measured time on
+    ``device`` (:data:`TIMES_CSV`), naming the notebooks without one."""
+    known = times[times.device == device].drop_duplicates("notebook", keep="last").set_index("notebook").seconds
+    measured = [nb.stem for nb in notebooks if nb.stem in known.index]
+    missing = [nb.stem for nb in notebooks if nb.stem not in known.index]
+    if not measured:
+        return f"{len(notebooks)} notebook(s) on {device}: no measured time to estimate from ({_shown(TIMES_CSV)})"
+    total = float(known[measured].sum())
+    line = (f"{len(notebooks)} notebook(s) on {device}: about {total / 60:.1f} min from the last measured times "
+            f"({_shown(TIMES_CSV)})")
+    return line + (f"; no time measured for {', '.join(missing)}" if missing else "")
+
+
+def record_times(reports: list[tuple[Path, float, str]], device: str, path: Path | None = None) -> None:
+    """Replace ``device``'s rows of ``path`` (default :data:`TIMES_CSV`) for the notebooks that ran without a failure."""
+    path = TIMES_CSV if path is None else path
+    times = read_times(path)
+    ran = {html.stem: seconds for html, seconds, failure in reports if not failure}
+    times = times[~((times.device == device) & times.notebook.isin(ran))]
+    new = pd.DataFrame([{"notebook": name, "device": device, "seconds": round(seconds, 1), "cpus": os.cpu_count(),
+                         "date": time.strftime("%Y-%m-%d")} for name, seconds in ran.items()])
+    pd.concat([times, new], ignore_index=True).sort_values(["device", "notebook"]).to_csv(path, index=False)
 
 
 def describe(executed: Path) -> tuple[str, int]:
@@ -200,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-going", action="store_true",
                         help="run the remaining notebooks after a failure (still exit 1, naming every failed one); "
                              "for long GPU refreshes, where one failure should not cost the others' measurements")
+    parser.add_argument("--record-times", action="store_true",
+                        help=f"write each notebook's time to {_shown(TIMES_CSV)} (the next run's estimate)")
     args = parser.parse_args(argv)
     device = default_device().type if args.device == "auto" else args.device
     notebooks = sorted(args.notebooks.glob("*.ipynb"))
@@ -209,13 +328,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no notebooks to run in {args.notebooks}")
     parameters = notebook_parameters(device)
     args.out.mkdir(parents=True, exist_ok=True)
+    order = run_order(notebooks)
+    print(estimate(order, device, read_times()), flush=True)
     reports, failures = [], []
-    for notebook in run_order(notebooks):
-        print(f"running {notebook.name} with {parameters} ...", flush=True)
+    began = time.perf_counter()
+    for number, notebook in enumerate(order, start=1):
+        tag = f"[{number}/{len(order)}] {notebook.stem}"
+        print(f"{tag}: running with {parameters}", flush=True)
         start = time.perf_counter()
+
+        def progress(cell, cells, tag=tag, start=start):
+            print(f"{tag}: cell {cell}/{cells}, {time.perf_counter() - start:.0f} s", flush=True)
+
         try:
-            html_path, failure = run_notebook(notebook, args.out, parameters, args.timeout), ""
-            print(f"  wrote {html_path}", flush=True)
+            html_path, failure = run_notebook(notebook, args.out, parameters, args.timeout, progress), ""
+            print(f"{tag}: done in {time.perf_counter() - start:.0f} s ({(time.perf_counter() - began) / 60:.1f} min so far), "
+                  f"wrote {html_path}", flush=True)
         except NotebookFailed as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             if not args.keep_going:
@@ -223,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             html_path, failure = args.out / notebook.with_suffix(".html").name, str(error)
             failures.append(notebook.name)
         reports.append((html_path, time.perf_counter() - start, failure))
+    if args.record_times:
+        record_times(reports, device)
     index = write_index(args.out, sorted(reports, key=lambda report: report[0].name), parameters)
     print(f"reports: {index}")
     if failures:

@@ -377,7 +377,14 @@ def saved_bytes_per_token(model_name: str, provider: str, device: torch.device |
     """:func:`saved_for_backward` at two sequence lengths: the bytes kept per additional token (the
     slope: what decides how many tokens fit) and the part that does not grow with tokens (the
     intercept: e.g. a weight gradient formed in forward). Returns ``{"provider", "checkpointing",
-    "bytes per token", "fixed bytes"}``."""
+    "bytes per token", "fixed bytes"}``.
+
+    The fit is over the ``B·T`` tokens, but a head that keeps tensors of the shifted rows keeps them for
+    the ``B·(T − 1)`` tokens that have a label: ``b`` bytes per such token add ``b`` to the slope and
+    ``−b·B`` to the intercept. So "fixed bytes" can be negative: at CPU size (``H = 64``, ``B = 2``)
+    TRL's fused head reads ``−274 = −2 × 137``, and ``137 = 2H + 9`` is what a copy of the shifted hidden
+    states (``2H`` bytes in bf16), the labels (8) and a mask (1) take per labelled token: nothing fixed. A fixed
+    part of ``2VH`` (kernels_lib's and Liger's ``dW``) is far larger than ``b·B`` and reads as it is."""
     small, large = (saved_for_backward(model_name, provider, batch, seq, device, checkpointing=checkpointing, seed=seed)
                     for seq in seqs)
     slope = (large["saved bytes"] - small["saved bytes"]) / (large["tokens"] - small["tokens"])
@@ -758,7 +765,6 @@ def analytic_costs(names: Iterable[str] = ("llama-3.2-1b", "qwen2.5-0.5b")) -> p
 
 # --------------------------------------------------------------------------- charts (plotly, imported when drawn)
 
-PROVIDER_COLORS = {"kernels_lib": "#d62728", "huggingface": "#1f77b4", "liger": "#2ca02c", "trl": "#ff7f0e"}
 COMPONENT_COLORS = {
     "weights (bf16)": "#4c78a8", "gradients (bf16)": "#72b7b2", "AdamW state (2 moments, bf16)": "#54a24b",
     "activations (estimate)": "#b279a2", "logits (bf16)": "#f58518", "float32 upcast": "#e45756",
@@ -788,17 +794,19 @@ def loss_curve_chart(curves: pd.DataFrame, title: str = "Loss per AdamW step, sa
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from .charts import kernels_lib_on_top, provider_color  # one colour per provider in every report
+
     dtypes = list(dict.fromkeys(curves.dtype))
     figure = make_subplots(rows=1, cols=len(dtypes), subplot_titles=dtypes, shared_yaxes=True)
     for col, dtype in enumerate(dtypes, start=1):
         for provider, rows in curves[curves.dtype == dtype].groupby("provider", sort=False):
             figure.add_trace(go.Scatter(x=rows.step, y=rows.loss, name=provider, legendgroup=provider, showlegend=col == 1,
-                                        mode="lines+markers", line={"color": PROVIDER_COLORS.get(provider),
+                                        mode="lines+markers", line={"color": provider_color(provider),
                                         "dash": "solid" if provider == "huggingface" else "dot"}), row=1, col=col)
         figure.update_xaxes(title_text="step", row=1, col=col)
     figure.update_yaxes(title_text="loss", row=1, col=1)
     figure.update_layout(title=title, height=380)
-    return figure
+    return kernels_lib_on_top(figure)
 
 
 def step_chart(rows: pd.DataFrame, model: str):
@@ -807,6 +815,8 @@ def step_chart(rows: pd.DataFrame, model: str):
     that ran out of memory as crosses at the GPU's capacity (dotted)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    from .charts import kernels_lib_on_top, provider_color  # one colour per provider in every report
 
     rows = rows[rows.model == model]
     settings = sorted(rows.checkpointing.unique())
@@ -819,7 +829,7 @@ def step_chart(rows: pd.DataFrame, model: str):
         present = set(these.provider)
         for provider in [p for p in PROVIDERS if p in present] + sorted(p for p in present if p not in PROVIDERS):
             mine = ok[ok.provider == provider].sort_values("tokens")
-            color = PROVIDER_COLORS.get(provider)  # None (plotly's next colour) for a dial point
+            color = provider_color(provider)  # a dial point in its provider's colour
             first = col == 1
             figure.add_trace(go.Scatter(
                 x=mine.tokens, y=mine.step_ms_50, name=provider, legendgroup=provider, showlegend=first,
@@ -835,11 +845,11 @@ def step_chart(rows: pd.DataFrame, model: str):
                                             hovertemplate=provider + " OOM at %{x} tokens<extra></extra>"), row=2, col=col)
         if not math.isnan(capacity):
             figure.add_hline(y=capacity, line_dash="dot", line_color="#7f7f7f", row=2, col=col,
-                             annotation_text=f"GPU {capacity:.0f} GiB", annotation_position="bottom right")
-        figure.update_xaxes(type="log", title_text="tokens per step", row=2, col=col)
+                             annotation_text=f"GPU {capacity:.0f} GiB", annotation_position="top left")  # the OOM crosses sit at the right
+        figure.update_xaxes(type="log", title_text="tokens per step (B × T)", row=2, col=col)
         figure.update_xaxes(type="log", row=1, col=col)
-    figure.update_yaxes(title_text="median step (ms)", row=1, col=1)
+    figure.update_yaxes(title_text="step time (ms)", row=1, col=1)
     figure.update_yaxes(title_text="peak allocated (GiB)", row=2, col=1)
     gpu = rows.gpu_name.iloc[0] if len(rows) else ""
     figure.update_layout(title=f"{model}: a training step on {gpu} (forward, backward, AdamW)", height=700)
-    return figure
+    return kernels_lib_on_top(figure)
