@@ -140,7 +140,10 @@ def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
     for key, column, text in numbers:
         value = rows.loc[key, column]
         if column in ("time ratio", "memory ratio", "worst ratio"):
-            assert text == ("–" if pd.isna(value) else f"{value:.2f}"), (key, column, text, value)
+            # As many digits as show which side of the target's bound a ratio lies (dashboard.ratio_text).
+            bound = rows.loc[key, {"time ratio": "time bound", "memory ratio": "memory bound", "worst ratio": "bound"}[column]]
+            bound = None if isinstance(bound, str) or pd.isna(bound) else float(bound)
+            assert text == dashboard.ratio_text(value, bound), (key, column, text, value)
         else:
             assert text == (value if isinstance(value, str) else f"{value:g}"), (key, column, text, value)
     assert "system-ui" in font
