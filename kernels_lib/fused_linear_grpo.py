@@ -72,27 +72,39 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import math
+
 import torch
 
 from . import _validate as v
 from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, sequence_logprobs, validate_reference_model
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 LEVELS = ("token", "sequence")
+#: The loss types of TRL's clipped surrogate ``-min(c A, clip(c) A)`` (grpo_trainer.py 3112–3120),
+#: the ones ``delta`` and the clip-ratio metrics apply to.
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+#: The loss types divided by ``num_items_in_batch`` (grpo_trainer.py 3168–3174).
+NUM_ITEMS_NORMALIZED = ("dapo", "cispo", "vespo")
+SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 class GRPOOutput(NamedTuple):
-    """The GRPO loss and what TRL logs beside it; float32, only ``loss`` carries a gradient."""
+    """The GRPO loss and what TRL logs beside it; float32, only ``loss`` carries a gradient. A metric TRL
+    does not log for the loss type is None (the clip ratios outside :data:`CLIPPED`, ``cispo_clip_ratio``
+    outside ``cispo``, ``vespo_phi_seq_mean`` outside ``vespo``)."""
 
     loss: torch.Tensor  #: a scalar (TRL's ``policy_loss``: before the gradient-accumulation division)
     per_token_logps: torch.Tensor  #: (B, T) the policy's log-probs, 0 at ignored targets (a next iteration's old_logps)
-    clip_ratio_low_mean: torch.Tensor  #: ``clip_ratio/low_mean``
-    clip_ratio_low_min: torch.Tensor  #: ``clip_ratio/low_min`` (nanmin over sequences)
-    clip_ratio_high_mean: torch.Tensor  #: ``clip_ratio/high_mean``
-    clip_ratio_high_max: torch.Tensor  #: ``clip_ratio/high_max`` (nanmax over sequences)
-    clip_ratio_region_mean: torch.Tensor  #: ``clip_ratio/region_mean``
+    clip_ratio_low_mean: torch.Tensor | None  #: ``clip_ratio/low_mean``
+    clip_ratio_low_min: torch.Tensor | None  #: ``clip_ratio/low_min`` (nanmin over sequences)
+    clip_ratio_high_mean: torch.Tensor | None  #: ``clip_ratio/high_mean``
+    clip_ratio_high_max: torch.Tensor | None  #: ``clip_ratio/high_max`` (nanmax over sequences)
+    clip_ratio_region_mean: torch.Tensor | None  #: ``clip_ratio/region_mean``
     kl: torch.Tensor | None  #: ``kl``, the mean per-token KL over the active tokens; None without a reference
     entropy: torch.Tensor | None  #: ``entropy``, the mean over the active tokens; None unless ``return_entropy``
+    cispo_clip_ratio: torch.Tensor | None = None  #: ``cispo_clip_ratio`` (``loss_type='cispo'``)
+    vespo_phi_seq_mean: torch.Tensor | None = None  #: ``vespo/phi_seq_mean`` (``loss_type='vespo'``)
 
 
 # --------------------------------------------------------------------------- TRL's lines, on (B, T) floats
@@ -116,27 +128,92 @@ def _clip_bounds(opts):
     return 1 - opts["epsilon_low"], 1 + opts["epsilon_high"]
 
 
-def _per_token_loss(logp, old, ref, advantages, mask, opts):
-    """TRL lines 3083–3150: ``(per_token_loss, coef_1, per_token_kl)`` (kl None without a reference)."""
+def _sampling_ratio(logp, old, sampler, mask, opts):
+    """TRL lines 2660–2706, the vLLM importance-sampling ratio (detached): ``old - sampler`` masked,
+    NaN set to 0 (a token the sampler could not score: ratio 1), summed per sequence in the
+    ``sequence_*`` modes, ``exp``, then clamped to ``[clip_min, clip_max]`` (``*_truncate``) or set to
+    0 outside it (``*_mask``). ``old`` None: the current log-probs (TRL always computes
+    ``old_per_token_logps`` with the correction on: the current policy's when ``num_iterations == 1``).
+    None without ``sampler``."""
+    if sampler is None:
+        return None
+    diff = torch.nan_to_num(((logp if old is None else old) - sampler) * mask, nan=0.0)
+    mode = opts["vllm_importance_sampling_mode"]
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = torch.exp(diff)
+    low, high = opts["vllm_importance_sampling_clip_min"], opts["vllm_importance_sampling_clip_max"]
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=low, max=high)
+    outside = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
+    return ratio.masked_fill(outside, 0.0)
+
+
+def _gamma_weights(advantages, logp, old, mask, ratio, opts):
+    """TRL lines 2972–3017 (``get_gamma_weights``), VESPO's detached sequence weight
+    :math:`\\varphi(w) = e^{\\lambda + k \\log w - \\lambda w}` with :math:`\\log w` the clamped sum of the
+    sequence's log-ratios (plus the clamped log sampling ratios), ``k``, ``λ`` by the sign of ``A``."""
+    lower = math.log(1e-8)
+    log_ratio = logp - (logp if old is None else old)
+    seq = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if ratio is not None:
+        seq = seq + torch.clamp(torch.log(ratio), lower, 20.0).sum(-1, keepdim=True)
+    log_w = torch.clamp(seq, lower, 20.0)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, opts["vespo_k_pos"], opts["vespo_k_neg"])
+    lam = torch.where(nonneg, opts["vespo_lambda_pos"], opts["vespo_lambda_neg"]).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _sapo_temperatures(advantages, opts):
+    """TRL line 3122: ``sapo_temperature_pos`` where ``A > 0``, else ``sapo_temperature_neg``."""
+    return torch.where(advantages > 0, opts["sapo_temperature_pos"], opts["sapo_temperature_neg"])
+
+
+def _per_token_loss(logp, old, ref, sampler, advantages, mask, opts):
+    """TRL lines 3083–3150: ``(per_token_loss, kl, metrics)`` (kl None without a reference; metrics
+    the loss type's tensors by :class:`GRPOOutput` name, before their means)."""
     coef_1 = torch.exp(_log_importance_weights(logp, old, mask, opts["importance_sampling_level"]))
     kl = None if ref is None else _per_token_kl(logp, ref)
-    low, high = _clip_bounds(opts)
-    coef_2 = torch.clamp(coef_1, low, high)
-    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
-    if opts["beta"] != 0.0:
+    if kl is not None and opts["use_bias_correction_kl"]:
+        kl = kl * coef_1  # line 3104–3105, before delta clamps coef_1
+    ratio = _sampling_ratio(logp, old, sampler, mask, opts)
+    loss_type, metrics = opts["loss_type"], {}
+    if loss_type == "cispo":  # 3109–3111
+        per_token_loss = -torch.clamp(coef_1, max=opts["epsilon_high"]) * advantages * logp
+        metrics["cispo_clip_ratio"] = ((coef_1 > opts["epsilon_high"]) & (advantages > 0)).to(mask.dtype)
+    elif loss_type in CLIPPED:  # 3112–3120
+        low, high = _clip_bounds(opts)
+        coef_2 = torch.clamp(coef_1, low, high)
+        if opts["delta"] is not None:
+            coef_1 = torch.clamp(coef_1, max=opts["delta"])
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        metrics["coef_1"] = coef_1  # the clip ratios (3272–3283) read the delta-clamped ratio
+    elif loss_type == "sapo":  # 3121–3124
+        temperatures = _sapo_temperatures(advantages, opts)
+        per_token_loss = -torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures * advantages
+    else:  # vespo, 3125–3137
+        phi = _gamma_weights(advantages, logp, old, mask, ratio, opts)
+        per_token_loss = -phi * advantages * logp
+        metrics["vespo_phi_seq_mean"] = phi
+    if ratio is not None and loss_type != "vespo":  # 3146–3147
+        per_token_loss = per_token_loss * ratio
+    if opts["beta"] != 0.0:  # 3149–3150
         per_token_loss = per_token_loss + opts["beta"] * kl
-    return per_token_loss, coef_1, kl
+    return per_token_loss, kl, metrics
 
 
 def _normalized(per_token_loss, mask, opts, normalizer):
-    """TRL lines 3153–3174, the four normalizations."""
+    """TRL lines 3153–3183, the normalizations."""
     loss_type = opts["loss_type"]
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if loss_type == "bnpo":
         return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         return (per_token_loss * mask).sum() / (per_token_loss.size(0) * opts["max_completion_length"])
+    if loss_type == "luspo":
+        return (per_token_loss * mask).sum(-1).mean()
     return (per_token_loss * mask).sum() / normalizer
 
 
@@ -182,26 +259,52 @@ def clip_metrics(coef_1, advantages, mask, opts):
 # --------------------------------------------------------------------------- the gradient weights
 
 
-def _token_weights(logp, old, ref, advantages, mask, scale, opts):
-    """``∂L/∂ℓ_kt`` of a block of whole sequences (see the module docstring); ``scale`` is ``g_k`` ``(S, 1)``."""
+def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
+    """``∂L/∂ℓ_kt`` of a block of whole sequences (see the module docstring); ``scale`` is ``g_k`` ``(S, 1)``.
+
+    ``d_rho`` collects ``∂L/∂ρ`` per element of the ratio's broadcast ``(S, T)`` (a sequence-level ratio
+    is summed over its tokens, then spread by ``∂ρ_k/∂ℓ_kt = m_kt / n_k``), ``w`` the direct ``∂L/∂ℓ``."""
     lam = mask * scale
-    level = opts["importance_sampling_level"]
+    level, loss_type = opts["importance_sampling_level"], opts["loss_type"]
     n = mask.sum(-1, keepdim=True).clamp(min=1.0)
     coef_1 = torch.exp(_log_importance_weights(logp, old, mask, level))
-    low, high = _clip_bounds(opts)
-    t1 = coef_1 * advantages
-    t2 = torch.clamp(coef_1, low, high) * advantages
-    tie = t1 == t2
-    # torch's backward of min(t1, t2): t1 > t2 gets 0, a tie half, else all (NaN passes through on t1)
-    s1 = torch.where(t1 > t2, 0.0, torch.where(tie, 0.5, 1.0))
-    s2 = torch.where(t2 > t1, 0.0, torch.where(tie, 0.5, 1.0)) * ((coef_1 >= low) & (coef_1 <= high))
-    d_rho = -(s1 + s2) * advantages * coef_1
-    if level == "token":
-        w = lam * d_rho
+    ratio = _sampling_ratio(logp, old, sampler, mask, opts)
+    lam_policy = lam if ratio is None or loss_type == "vespo" else lam * ratio
+    w = torch.zeros_like(logp)
+    d_rho = None
+    if loss_type == "cispo":  # ∂(-c̄ A ℓ)/∂ℓ, c̄ = min(c, ε_high) detached
+        w = w + lam_policy * (-torch.clamp(coef_1, max=opts["epsilon_high"]) * advantages)
+    elif loss_type == "vespo":  # ∂(-φ A ℓ)/∂ℓ, φ detached
+        w = w + lam_policy * (-_gamma_weights(advantages, logp, old, mask, ratio, opts) * advantages)
+    elif loss_type == "sapo":  # ∂/∂ρ of -σ(τ(c-1)) 4/τ A: -4 A c σ(1-σ)
+        sig = torch.sigmoid(_sapo_temperatures(advantages, opts) * (coef_1 - 1))
+        d_rho = lam_policy * (-4.0 * advantages * coef_1 * sig * (1 - sig))
     else:
-        w = (lam * d_rho).sum(-1, keepdim=True) / n * mask
+        low, high = _clip_bounds(opts)
+        delta = opts["delta"]
+        capped = coef_1 if delta is None else torch.clamp(coef_1, max=delta)
+        t1 = capped * advantages
+        t2 = torch.clamp(coef_1, low, high) * advantages
+        tie = t1 == t2
+        # torch's backward of min(t1, t2): t1 > t2 gets 0, a tie half, else all (NaN passes through on t1)
+        s1 = torch.where(t1 > t2, 0.0, torch.where(tie, 0.5, 1.0))
+        if delta is not None:  # clamp(max=delta) passes the gradient where c <= delta
+            s1 = s1 * (coef_1 <= delta)
+        s2 = torch.where(t2 > t1, 0.0, torch.where(tie, 0.5, 1.0)) * ((coef_1 >= low) & (coef_1 <= high))
+        d_rho = lam_policy * (-(s1 + s2) * advantages * coef_1)
     if opts["beta"] != 0.0:
-        w = w - lam * opts["beta"] * torch.expm1(ref - logp)
+        d_kl = -lam * opts["beta"] * torch.expm1(ref - logp)  # ∂KL/∂ℓ = 1 - e^{ref - ℓ}
+        if opts["use_bias_correction_kl"]:  # β KL c: c ∂KL/∂ℓ, and β KL c through ρ
+            w = w + d_kl * coef_1
+            bias_term = lam * opts["beta"] * _per_token_kl(logp, ref) * coef_1
+            d_rho = bias_term if d_rho is None else d_rho + bias_term
+        else:
+            w = w + d_kl
+    if d_rho is not None:
+        if level == "token":
+            w = w + d_rho
+        else:
+            w = w + d_rho.expand_as(logp).sum(-1, keepdim=True) / n * mask
     return w
 
 
@@ -209,12 +312,14 @@ def _sequence_scale(mask, opts, normalizer):
     """``g_k`` ``(B, 1)``: the factor of sequence k's masked per-token losses in the loss."""
     n_seqs = mask.shape[0]
     loss_type = opts["loss_type"]
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return 1.0 / (n_seqs * mask.sum(-1, keepdim=True).clamp(min=1.0))
     if loss_type == "bnpo":
         scale = 1.0 / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
         scale = torch.tensor(1.0 / (n_seqs * opts["max_completion_length"]), device=mask.device)
+    elif loss_type == "luspo":
+        scale = torch.tensor(1.0 / n_seqs, device=mask.device)
     else:
         scale = 1.0 / normalizer
     return scale.reshape(1, 1).expand(n_seqs, 1)
@@ -237,7 +342,7 @@ def _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, te
     return out.view(n_seqs, seq_len)
 
 
-def _run(x, weight, bias, target, mask, advantages, old, ref, normalizer, opts):
+def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalizer, opts):
     """The forward of :class:`FusedSequenceLoss`: per-token log-probs, weights and gradients chunk by
     chunk, then the loss and the metrics from the ``(B, T)`` log-probs."""
     n_seqs, seq_len = target.shape
@@ -248,7 +353,7 @@ def _run(x, weight, bias, target, mask, advantages, old, ref, normalizer, opts):
         block = logp.view(-1, seq_len)
         pick = (lambda t: None if t is None else t[seqs])  # noqa: E731
         return _token_weights(
-            block, pick(old), pick(ref), advantages[seqs], mask[seqs], scale[seqs], opts
+            block, pick(old), pick(ref), pick(sampler), advantages[seqs], mask[seqs], scale[seqs], opts
         ).reshape(-1).to(torch.float32)
 
     rows = x.reshape(-1, x.shape[-1])
@@ -262,13 +367,18 @@ def _run(x, weight, bias, target, mask, advantages, old, ref, normalizer, opts):
         token_logps=logps, token_entropy=entropy,
     )
     logps = logps.view(n_seqs, seq_len)
-    per_token_loss, coef_1, kl = _per_token_loss(logps, old, ref, advantages, mask, opts)
+    per_token_loss, kl, metrics = _per_token_loss(logps, old, ref, sampler, advantages, mask, opts)
     loss = _normalized(per_token_loss, mask, opts, normalizer)
-    aux = [logps, *clip_metrics(coef_1, advantages, mask, opts)]
+    aux = [logps]
+    if "coef_1" in metrics:
+        aux.extend(clip_metrics(metrics["coef_1"], advantages, mask, opts))
     if kl is not None:
         aux.append(_global_masked_mean(kl, mask))
     if entropy is not None:
         aux.append(_global_masked_mean(entropy.view(n_seqs, seq_len), mask))
+    for name in ("cispo_clip_ratio", "vespo_phi_seq_mean"):  # TRL 3284–3289
+        if name in metrics:
+            aux.append(_global_masked_mean(metrics[name], mask))
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
     return loss, tuple(aux), grads
@@ -284,7 +394,7 @@ def _require_bt_float(name, tensor, shape):
     v.require_shape(name, tensor, shape, "(B, T) = target.shape")
 
 
-def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps, completion_mask, ref_model) -> dict:
+def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps, sampler_logps, completion_mask, ref_model) -> dict:
     """The tensors' types and shapes; returns them by name (for the device check)."""
     v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
     tensors = {"x": x, "weight": weight, "target": target}
@@ -300,7 +410,7 @@ def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps,
             f"got {tuple(advantages.shape)}"
         )
     tensors["advantages"] = advantages
-    for name, tensor in (("old_logps", old_logps), ("ref_logps", ref_logps)):
+    for name, tensor in (("old_logps", old_logps), ("ref_logps", ref_logps), ("sampler_logps", sampler_logps)):
         if tensor is not None:
             _require_bt_float(name, tensor, target.shape)
             tensors[name] = tensor
@@ -320,12 +430,71 @@ def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps,
     return tensors
 
 
-def _validate_options(opts, has_reference: bool, num_items_in_batch) -> None:
+def _require_positive(name, value) -> None:
+    v.require_real(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0; got {value!r}")
+
+
+def _validate_sampling_options(opts, has_sampler: bool) -> None:
+    """TRL's checks of the vLLM correction (grpo_config.py 1152–1170, grpo_trainer.py 936–941)."""
+    mode = opts["vllm_importance_sampling_mode"]
+    v.require_choice("vllm_importance_sampling_mode", mode, SAMPLING_MODES)
+    low, high = opts["vllm_importance_sampling_clip_min"], opts["vllm_importance_sampling_clip_max"]
+    for name, value in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{name} must be None or a finite real number; got {value!r}")
+    if low is not None and high is not None and low >= high:
+        raise ValueError(
+            f"vllm_importance_sampling_clip_min ({low}) must be less than vllm_importance_sampling_clip_max ({high})"
+        )
+    if mode.endswith("truncate") and low is None and high is None:
+        raise ValueError(
+            f"vllm_importance_sampling_mode={mode!r} clamps the ratio: give vllm_importance_sampling_clip_min "
+            "or vllm_importance_sampling_clip_max (both are None)"
+        )
+    if has_sampler and opts["loss_type"] == "vespo" and mode.startswith("sequence"):
+        raise ValueError(
+            f"loss_type='vespo' takes the token-level sampling ratios: vllm_importance_sampling_mode must be "
+            f"'token_truncate' or 'token_mask'; got {mode!r}"
+        )
+
+
+def _validate_options(opts, has_reference: bool, num_items_in_batch, has_sampler: bool = False) -> None:
     v.require_real("beta", opts["beta"])
     v.require_real("epsilon_low", opts["epsilon_low"])
     v.require_real("epsilon_high", opts["epsilon_high"])
     v.require_choice("importance_sampling_level", opts["importance_sampling_level"], LEVELS)
     v.require_choice("loss_type", opts["loss_type"], LOSS_TYPES)
+    delta = opts["delta"]
+    if delta is not None:
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
+            raise TypeError(f"delta must be None or a finite real number; got {delta!r}")
+        if delta <= 0:
+            raise ValueError(f"delta must be > 0 (TRL recommends > 1 + epsilon_high); got {delta!r}")
+        if opts["loss_type"] not in CLIPPED:
+            raise ValueError(
+                f"delta caps the ratio of the clipped loss types {', '.join(map(repr, CLIPPED))}; "
+                f"loss_type={opts['loss_type']!r} has no such term (TRL ignores delta there): give delta=None"
+            )
+    _require_positive("sapo_temperature_pos", opts["sapo_temperature_pos"])
+    _require_positive("sapo_temperature_neg", opts["sapo_temperature_neg"])
+    for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        v.require_real(name, opts[name])
+    v.require_bool("use_bias_correction_kl", opts["use_bias_correction_kl"])
+    _validate_sampling_options(opts, has_sampler)
+    quantile = opts["top_entropy_quantile"]
+    v.require_real("top_entropy_quantile", quantile)
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {quantile!r}")
+    if quantile < 1.0:
+        raise ValueError(
+            f"top_entropy_quantile={quantile!r} < 1 masks the tokens below a quantile of the entropies over the "
+            "whole batch (TRL's get_high_entropy_mask, across processes): the weights of the first chunk would "
+            "need every chunk's entropies, so it cannot be formed chunk by chunk; only top_entropy_quantile=1.0 "
+            "(no entropy mask) is supported"
+        )
     v.require_real("temperature", opts["temperature"])
     if opts["temperature"] <= 0:
         raise ValueError(f"temperature must be > 0; got {opts['temperature']}")
@@ -340,8 +509,11 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch) -> None:
     if opts["beta"] != 0.0 and not has_reference:
         raise ValueError(f"beta={opts['beta']} needs the reference: ref_logps, or ref_x and ref_weight")
     if num_items_in_batch is not None:
-        if opts["loss_type"] != "dapo":
-            raise ValueError(f"num_items_in_batch is the normalizer of loss_type='dapo'; got loss_type={opts['loss_type']!r}")
+        if opts["loss_type"] not in NUM_ITEMS_NORMALIZED:
+            raise ValueError(
+                f"num_items_in_batch is the normalizer of loss_type 'dapo', 'cispo' or 'vespo'; "
+                f"got loss_type={opts['loss_type']!r}"
+            )
         if isinstance(num_items_in_batch, torch.Tensor):
             if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
                 raise ValueError(
@@ -352,6 +524,13 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch) -> None:
             v.require_real("num_items_in_batch", num_items_in_batch)
             if num_items_in_batch <= 0:
                 raise ValueError(f"num_items_in_batch must be > 0; got {num_items_in_batch}")
+
+
+_REAL_OPTIONS = (
+    "beta", "epsilon_low", "epsilon_high", "temperature", "sapo_temperature_pos", "sapo_temperature_neg",
+    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile",
+)
+_OPTIONAL_REAL_OPTIONS = ("delta", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
 def _check_targets(target, n_cols: int, ignore_index: int) -> torch.Tensor:
@@ -377,13 +556,26 @@ def fused_linear_grpo(
     ref_weight: torch.Tensor | None = None,
     ref_bias: torch.Tensor | None = None,
     completion_mask: torch.Tensor | None = None,
+    sampler_logps: torch.Tensor | None = None,
     beta: float = 0.0,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    delta: float | None = None,
     importance_sampling_level: str = "token",
     loss_type: str = "grpo",
     max_completion_length: int | None = None,
     num_items_in_batch: torch.Tensor | float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    use_bias_correction_kl: bool = False,
+    vllm_importance_sampling_mode: str = "sequence_mask",
+    vllm_importance_sampling_clip_min: float | None = None,
+    vllm_importance_sampling_clip_max: float | None = 3.0,
+    top_entropy_quantile: float = 1.0,
     temperature: float = 1.0,
     ignore_index: int = -100,
     return_entropy: bool = False,
@@ -442,19 +634,28 @@ def fused_linear_grpo(
             without a reference, both or an incomplete reference, ``num_items_in_batch`` outside ``dapo``.
     """
     tensors = _validate_tensors(
-        x, weight, target, bias, advantages, old_logps, ref_logps, completion_mask, (ref_x, ref_weight, ref_bias)
+        x, weight, target, bias, advantages, old_logps, ref_logps, sampler_logps, completion_mask,
+        (ref_x, ref_weight, ref_bias),
     )
     opts = dict(
-        beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, importance_sampling_level=importance_sampling_level,
-        loss_type=loss_type, max_completion_length=max_completion_length, temperature=temperature,
-        ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size, accurate=accurate,
+        beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
+        importance_sampling_level=importance_sampling_level, loss_type=loss_type,
+        max_completion_length=max_completion_length, sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg, vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg, use_bias_correction_kl=use_bias_correction_kl,
+        vllm_importance_sampling_mode=vllm_importance_sampling_mode,
+        vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
+        vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max, top_entropy_quantile=top_entropy_quantile,
+        temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size,
+        accurate=accurate,
     )
     has_reference = ref_logps is not None or ref_x is not None
-    _validate_options(opts, has_reference, num_items_in_batch)
+    _validate_options(opts, has_reference, num_items_in_batch, has_sampler=sampler_logps is not None)
     if isinstance(num_items_in_batch, torch.Tensor):
         tensors["num_items_in_batch"] = num_items_in_batch
     v.require_same_device(tensors)
-    opts.update(beta=float(beta), epsilon_low=float(epsilon_low), epsilon_high=float(epsilon_high), temperature=float(temperature))
+    opts.update({k: float(opts[k]) for k in _REAL_OPTIONS})
+    opts.update({k: None if opts[k] is None else float(opts[k]) for k in _OPTIONAL_REAL_OPTIONS})
     valid = _check_targets(target, weight.shape[0], ignore_index)
     mask = valid.to(torch.float32)
     if completion_mask is not None:
@@ -466,6 +667,7 @@ def fused_linear_grpo(
     else:
         ref = None
     old = None if old_logps is None else old_logps.detach().to(torch.float32)
+    sampler = None if sampler_logps is None else sampler_logps.detach().to(torch.float32)
     adv = advantages.detach().to(torch.float32)
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
     if num_items_in_batch is None:
@@ -476,28 +678,42 @@ def fused_linear_grpo(
     opts["needs"] = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, mask, adv, old, ref, normalizer, opts)
+        return _run(x_, w_, b_, target, mask, adv, old, ref, sampler, normalizer, opts)
 
     loss, logps, *rest = FusedSequenceLoss.apply(x, weight, bias, run)
-    clips, rest = rest[:5], rest[5:]
+    clips, rest = (rest[:5], rest[5:]) if loss_type in CLIPPED else ([None] * 5, rest)
     kl = rest.pop(0) if ref is not None else None
     entropy = rest.pop(0) if return_entropy else None
-    return GRPOOutput(loss, logps, *clips, kl, entropy)
+    cispo = rest.pop(0) if loss_type == "cispo" else None
+    vespo = rest.pop(0) if loss_type == "vespo" else None
+    return GRPOOutput(loss, logps, *clips, kl, entropy, cispo, vespo)
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
     """``nn.Module`` form of :func:`fused_linear_grpo`; ``forward(x, weight, target, bias=None, **tensors)``
     with the tensors (``advantages``, ``old_logps``, ``ref_logps`` or ``ref_x``/``ref_weight``/``ref_bias``,
-    ``completion_mask``, ``num_items_in_batch``) by keyword; the module holds the options only."""
+    ``completion_mask``, ``sampler_logps``, ``num_items_in_batch``) by keyword; the module holds the options only."""
 
     def __init__(
         self,
         beta: float = 0.0,
         epsilon_low: float = 0.2,
         epsilon_high: float = 0.2,
+        delta: float | None = None,
         importance_sampling_level: str = "token",
         loss_type: str = "grpo",
         max_completion_length: int | None = None,
+        sapo_temperature_pos: float = 1.0,
+        sapo_temperature_neg: float = 1.05,
+        vespo_k_pos: float = 2.0,
+        vespo_lambda_pos: float = 3.0,
+        vespo_k_neg: float = 3.0,
+        vespo_lambda_neg: float = 2.0,
+        use_bias_correction_kl: bool = False,
+        vllm_importance_sampling_mode: str = "sequence_mask",
+        vllm_importance_sampling_clip_min: float | None = None,
+        vllm_importance_sampling_clip_max: float | None = 3.0,
+        top_entropy_quantile: float = 1.0,
         temperature: float = 1.0,
         ignore_index: int = -100,
         return_entropy: bool = False,
@@ -506,9 +722,15 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     ):
         super().__init__()
         self.options = dict(
-            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
             importance_sampling_level=importance_sampling_level, loss_type=loss_type,
-            max_completion_length=max_completion_length, temperature=temperature, ignore_index=ignore_index,
+            max_completion_length=max_completion_length, sapo_temperature_pos=sapo_temperature_pos,
+            sapo_temperature_neg=sapo_temperature_neg, vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
+            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg, use_bias_correction_kl=use_bias_correction_kl,
+            vllm_importance_sampling_mode=vllm_importance_sampling_mode,
+            vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
+            vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max,
+            top_entropy_quantile=top_entropy_quantile, temperature=temperature, ignore_index=ignore_index,
             return_entropy=return_entropy, chunk_size=chunk_size, accurate=accurate,
         )
         _validate_options(self.options, has_reference=True, num_items_in_batch=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import warnings
 
 import torch
@@ -294,13 +295,26 @@ def fused_linear_grpo(
     ref_weight: torch.Tensor | None = None,
     ref_bias: torch.Tensor | None = None,
     completion_mask: torch.Tensor | None = None,
+    sampler_logps: torch.Tensor | None = None,
     beta: float = 0.0,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    delta: float | None = None,
     importance_sampling_level: str = "token",
     loss_type: str = "grpo",
     max_completion_length: int | None = None,
     num_items_in_batch: torch.Tensor | float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    use_bias_correction_kl: bool = False,
+    vllm_importance_sampling_mode: str = "sequence_mask",
+    vllm_importance_sampling_clip_min: float | None = None,
+    vllm_importance_sampling_clip_max: float | None = 3.0,
+    top_entropy_quantile: float = 1.0,
     temperature: float = 1.0,
     ignore_index: int = -100,
     return_entropy: bool = False,
@@ -315,20 +329,34 @@ def fused_linear_grpo(
     0)`` at ``-100`` labels, here ``ignore_index``), from full ``log_softmax``; the reference model's
     likewise under ``torch.no_grad()`` (``ref_per_token_logps`` of ``_generate_and_score_completions``,
     ``grpo_trainer.py`` 2709–2720).
+    With ``sampler_logps`` (TRL's ``sampling_per_token_logps``, the rollout engine's), the vLLM
+    importance-sampling ratio of ``_generate_and_score_completions`` (2660–2706: ``(old - sampler) *
+    mask``, NaN to 0, summed per sequence in the ``sequence_*`` modes, ``exp``, clamped or masked to
+    ``[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]``), from
+    ``old_logps``, else from the current log-probs detached (TRL computes ``old_per_token_logps``
+    whenever the correction is on).
     Then, in ``grpo_trainer.py``: the mask (line 3027, ``completion_mask``, times the valid
     targets); advantages unsqueezed (3058–3059); ``old_per_token_logps`` defaulting to
     ``per_token_logps.detach()`` (3065–3066); ``log_ratio`` and the token or sequence level
-    (3083–3093); ``coef_1 = exp`` (3095); ``per_token_kl`` (3100–3102); ``coef_2 = clamp``,
-    ``-min`` (3113–3120); ``+ beta * per_token_kl`` (3149–3150); the normalizations of grpo, bnpo,
-    dr_grpo, dapo (3153–3174; ``dapo`` divides by ``num_items_in_batch`` as given, else by the
-    active tokens clamped to 1, which TRL's ``num_items_in_batch`` is on one process with one
-    accumulation step); the metrics ``kl``, ``entropy`` and the clip ratios (3254–3283, on one
+    (3083–3093); ``coef_1 = exp`` (3095); ``per_token_kl`` (3100–3102), times ``coef_1`` with
+    ``use_bias_correction_kl`` (3104–3105; TRL's default is True, this function's False); the loss
+    types (3109–3137: ``cispo``'s detached ``min(coef_1, epsilon_high)`` times ``A`` and the
+    log-probs; the clipped ``-min`` with ``delta`` capping ``coef_1`` for grpo, bnpo, dr_grpo, dapo,
+    luspo; ``sapo``'s gate ``sigmoid(τ(coef_1 - 1)) 4/τ``; ``vespo``'s ``get_gamma_weights``,
+    2972–3017); times the sampling ratio except for vespo (3146–3147); ``+ beta * per_token_kl``
+    (3149–3150); the normalizations (3153–3183; ``dapo``, ``cispo``, ``vespo`` divide by
+    ``num_items_in_batch`` as given, else by the active tokens clamped to 1, which TRL's
+    ``num_items_in_batch`` is on one process with one accumulation step); the metrics ``kl``,
+    ``entropy``, the clip ratios, ``cispo_clip_ratio`` and ``vespo/phi_seq_mean`` (3254–3289, on one
     process). The loss is TRL's ``policy_loss`` (before the gradient-accumulation division).
-    ``chunk_size`` and ``accurate`` are accepted and ignored. Returns a ``GRPOOutput``.
+    ``top_entropy_quantile`` must be 1.0 (no entropy mask, as the kernel). ``chunk_size`` and
+    ``accurate`` are accepted and ignored. Returns a ``GRPOOutput``.
     """
     from .fused_linear_grpo import GRPOOutput
 
     del chunk_size, accurate
+    if top_entropy_quantile != 1.0:
+        raise ValueError(f"top_entropy_quantile must be 1.0 here (no entropy mask); got {top_entropy_quantile!r}")
     valid = target != ignore_index
 
     per_token_logps, entropies = _token_logps(x, weight, bias, target, ignore_index, temperature, return_entropy)
@@ -342,6 +370,22 @@ def fused_linear_grpo(
         advantages = advantages.unsqueeze(1)
     old_per_token_logps = per_token_logps.detach() if old_logps is None else old_logps.detach().to(dtype)
 
+    importance_sampling_ratio = None
+    if sampler_logps is not None:
+        diff = torch.nan_to_num((old_per_token_logps - sampler_logps.detach().to(dtype)) * mask, nan=0.0)
+        if vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate"):
+            diff = diff.sum(dim=-1, keepdim=True)
+        importance_sampling_ratio = torch.exp(diff)
+        if vllm_importance_sampling_mode in ("sequence_truncate", "token_truncate"):
+            importance_sampling_ratio = torch.clamp(
+                importance_sampling_ratio, min=vllm_importance_sampling_clip_min, max=vllm_importance_sampling_clip_max
+            )
+        else:
+            low = -math.inf if vllm_importance_sampling_clip_min is None else vllm_importance_sampling_clip_min
+            high = math.inf if vllm_importance_sampling_clip_max is None else vllm_importance_sampling_clip_max
+            outside = (importance_sampling_ratio < low) | (importance_sampling_ratio > high)
+            importance_sampling_ratio = importance_sampling_ratio.masked_fill(outside, 0.0)
+
     log_ratio = per_token_logps - old_per_token_logps
     if importance_sampling_level == "token":
         log_importance_weights = log_ratio
@@ -353,25 +397,60 @@ def fused_linear_grpo(
     if ref_logps is not None:
         ref_per_token_logps = ref_logps.detach().to(dtype)
         per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
-    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        if use_bias_correction_kl:
+            per_token_kl = per_token_kl * coef_1
+
+    def where(cond, a, b):
+        return torch.where(cond, torch.tensor(a, dtype=dtype, device=cond.device), torch.tensor(b, dtype=dtype, device=cond.device))
+
+    phi_seq = None
+    if loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
+        per_token_loss = -clamped_ratios * advantages * per_token_logps
+    elif loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+        if delta is not None:
+            coef_1 = torch.clamp(coef_1, max=delta)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    elif loss_type == "sapo":
+        temperatures = where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+        per_token_loss = -soft_coef_1 * advantages
+    elif loss_type == "vespo":
+        with torch.no_grad():
+            lower_clamp = math.log(1e-8)
+            seq_log_ratio = torch.sum(torch.clamp(log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
+            if importance_sampling_ratio is not None:
+                log_is_ratio = torch.clamp(torch.log(importance_sampling_ratio), lower_clamp, 20.0)
+                seq_log_ratio = seq_log_ratio + torch.sum(log_is_ratio, dim=-1, keepdim=True)
+            log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
+            is_nonneg_adv = advantages >= 0
+            k_seq = where(is_nonneg_adv, vespo_k_pos, vespo_k_neg)
+            lambda_seq = where(is_nonneg_adv, vespo_lambda_pos, vespo_lambda_neg).clamp(min=1e-4)
+            log_phi = lambda_seq + k_seq * log_w_seq - lambda_seq * torch.exp(log_w_seq)
+            phi_seq = torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        per_token_loss = -phi_seq * advantages * per_token_logps
+    else:
+        raise ValueError(f"loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo', 'sapo', 'luspo', 'vespo'; got {loss_type!r}")
+    if importance_sampling_ratio is not None and loss_type != "vespo":
+        per_token_loss = per_token_loss * importance_sampling_ratio
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * per_token_kl
 
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
-    elif loss_type == "dapo":
+    elif loss_type == "luspo":
+        loss = (per_token_loss * mask).sum(-1).mean()
+    else:
         if num_items_in_batch is None:
             normalizer = mask.sum().clamp(min=1.0)
         else:
             normalizer = torch.as_tensor(num_items_in_batch, device=mask.device).to(dtype).reshape(())
         loss = (per_token_loss * mask).sum() / normalizer
-    else:
-        raise ValueError(f"loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo'; got {loss_type!r}")
 
     def masked_seq_mean(t):
         return t.squeeze(1) if t.shape[1] == 1 else (t * mask).sum(-1) / mask.sum(-1)
@@ -387,19 +466,29 @@ def fused_linear_grpo(
         kept = t[~torch.isnan(t)]
         return torch.full((), float("nan"), dtype=t.dtype, device=t.device) if kept.numel() == 0 else fn(kept).detach()
 
-    is_low_clipped = (coef_1 < 1 - epsilon_low) & (advantages < 0)
-    is_high_clipped = (coef_1 > 1 + epsilon_high) & (advantages > 0)
-    is_region_clipped = is_low_clipped | is_high_clipped
+    clips = [None] * 5
+    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        is_low_clipped = ((coef_1 < 1 - epsilon_low) & (advantages < 0)).to(dtype)
+        is_high_clipped = ((coef_1 > 1 + epsilon_high) & (advantages > 0)).to(dtype)
+        is_region_clipped = ((is_low_clipped > 0) | (is_high_clipped > 0)).to(dtype)
+        clips = [
+            global_masked_mean(is_low_clipped),
+            nan_extreme(masked_seq_mean(is_low_clipped), torch.min),
+            global_masked_mean(is_high_clipped),
+            nan_extreme(masked_seq_mean(is_high_clipped), torch.max),
+            global_masked_mean(is_region_clipped),
+        ]
+    cispo_clip_ratio = None
+    if loss_type == "cispo":
+        cispo_clip_ratio = global_masked_mean(((coef_1 > epsilon_high) & (advantages > 0)).to(dtype))
     return GRPOOutput(
         loss,
         per_token_logps.detach(),
-        global_masked_mean(is_low_clipped.to(dtype)),
-        nan_extreme(masked_seq_mean(is_low_clipped.to(dtype)), torch.min),
-        global_masked_mean(is_high_clipped.to(dtype)),
-        nan_extreme(masked_seq_mean(is_high_clipped.to(dtype)), torch.max),
-        global_masked_mean(is_region_clipped.to(dtype)),
+        *clips,
         None if per_token_kl is None else global_masked_mean(per_token_kl),
         global_masked_mean(entropies) if return_entropy else None,
+        cispo_clip_ratio,
+        None if phi_seq is None else global_masked_mean(phi_seq),
     )
 
 
