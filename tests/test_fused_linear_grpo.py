@@ -89,6 +89,17 @@ def make_inputs(batch=4, seq=6, hidden=40, ref_hidden=24, vocab=1031, dtype=torc
     return (*leaves, target.to(DEVICE), {k: t.to(DEVICE) for k, t in tensors.items()}, model)
 
 
+def with_sampler(tensors: dict, seed=11, scale=0.3) -> dict:
+    """``tensors`` and the rollout engine's log-probs ``sampler_logps``, near the old ones (one NaN: a
+    token the sampler could not score, ratio 1 in TRL)."""
+    gen = torch.Generator().manual_seed(seed)
+    old = tensors["old_logps"]
+    sampler = old + scale * torch.randn(old.shape, generator=gen).to(old.device)
+    if old.shape[0] >= 3 and old.shape[1] >= 2:
+        sampler[2, 1] = float("nan")
+    return tensors | {"sampler_logps": sampler}
+
+
 def as_double(tensors: dict) -> dict:
     """Floating tensors in float64 (the reference's inputs); the rest as they are."""
     return {k: t.double() if torch.is_tensor(t) and t.is_floating_point() else t for k, t in tensors.items()}
@@ -231,6 +242,30 @@ def test_logits_of_1e4():
 # --------------------------------------------------------------------------- against TRL's own loss code
 
 
+def trl_sampling_ratio(old_per_token_logps, sampling_per_token_logps, completion_mask, tool_mask, opts):
+    """TRL 1.16's own lines of the vLLM importance-sampling ratio (``_generate_and_score_completions``,
+    grpo_trainer.py 2660–2706), taken from its source and run on a stand-in ``self``: they sit inside
+    the generation step, which needs a model and a rollout engine."""
+    import inspect
+    import textwrap
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    start = source.index("            if self.use_vllm and self.vllm_importance_sampling_correction:\n                mask =")
+    end = source.index("            # Compute the per-token log probabilities for the reference model", start)
+    stand_in = SimpleNamespace(
+        use_vllm=True, vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode=opts.get("vllm_importance_sampling_mode", "sequence_mask"),
+        vllm_importance_sampling_clip_min=opts.get("vllm_importance_sampling_clip_min"),
+        vllm_importance_sampling_clip_max=opts.get("vllm_importance_sampling_clip_max", 3.0),
+    )
+    scope = dict(self=stand_in, math=math, torch=torch, old_per_token_logps=old_per_token_logps,
+                 sampling_per_token_logps=sampling_per_token_logps, completion_mask=completion_mask, tool_mask=tool_mask)
+    exec(textwrap.dedent(source[start:end]), scope)  # noqa: S102  (TRL's installed source, read-only)
+    return scope["vllm_importance_sampling_ratio"]
+
+
 def trl_grpo(x, w, b, target, tensors, opts, processes=1, accumulation=1, steps_per_generation=1):
     """TRL 1.16 ``GRPOTrainer._compute_loss`` itself (trl/trainer/grpo_trainer.py 3020–3292), called on a stand-in.
 
@@ -271,22 +306,33 @@ def trl_grpo(x, w, b, target, tensors, opts, processes=1, accumulation=1, steps_
     )
     if tensors.get("old_logps") is not None:
         inputs["old_per_token_logps"] = tensors["old_logps"]
+    sampler = tensors.get("sampler_logps")
+    if sampler is not None:  # TRL computes old_per_token_logps whenever the correction is on (2643–2656)
+        if "old_per_token_logps" not in inputs:
+            with torch.no_grad():
+                inputs["old_per_token_logps"] = fused_head(x, w, b)[0]
+        inputs["importance_sampling_ratio"] = trl_sampling_ratio(
+            inputs["old_per_token_logps"], sampler, inputs["completion_mask"], inputs["tool_mask"], opts
+        )
     if opts.get("beta", 0.0) != 0.0:
         with torch.no_grad():
             inputs["ref_per_token_logps"] = fused_head(tensors["ref_x"], tensors["ref_weight"], tensors["ref_bias"])[0]
+    defaults = dict(sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
+                    vespo_k_neg=3.0, vespo_lambda_neg=2.0, use_bias_correction_kl=False, delta=None)
     trainer = SimpleNamespace(
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, vllm_importance_sampling_correction=False,
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=sampler is not None,
+        vllm_importance_sampling_correction=sampler is not None,
         importance_sampling_level=opts.get("importance_sampling_level", "token"), beta=opts.get("beta", 0.0),
         loss_type=opts["loss_type"], epsilon_low=opts.get("epsilon_low", 0.2), epsilon_high=opts.get("epsilon_high", 0.2),
-        max_completion_length=opts.get("max_completion_length"),
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
+        max_completion_length=opts.get("max_completion_length"), get_gamma_weights=GRPOTrainer.get_gamma_weights,
+        args=SimpleNamespace(**{k: opts.get(k, d) for k, d in defaults.items()}, steps_per_generation=steps_per_generation),
         model=SimpleNamespace(training=True), current_gradient_accumulation_steps=accumulation,
         accelerator=SimpleNamespace(num_processes=processes, reduce=lambda t, reduction: t, gather=lambda t: t),
         _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics={"train": defaultdict(list)},
         _get_per_token_logps_and_entropies=per_token_logps_and_entropies,
     )
     loss = GRPOTrainer._compute_loss(trainer, None, inputs)
-    metrics = {name.replace("clip_ratio/", "clip_ratio_"): values[-1] for name, values in trainer._metrics["train"].items()}
+    metrics = {name.replace("/", "_"): values[-1] for name, values in trainer._metrics["train"].items()}
     return loss, metrics
 
 
@@ -300,16 +346,62 @@ def test_matches_trl(loss_type, level):
         loss_type=loss_type, importance_sampling_level=level, beta=0.1, epsilon_low=0.1, epsilon_high=0.28,
         temperature=0.7, max_completion_length=9,
     )
+    assert_matches_trl(x, w, b, target, tensors, opts)
+
+
+def assert_matches_trl(x, w, b, target, tensors, opts):
+    """Loss, the metrics TRL logs (exactly those not None) and the gradients, kernel and reference, vs TRL."""
     loss, metrics = trl_grpo(x, w, b, target, tensors, opts)
     want = grads_of(loss, (x, w, b), torch.tensor(1.0, device=DEVICE))
-    assert set(metrics) == {"kl", "entropy", *METRICS}
+    expected = {"entropy"} | ({"kl"} if opts.get("beta", 0.0) != 0.0 else set()) | {"cispo": {"cispo_clip_ratio"}, "sapo": set(), "vespo": {"vespo_phi_seq_mean"}}.get(
+        opts["loss_type"], set(METRICS))
+    assert set(metrics) == expected
     for impl in (fused_linear_grpo, reference.fused_linear_grpo):
         out = impl(x, w, target, b, **tensors, **opts, return_entropy=True, chunk_size=12)
+        assert {k for k, t in out._asdict().items() if t is not None} == expected | {"loss", "per_token_logps"}
         errors = {"loss": rel_err(out.loss, loss)}
         errors |= {name: rel_err(getattr(out, name), torch.tensor(value, dtype=torch.float64)) for name, value in metrics.items()}
         got = grads_of(out.loss, (x, w, b), torch.tensor(1.0, device=DEVICE))
         errors |= {n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), got, want)}
-        assert all(e < TOL[torch.float32] for e in errors.values()), (impl.__module__, errors)
+        assert all(e < TOL[torch.float32] for e in errors.values()), (impl.__module__, errors, loss, out.loss)
+
+
+@pytest.mark.parametrize("loss_type, level, options", [
+    ("grpo", "token", dict(delta=1.05)),
+    ("luspo", "sequence", dict(delta=1.02, use_bias_correction_kl=True)),
+    ("dapo", "token", dict(use_bias_correction_kl=True, vllm_importance_sampling_mode="token_truncate",
+                           vllm_importance_sampling_clip_min=0.8, vllm_importance_sampling_clip_max=1.3)),
+    ("bnpo", "sequence", dict(vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=1.5)),
+    ("cispo", "token", dict(epsilon_high=1.1, vllm_importance_sampling_mode="token_mask",
+                            vllm_importance_sampling_clip_min=0.7, vllm_importance_sampling_clip_max=1.4)),
+    ("sapo", "sequence", dict(sapo_temperature_pos=0.7, sapo_temperature_neg=2.0,
+                              vllm_importance_sampling_mode="sequence_truncate", vllm_importance_sampling_clip_max=1.2)),
+    ("vespo", "token", dict(temperature=1.0, beta=0.0, vespo_k_pos=1.5, vespo_lambda_pos=2.5, vespo_k_neg=2.0, vespo_lambda_neg=1.0,
+                            vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_min=0.9)),
+])
+@pytest.mark.parametrize("old", ["given", "on_policy"])
+def test_options_match_trl(loss_type, level, options, old):
+    """delta, use_bias_correction_kl, the four vLLM sampling-ratio modes (TRL's own ratio lines) and the
+    cispo/sapo/vespo constants against TRL's own loss; ``on_policy``: old_logps None (TRL's ratio then
+    comes from the current policy)."""
+    pytest.importorskip("trl")
+    x, w, b, target, tensors, model = make_inputs(seed=9)
+    tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
+    if any(k.startswith("vllm") for k in options):
+        tensors = with_sampler(tensors, scale=0.2)
+    if old == "on_policy":
+        tensors.pop("old_logps")
+    opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1, epsilon_low=0.1, temperature=0.7,
+                max_completion_length=9) | {"epsilon_high": 0.28} | options
+    if opts["beta"] == 0.0:  # TRL then logs no kl
+        tensors = {k: t for k, t in tensors.items() if not k.startswith("ref_")}
+    assert_matches_trl(x, w, b, target, tensors, opts)
+    if old == "on_policy":
+        return  # ratio 1: delta and the bias correction leave the loss as it is
+    # each option is exercised: without it (and without the sampler) the loss differs
+    plain = {k: v for k, v in opts.items() if k not in options or k in ("epsilon_high", "temperature")}
+    without = fused_linear_grpo(x, w, target, b, **{k: t for k, t in tensors.items() if k != "sampler_logps"}, **plain)
+    assert rel_err(fused_linear_grpo(x, w, target, b, **tensors, **opts).loss, without.loss) > 1e-4
 
 
 def test_dapo_normalizer_as_trl_forms_it():
