@@ -16,18 +16,49 @@ mask :math:`m_{kt}` (``completion_mask`` and the valid targets), advantages :mat
         + \beta\,\big(e^{\ell^{\text{ref}}_{kt} - \ell_{kt}} - (\ell^{\text{ref}}_{kt} - \ell_{kt}) - 1\big),
 
 and the loss is :math:`L = \sum_{kt} m_{kt}\, g_k\, \mathcal{L}_{kt}` with the normalization of
-``loss_type``: ``grpo`` :math:`g_k = 1/(B \max(1, n_k))` (per-sequence mean, then batch mean),
-``bnpo`` :math:`1/\max(1, \sum m)`, ``dr_grpo`` :math:`1/(B\,L_{\max})`, ``dapo``
-:math:`1/N` (``num_items_in_batch``, else :math:`\max(1, \sum m)`). ``old_logps=None`` is TRL's
+``loss_type``: ``grpo`` and ``sapo`` :math:`g_k = 1/(B \max(1, n_k))` (per-sequence mean, then batch
+mean), ``bnpo`` :math:`1/\max(1, \sum m)`, ``dr_grpo`` :math:`1/(B\,L_{\max})`, ``luspo`` :math:`1/B`
+(each sequence's sum: the mean scaled by its length), ``dapo``, ``cispo`` and ``vespo`` :math:`1/N`
+(``num_items_in_batch``, else :math:`\max(1, \sum m)`). ``old_logps=None`` is TRL's
 ``num_iterations == 1``: the current log-probs, detached (:math:`c = 1`, gradient :math:`A`).
 
-This is TRL 1.16's ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for the loss
-types above with the options it reads at their defaults otherwise (no ``delta``, no
-``use_bias_correction_kl``, no entropy mask, bonus or off-policy mask, no vLLM correction): lines
+The other loss types replace the clipped term (``sg``: detached):
+
+- ``delta`` (INTELLECT-2's two-sided clipping, ``grpo``/``bnpo``/``dr_grpo``/``dapo``/``luspo``):
+  the first argument of the ``min`` becomes :math:`\min(c, \delta) A` (``coef_2`` is clipped from
+  the uncapped ratio; the clip-ratio metrics read the capped one, as TRL's do, lines 3112–3120);
+- ``cispo``: :math:`-\operatorname{sg}(\min(c, \varepsilon_{\text{high}}))\,A\,\ell_{kt}` (3109–3111;
+  ``epsilon_high`` is the cap itself here, TRL's ε_max); metric ``cispo_clip_ratio`` (3284–3286);
+- ``sapo``: :math:`-\sigma(\tau (c - 1))\,\frac{4}{\tau} A`, :math:`\tau` = ``sapo_temperature_pos``
+  where :math:`A > 0`, else ``sapo_temperature_neg`` (3121–3124);
+- ``luspo``: the clipped term with the ``luspo`` normalization (3175–3183);
+- ``vespo``: :math:`-\operatorname{sg}(\varphi_k)\,A\,\ell_{kt}`, :math:`\varphi = e^{\lambda + k\log w - \lambda w}`
+  with :math:`\log w` the clamped sum of the sequence's clamped log-ratios (plus the clamped log
+  sampling ratios), :math:`k, \lambda` by the sign of :math:`A` (``get_gamma_weights``, 2972–3017;
+  a NaN :math:`\varphi` is set to 0 there, so NaN in ``old_logps`` does not reach a vespo loss);
+  metric ``vespo_phi_seq_mean`` (3287–3289).
+
+``use_bias_correction_kl`` multiplies the KL by :math:`c` (with its gradient, 3104–3105; TRL's
+default is True, this function's False). ``sampler_logps`` (the rollout engine's log-probs, TRL's
+``sampling_per_token_logps``) turns on TRL's vLLM correction (``_generate_and_score_completions``,
+2660–2706): :math:`r = e^{\operatorname{nan\_to\_0}(m(\ell^{\text{old}} - \ell^{\text{sampler}}))}`
+per token, or of the per-sequence sum (``sequence_*`` modes), clamped to ``[clip_min, clip_max]``
+(``*_truncate``) or 0 outside it (``*_mask``), detached, multiplies :math:`\mathcal{L}_{kt}` before
+the KL for every loss type but ``vespo``, which takes it into :math:`w` (3146–3147); without
+``old_logps`` the ratio uses the current log-probs (TRL computes ``old_per_token_logps`` whenever the
+correction is on). A NaN sampler log-prob gives :math:`r = 1` (TRL: a token the engine could not score).
+
+Not here: ``top_entropy_quantile < 1`` (the entropy mask needs the quantile of every token's entropy
+before the first chunk's weights: refused), ``mask_truncated_completions`` (TRL zeroes the completion
+mask of truncated completions before the loss: pass that ``completion_mask``), the off-policy mask
+and the entropy bonus.
+
+This is TRL 1.16's ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) with the
+options it reads as given here (no entropy mask, bonus or off-policy mask): lines
 3027 (the mask), 3058–3059 (advantages ``(B,)`` unsqueezed), 3065–3066 (``old_per_token_logps``
 defaulting to the detached current ones), 3083–3093 (the log-ratio, token or sequence level), 3095
 (``coef_1``), 3098–3102 (the per-token KL), 3112–3120 (two-sided clipping, ``-min``), 3149–3150
-(``+ beta * per_token_kl``), 3153–3174 (the four normalizations; ``dapo`` divides by
+(``+ beta * per_token_kl``), 3153–3183 (the normalizations; ``dapo``, ``cispo``, ``vespo`` divide by
 ``num_items_in_batch`` there, which this function takes as the final normalizer), and the metrics
 3254–3283 (``kl``, ``entropy``, the clip ratios: ``global_masked_mean``, ``masked_seq_mean``,
 ``nanmin``/``nanmax``). The loss is TRL's before its division by the gradient-accumulation steps
@@ -52,7 +83,14 @@ at the token level, :math:`w_{kt} = \frac{m_{kt}}{\max(1, n_k)} \sum_{t'} \lambd
 at the sequence level, plus the KL term's :math:`\lambda_{kt}\,\beta\,(1 - e^{\ell^{\text{ref}}_{kt} - \ell_{kt}})`
 (formed as ``-expm1``). Times :math:`\mathrm{onehot}(y) - \mathrm{softmax}` (and :math:`1/\tau`) this
 is ``dz``. A NaN ratio takes the unclipped branch (as torch's ``min`` backward does), so NaN reaches
-the gradients too.
+the gradients too. With ``delta`` the first branch passes only where :math:`c \le \delta` (``clamp``'s
+backward). The sampling ratio multiplies :math:`\lambda_{kt}` of the policy term (not the KL's).
+``sapo``: :math:`\partial\mathcal{L}/\partial\rho = -4 A c\,\sigma(1 - \sigma)` at :math:`\tau(c - 1)`.
+``cispo`` and ``vespo`` act on :math:`\ell` directly: :math:`w_{kt} = -\lambda_{kt} A\,\operatorname{sg}(\cdot)`.
+The bias-corrected KL :math:`\beta c\,\mathrm{KL}` adds :math:`\lambda\beta c\,(1 - e^{\ell^{\text{ref}} - \ell})`
+to :math:`w` and :math:`\lambda\beta\,\mathrm{KL}\,c` to :math:`\partial L/\partial\rho` (spread over the
+sequence at the sequence level like the policy term). All of it needs one sequence's tokens at a
+time, so chunks of whole sequences form it.
 
 Design
 ------
@@ -601,19 +639,40 @@ def fused_linear_grpo(
         ref_x, ref_weight, ref_bias: the reference model's hidden states ``(B, T, H_ref)``, head
             ``(V, H_ref)`` and optional bias, run without gradient at the same temperature.
         completion_mask: ``(B, T)`` bool/int/float (TRL's ``completion_mask``, times its
-            ``tool_mask`` if any); None: all ones. Multiplied by the valid-target mask.
+            ``tool_mask`` if any, zeroed for truncated completions under TRL's
+            ``mask_truncated_completions``); None: all ones. Multiplied by the valid-target mask.
+        sampler_logps: ``(B, T)`` the rollout engine's per-token log-probs (TRL's
+            ``sampling_per_token_logps``), detached; given, TRL's vLLM importance-sampling
+            correction is applied (``vllm_importance_sampling_correction=True``); None: none.
         beta: the KL coefficient (TRL's default 0.0); non-zero needs the reference.
         epsilon_low, epsilon_high: the clip range ``[1 - epsilon_low, 1 + epsilon_high]`` (TRL's
-            ``epsilon`` and ``epsilon_high``).
+            ``epsilon`` and ``epsilon_high``); for ``cispo``, ``epsilon_high`` is the cap of the ratio.
+        delta: None, or the cap of the unclipped ratio (two-sided clipping; > 0, TRL recommends
+            > 1 + epsilon_high); only for grpo, bnpo, dr_grpo, dapo, luspo (refused otherwise).
         importance_sampling_level: ``"token"`` or ``"sequence"`` (GSPO: the masked mean log-ratio
             per sequence). TRL warns that ``sequence`` with ``bnpo``/``dr_grpo``/``dapo`` weights
             sequences by length; it is computed as TRL does.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (the normalizations above).
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"``, ``"dapo"``, ``"cispo"``, ``"sapo"``,
+            ``"luspo"`` or ``"vespo"`` (above). TRL warns that ``luspo`` wants the sequence level and
+            ``vespo`` the token level; both levels are computed as TRL does.
         max_completion_length: ``dr_grpo``'s ``L_max`` (required there; TRL's config value).
         num_items_in_batch: ``dapo``'s normalizer (a positive number or a one-element tensor, read
             on the device): TRL divides by ``inputs["num_items_in_batch"].clamp(min=1) /
             num_processes`` (times ``current_gradient_accumulation_steps / steps_per_generation`` in
-            training); give that value. None: this batch's active tokens (at least 1).
+            training); give that value (also for ``cispo`` and ``vespo``). None: this batch's active
+            tokens (at least 1).
+        sapo_temperature_pos, sapo_temperature_neg: ``sapo``'s gate temperatures (> 0; TRL's 1.0, 1.05).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``vespo``'s Gamma weight
+            (TRL's 2.0, 3.0, 3.0, 2.0; λ clamped at 1e-4 as TRL does).
+        use_bias_correction_kl: the KL times the ratio (TRL's default True; False here, the
+            Liger-comparable loss of the charts).
+        vllm_importance_sampling_mode: ``"token_truncate"``, ``"token_mask"``,
+            ``"sequence_truncate"`` or ``"sequence_mask"`` (TRL's default); ``vespo`` takes the token
+            modes only. Used with ``sampler_logps``.
+        vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max: the bounds (None or a
+            number; min < max; a ``*_truncate`` mode needs one). TRL's None and 3.0.
+        top_entropy_quantile: 1.0 only (TRL's default, no entropy mask); below 1 is refused: the
+            quantile over all tokens cannot be formed chunk by chunk.
         temperature: the logits (policy and reference) are divided by it, as TRL's fused head does.
         ignore_index: target value of padding positions.
         return_entropy: also compute the mean entropy over the active tokens (TRL's ``entropy``
@@ -623,15 +682,18 @@ def fused_linear_grpo(
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
 
     Returns:
-        :class:`GRPOOutput`: the float32 loss and TRL's metrics (no gradient). NaN in the inputs
+        :class:`GRPOOutput`: the float32 loss and the metrics TRL logs for the loss type (no
+        gradient; the others None). NaN in the inputs
         gives a NaN loss, as in TRL. With ``T = 1`` TRL's metric helpers take the ``(B, 1)`` branch
         (an unmasked mean over the B sequences); so do these.
 
     Raises:
         TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
         ValueError: shapes that do not fit, tensors on different devices, targets out of range, an
-            unknown ``loss_type`` or level, ``dr_grpo`` without ``max_completion_length``, ``beta != 0``
-            without a reference, both or an incomplete reference, ``num_items_in_batch`` outside ``dapo``.
+            unknown ``loss_type``, level or sampling mode, ``dr_grpo`` without ``max_completion_length``,
+            ``beta != 0`` without a reference, both or an incomplete reference, ``num_items_in_batch``
+            outside dapo/cispo/vespo, ``delta`` outside the clipped types, bad clip bounds,
+            ``top_entropy_quantile < 1``.
     """
     tensors = _validate_tensors(
         x, weight, target, bias, advantages, old_logps, ref_logps, sampler_logps, completion_mask,

@@ -2,7 +2,7 @@
 
 Only the cases that the loss's own test file does not already hold (``tests/test_kl_div.py``,
 ``test_fused_linear_cross_entropy.py``, ``test_fused_linear_orpo.py``, ``test_fused_linear_kto.py``,
-``test_fused_linear_dpo.py``, ``test_fused_linear_cpo.py`` each have a ``bad_inputs`` table): integer/floating confusion for every tensor, each tensor alone
+``test_fused_linear_dpo.py``, ``test_fused_linear_cpo.py``, ``test_fused_linear_grpo.py`` each have a ``bad_inputs`` table): integer/floating confusion for every tensor, each tensor alone
 on another device (``meta``), empty tensors, wrong ranks, non-finite, negative or mistyped options,
 and the ``nn.Module`` constructors, which validate their options before any call.
 
@@ -21,6 +21,7 @@ import kernels_lib
 from kernels_lib import default_device
 from kernels_lib.fused_linear_cpo import FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
 from kernels_lib.fused_linear_dpo import FusedLinearDPOLoss, fused_linear_dpo
+from kernels_lib.fused_linear_grpo import FusedLinearGRPOLoss, fused_linear_grpo
 
 DEVICE = default_device()
 META = torch.device("meta")
@@ -315,8 +316,57 @@ def cpo_cases():
     }
 
 
+# --------------------------------------------------------------------------- GRPO: TRL 1.16's options
+
+
+def grpo_cases():
+    x, w, b, target = _tensors()
+    gen = torch.Generator().manual_seed(1)
+    adv = torch.randn(4, generator=gen).to(DEVICE)
+    old = -torch.rand(4, 3, generator=gen).to(DEVICE)
+
+    def call(fn=fused_linear_grpo, **change):
+        args = dict(x=x, weight=w, target=target, bias=b, advantages=adv, old_logps=old) | change
+        return lambda: fn(**args)
+
+    return {
+        "delta with sapo": (call(loss_type="sapo", delta=1.5), ValueError, ["delta", "'sapo'", "delta=None"]),
+        "delta with cispo": (call(loss_type="cispo", delta=1.5), ValueError, ["delta", "'cispo'"]),
+        "zero delta": (call(delta=0.0), ValueError, ["delta", "> 0", "0.0"]),
+        "str delta": (call(delta="2"), TypeError, ["delta", "None or a finite", "'2'"]),
+        "NaN delta": (call(delta=math.nan), TypeError, ["delta", "nan"]),
+        "zero sapo_temperature_pos": (call(loss_type="sapo", sapo_temperature_pos=0.0), ValueError, ["sapo_temperature_pos", "> 0"]),
+        "inf sapo_temperature_neg": (call(sapo_temperature_neg=math.inf), TypeError, ["sapo_temperature_neg", "finite"]),
+        "NaN vespo_k_pos": (call(loss_type="vespo", vespo_k_pos=math.nan), TypeError, ["vespo_k_pos", "finite"]),
+        "bool vespo_lambda_neg": (call(vespo_lambda_neg=True), TypeError, ["vespo_lambda_neg", "finite"]),
+        "int use_bias_correction_kl": (call(use_bias_correction_kl=1), TypeError, ["use_bias_correction_kl", "bool"]),
+        "unknown sampling mode": (call(vllm_importance_sampling_mode="token"), ValueError,
+                                  ["vllm_importance_sampling_mode", "'token_truncate'", "'token'"]),
+        "clip_min above clip_max": (call(vllm_importance_sampling_clip_min=4.0), ValueError,
+                                    ["vllm_importance_sampling_clip_min (4.0)", "less than", "clip_max (3.0)"]),
+        "truncate without bounds": (call(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None),
+                                    ValueError, ["vllm_importance_sampling_mode='token_truncate'", "both are None"]),
+        "str clip_max": (call(vllm_importance_sampling_clip_max="3"), TypeError, ["vllm_importance_sampling_clip_max", "'3'"]),
+        "vespo with a sequence mode": (call(sampler_logps=old, loss_type="vespo"), ValueError,
+                                       ["loss_type='vespo'", "vllm_importance_sampling_mode", "'sequence_mask'"]),
+        "sampler_logps of the wrong shape": (call(sampler_logps=old[:, :2]), ValueError, ["sampler_logps", "(B, T)", "(4, 2)"]),
+        "integer sampler_logps": (call(sampler_logps=old.long()), TypeError, ["sampler_logps", "floating", "int64"]),
+        "sampler_logps on meta": (call(sampler_logps=old.to(META)), ValueError, ["sampler_logps on meta"]),
+        "sampler_logps from a list": (call(sampler_logps=old.tolist()), TypeError, ["sampler_logps", "torch.Tensor"]),
+        "top_entropy_quantile below 1": (call(top_entropy_quantile=0.2), ValueError,
+                                         ["top_entropy_quantile=0.2", "chunk by chunk", "1.0"]),
+        "top_entropy_quantile above 1": (call(top_entropy_quantile=1.5), ValueError, ["top_entropy_quantile", "[0, 1]"]),
+        "num_items_in_batch with sapo": (call(loss_type="sapo", num_items_in_batch=4), ValueError,
+                                         ["num_items_in_batch", "'cispo'", "loss_type='sapo'"]),
+        "module delta with vespo": (lambda: FusedLinearGRPOLoss(loss_type="vespo", delta=2.0), ValueError, ["delta", "'vespo'"]),
+        "module top_entropy_quantile": (lambda: FusedLinearGRPOLoss(top_entropy_quantile=0.5), ValueError, ["top_entropy_quantile"]),
+        "module unknown mode": (lambda: FusedLinearGRPOLoss(vllm_importance_sampling_mode=None), ValueError,
+                                ["vllm_importance_sampling_mode", "None"]),
+    }
+
+
 CASES = {"kl_div": kl_cases, "fused_linear_cross_entropy": flce_cases, "fused_linear_orpo": orpo_cases, "fused_linear_kto": kto_cases,
-         "fused_linear_dpo": dpo_cases, "fused_linear_cpo": cpo_cases}
+         "fused_linear_dpo": dpo_cases, "fused_linear_cpo": cpo_cases, "fused_linear_grpo": grpo_cases}
 PARAMS = [pytest.param(loss, case, id=f"{loss}: {case}") for loss, cases in CASES.items() for case in cases()]
 
 

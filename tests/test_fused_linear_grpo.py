@@ -29,7 +29,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 import test_properties as properties  # the hypothesis helpers: run_three, compare, lean_floors, SETTINGS
 from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
-from kernels_lib.fused_linear_grpo import LOSS_TYPES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
+from kernels_lib.fused_linear_grpo import CLIPPED, LOSS_TYPES, SAMPLING_MODES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from kernels_lib.fused_linear_cross_entropy import matmul_dtype
 from kernels_lib.workbench.check import TOLERANCE
 from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
@@ -136,7 +136,7 @@ def test_every_loss_type_and_level(loss_type, level):
         return_entropy=True,
     )
     # the data exercise both sides of the clip range (else the clip branches would go untested)
-    if level == "token":
+    if level == "token" and loss_type in CLIPPED:
         assert 0 < out.clip_ratio_region_mean < 1
 
 
@@ -224,9 +224,26 @@ def test_every_token_masked_gives_zero(loss_type):
     out, _ = check_against_reference(
         x, w, b, target, tensors, TOL[torch.float32], loss_type=loss_type, max_completion_length=6, beta=0.1
     )
-    assert out.loss == 0 and torch.isnan(out.clip_ratio_low_min) and out.kl == 0
+    assert out.loss == 0 and out.kl == 0
+    assert torch.isnan(out.clip_ratio_low_min) if loss_type in CLIPPED else out.clip_ratio_low_min is None
     assert all(torch.all(g == 0) for g in grads_of(fused_linear_grpo(x, w, target, b, **tensors, loss_type=loss_type,
                                                                        max_completion_length=6, beta=0.1).loss, (x, w, b), 1.0))
+
+
+@pytest.mark.parametrize("mode", SAMPLING_MODES)
+def test_sampling_modes(mode):
+    """The vLLM correction in each mode (bounds on both sides), delta and the bias-corrected KL, vs float64;
+    a NaN sampler log-prob is ratio 1 (TRL's ``nan_to_num``): the same loss as the old log-prob there."""
+    x, w, b, target, tensors, _ = make_inputs(seed=10)
+    tensors = with_sampler(tensors)
+    options = dict(loss_type="dapo" if mode.startswith("token") else "grpo", beta=0.1, delta=1.2, use_bias_correction_kl=True,
+                   vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.8,
+                   vllm_importance_sampling_clip_max=1.25, chunk_size=6)
+    out, _ = check_against_reference(x, w, b, target, tensors, TOL[torch.float32], **options)
+    assert torch.isfinite(out.loss)
+    filled = tensors["sampler_logps"].clone()
+    filled[2, 1] = tensors["old_logps"][2, 1]
+    assert torch.equal(fused_linear_grpo(x, w, target, b, **tensors | {"sampler_logps": filled}, **options).loss, out.loss)
 
 
 def test_logits_of_1e4():
@@ -483,11 +500,11 @@ def bad_inputs():
         (dict(model, ref_logps=None, ref_weight=None), ValueError, "needs ref_x and ref_weight"),
         (dict(model), ValueError, "not both"),
         (dict(ref_logps=None, beta=0.1), ValueError, "beta=0.1 needs the reference"),
-        (dict(loss_type="cispo"), ValueError, "loss_type must be one of"),
+        (dict(loss_type="ppo"), ValueError, "loss_type must be one of"),
         (dict(importance_sampling_level="seq"), ValueError, "importance_sampling_level must be one of"),
         (dict(loss_type="dr_grpo"), ValueError, "give max_completion_length"),
         (dict(loss_type="dr_grpo", max_completion_length=0), ValueError, "max_completion_length must be None or a positive"),
-        (dict(num_items_in_batch=10), ValueError, "num_items_in_batch is the normalizer of loss_type='dapo'"),
+        (dict(num_items_in_batch=10), ValueError, "num_items_in_batch is the normalizer of loss_type 'dapo', 'cispo'"),
         (dict(loss_type="dapo", num_items_in_batch=0), ValueError, "num_items_in_batch must be > 0"),
         (dict(loss_type="dapo", num_items_in_batch=torch.ones(2)), ValueError, "num_items_in_batch must be a positive"),
         (dict(temperature=0.0), ValueError, "temperature must be > 0"),
@@ -511,9 +528,12 @@ def test_bad_inputs_name_the_argument(change, error, match):
 
 def test_module_validates_its_options():
     with pytest.raises(ValueError, match="loss_type must be one of"):
-        FusedLinearGRPOLoss(loss_type="sapo")
+        FusedLinearGRPOLoss(loss_type="ppo")
     with pytest.raises(ValueError, match="give max_completion_length"):
         FusedLinearGRPOLoss(loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.2 < 1"):
+        FusedLinearGRPOLoss(top_entropy_quantile=0.2)
+    assert "delta=1.5" in repr(FusedLinearGRPOLoss(delta=1.5))
 
 
 # --------------------------------------------------------------------------- property test
@@ -523,6 +543,11 @@ def test_module_validates_its_options():
 def grpo_cases(draw):
     batch, seq = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     beta = draw(st.sampled_from([0.0, 0.04, 0.5]))
+    loss_type = draw(st.sampled_from(LOSS_TYPES))
+    old = draw(st.booleans())
+    sampler = draw(st.sampled_from([None, *SAMPLING_MODES]))
+    if loss_type == "vespo" and sampler is not None and sampler.startswith("sequence"):
+        sampler = "token" + sampler[len("sequence"):]  # TRL's vespo takes the token modes only
     return dict(
         batch=batch,
         seq=seq,
@@ -530,11 +555,15 @@ def grpo_cases(draw):
         vocab=draw(st.sampled_from([1, 2, 7, 13])),
         bias=draw(st.booleans()),
         dtype=draw(st.sampled_from(properties.DTYPES)),
-        loss_type=draw(st.sampled_from(LOSS_TYPES)),
+        loss_type=loss_type,
         importance_sampling_level=draw(st.sampled_from(LEVELS)),
         beta=beta,
         reference=draw(st.sampled_from(["logps", "model"] if beta else [None, "logps", "model"])),
-        old=draw(st.booleans()),
+        old=old,
+        delta=draw(st.sampled_from([None, 1.05, 1.5])) if loss_type in CLIPPED else None,
+        use_bias_correction_kl=draw(st.booleans()),
+        sampler=sampler,
+        sampler_clip=draw(st.sampled_from([(None, 3.0), (0.8, 1.3), (0.5, None)])),
         epsilons=draw(st.sampled_from([(0.2, 0.2), (0.1, 0.28), (0.0, 0.0), (0.5, 2.0)])),
         temperature=draw(st.sampled_from([1.0, 0.6, 1.7])),
         token_advantages=draw(st.booleans()),
@@ -565,6 +594,8 @@ def test_fused_linear_grpo_matches_reference(case):
     near = -torch.rand(batch, seq, generator=gen) * 3  # log-probs of the order of the policy's
     if case["old"]:
         tensors["old_logps"] = (near + 0.3 * torch.randn(batch, seq, generator=gen)).to(DEVICE)
+    if case["sampler"] is not None:
+        tensors["sampler_logps"] = (near + 0.3 * torch.randn(batch, seq, generator=gen)).to(DEVICE)
     if case["reference"] == "logps":
         tensors["ref_logps"] = (near + 0.5 * torch.randn(batch, seq, generator=gen)).to(DEVICE)
     elif case["reference"] == "model":
@@ -573,6 +604,10 @@ def test_fused_linear_grpo_matches_reference(case):
     options = {k: case[k] for k in ("loss_type", "importance_sampling_level", "beta", "temperature", "ignore_index",
                                      "chunk_size", "accurate", "return_entropy")}
     options |= dict(epsilon_low=case["epsilons"][0], epsilon_high=case["epsilons"][1], max_completion_length=seq + 1)
+    options |= dict(delta=case["delta"], use_bias_correction_kl=case["use_bias_correction_kl"])
+    if case["sampler"] is not None:
+        options |= dict(vllm_importance_sampling_mode=case["sampler"], vllm_importance_sampling_clip_min=case["sampler_clip"][0],
+                        vllm_importance_sampling_clip_max=case["sampler_clip"][1])
 
     def call(fn):
         def run(x_, w_, b_):
