@@ -683,7 +683,8 @@ CLASS_MAJOR_SLAB_ROWS = 8448
 #: (:data:`DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H`` elements instead of
 #: ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
 #: chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
-#: wide_class_major``, commit 29f4f42, medians of three alternating rounds) ``k = 2`` took ``forward``
+#: wide_class_major``, ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three
+#: alternating rounds) ``k = 2`` took ``forward``
 #: with a gradient from 37.67 ms to 12.91 (torch's 17.62) and ``full`` from 37.50 to 37.12 ms (QuACK's
 #: 37.35) at 2198 MB against 2100 (QuACK's 4072; MB as the CSVs count them, 2^20 bytes). Beyond ``2H``
 #: the logits outgrow the memory target (``≤ 0.6×`` QuACK's peak): at N = 16384 they alone take 4008 MB,

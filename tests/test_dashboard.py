@@ -276,7 +276,7 @@ def test_the_training_step_has_a_card(board):
     assert one["time ratio"] == pytest.approx(at["kernels_lib"] / at["huggingface"], rel=1e-12)
 
 
-GPU_RUNS = """date,kernels_lib_commit,gpu_name,torch_version,triton_version,transformers_version,trl_version,target,passed,failed,skipped,deselected,minutes,command
+GPU_RUNS = """timestamp,kernels_lib_commit,gpu_name,torch_version,triton_version,transformers_version,trl_version,target,passed,failed,skipped,deselected,minutes,command
 2026-12-01 10:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,900,2,10,0,12.5,./workbench test --gpu
 2026-12-03 09:00,2222222,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,905,0,8,1,11.0,./workbench test --gpu
 2026-12-02 08:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,reports,10,0,0,0,5.0,./workbench reports --device cuda
@@ -292,6 +292,6 @@ def test_gpu_test_runs_card_shows_the_newest_run_per_target(tmp_path):
     assert "GPU test runs" in card and "2222222" in card and "905 passed · 0 failed · 8 skipped · 1 deselected" in card
     assert "900 passed" not in card and "./workbench reports --device cuda" in card and "11.0 min" in card
     assert "No run recorded" in dashboard.gpu_test_runs_card(tmp_path / "absent.csv")
-    (tmp_path / "bad.csv").write_text("date,target\n2026-12-01,gpu\n")
+    (tmp_path / "bad.csv").write_text("timestamp,target\n2026-12-01,gpu\n")
     with pytest.raises(ValueError, match="bad.csv lacks the column"):
         dashboard.gpu_test_runs(tmp_path / "bad.csv")

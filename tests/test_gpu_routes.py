@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import kernels_lib
 from kernels_lib import fused_linear_cross_entropy
+from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.check import relative_error
 from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
@@ -59,10 +60,13 @@ def _record(case: str, route: str, errors: dict, baseline: dict) -> None:
     with open(path, "a", newline="") as handle:
         writer = csv.writer(handle)
         if new:
-            writer.writerow(["case", "route", "output", "kernels_lib_error", "baseline_error", "ratio"])
+            writer.writerow(["case", "route", "output", "kernels_lib_error", "baseline_error", "ratio", "gpu_name",
+                             "torch_version", "triton_version", "kernels_lib_commit"])
+        stamp = provenance(DEVICE)
         for name, err in errors.items():
             base = baseline[name]
-            writer.writerow([case, route, name, f"{err:.4g}", f"{base:.4g}", f"{err / base:.3f}" if base else ""])
+            writer.writerow([case, route, name, f"{err:.4g}", f"{base:.4g}", f"{err / base:.3f}" if base else "",
+                             stamp["gpu_name"], stamp["torch_version"], stamp["triton_version"], stamp["kernels_lib_commit"]])
 
 
 def _inputs(n, h, v, dtype, bias, seed, ignored=0.1):

@@ -87,7 +87,7 @@ NOT_MEASURED = "not measured"
 #: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu") or of
 #: the full-size notebooks (``target`` "reports") on a CUDA machine.
 GPU_TEST_RUNS = data.MEASURED_DIR / "gpu_test_runs.csv"
-GPU_TEST_RUN_COLUMNS = ["date", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
+GPU_TEST_RUN_COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
                         "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
 
 
@@ -526,9 +526,9 @@ def gpu_test_runs(path: Path | str = GPU_TEST_RUNS) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         return pd.DataFrame(columns=GPU_TEST_RUN_COLUMNS)
-    rows = data.read_rows(path, ["date", "kernels_lib_commit", "gpu_name", "target", "passed", "failed", "skipped", "minutes"])
-    newest = rows.sort_values("date", kind="stable").groupby("target", sort=False).tail(1)
-    return newest.sort_values("date", ascending=False, kind="stable").reset_index(drop=True)
+    rows = data.read_rows(path, ["timestamp", "kernels_lib_commit", "gpu_name", "target", "passed", "failed", "skipped", "minutes"])
+    newest = rows.sort_values("timestamp", kind="stable").groupby("target", sort=False).tail(1)
+    return newest.sort_values("timestamp", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
@@ -549,7 +549,7 @@ def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
         counts = " · ".join(f"{int(row[c])} {c}" for c in ("passed", "failed", "skipped", "deselected") if c in row and not pd.isna(row[c]))
         command = "" if "command" not in row or pd.isna(row["command"]) else f"<code>{html.escape(str(row['command']))}</code>"
         cells.append(f'<tr data-target="{html.escape(str(row.target))}"><td>{html.escape(what.get(row.target, str(row.target)))}</td>'
-                     f"<td>{html.escape(str(row.date))}</td><td><code>{html.escape(str(row.kernels_lib_commit))}</code> on "
+                     f"<td>{html.escape(str(row.timestamp))}</td><td><code>{html.escape(str(row.kernels_lib_commit))}</code> on "
                      f"{html.escape(str(row.gpu_name))}</td><td>{html.escape(versions)}</td><td>{html.escape(counts)}</td>"
                      f"<td>{float(row.minutes):.1f} min</td><td>{command}</td></tr>")
     return (head + '<table class="gpu-runs"><thead><tr><th>target</th><th>date</th><th>run</th><th>versions</th><th>tests</th>'

@@ -41,7 +41,7 @@ from .bench.environment import git_commit, package_version
 ROOT = Path(__file__).resolve().parents[2]
 #: Where ``--record`` appends, and the dashboard reads.
 RUNS_CSV = ROOT / "data" / "measured" / "gpu_test_runs.csv"
-COLUMNS = ["date", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
+COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
            "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
 #: What the target leaves out: the notebooks (full size: the reports) and the browser.
 MARKERS = "not notebook and not browser"
@@ -69,7 +69,7 @@ def deselected_from_log(text: str) -> int:
 def run_row(counts: dict, deselected: int, minutes: float, command: str, target: str = "gpu") -> dict:
     """One row of :data:`RUNS_CSV` for a run on this machine's GPU."""
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "kernels_lib_commit": git_commit(),
         "gpu_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch_version": torch.__version__,

@@ -1,6 +1,7 @@
 """The main job: execute every notebook with papermill on this machine and export HTML reports.
 
     python -m kernels_lib.workbench.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...] [--keep-going]
+                                          [--record-times]
 
 On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's interpreter); on
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
@@ -13,6 +14,11 @@ H200 measurements it judges (:mod:`kernels_lib.workbench.dashboard`): headline r
 notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
 ``<out>/executed/`` for inspection. With ``--keep-going`` the other notebooks still run, the index
 marks the failed ones, and the exit code is still 1.
+
+Progress: the run first prints its estimate (the per-notebook times of ``data/report_times.csv``, which
+``--record-times`` rewrites from the run), then a line per code cell (``[3/10] 02_kl_divergence: cell
+14/39, 42 s``). The HTML makes no network request: the export template leaves out require.js and
+MathJax, plotly's per-figure MathJax script is removed, and stderr outputs stay in the executed notebooks.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ RUN_FILES = {
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
 #: The other arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 1``, the
-#: chunked route at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``; the run of
-#: 29f4f42, before the default became 2, has the arm ``kernels_lib[class_major_rows_per_hidden=2]``).
+#: chunked route at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``; the first run
+#: in ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, made before the default became 2,
+#: has the arm ``kernels_lib[class_major_rows_per_hidden=2]``).
 WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=1]"
 
 
@@ -257,7 +258,7 @@ def row_major_dw_times(sizes: dict, dtype: torch.dtype, device, *, slab_rows) ->
     added to (``later chunk``: ``beta = 1``, as chunks 2, 3, … do). ``sizes`` holds ``BT`` (or ``N``),
     ``H``, ``V``. Columns ``stage``, ``variant``, ``ms``, ``TFLOP/s``.
 
-    Why: in the profiles of 98a0fcf the class-major route's ``dW``, in slabs of 8448 classes, took 6.01 ms
+    Why: in the profiles (``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``) the class-major route's ``dW``, in slabs of 8448 classes, took 6.01 ms
     per 4096 rows where the chunked route's one matmul took 6.22 (cuBLAS chose other tiles for the two)."""
     device = torch.device(device)
     n, h, v = _nhv(sizes)
