@@ -21,6 +21,7 @@ from .jsd import JSDLoss, jsd
 from .fused_linear_jsd import FusedLinearJSDLoss, fused_linear_jsd
 from .distillation import DistillCosineLoss, DistillJSDLoss, DistillationOutput, distill_cosine_loss, distill_jsd_loss
 from .kl_div import KLDivLoss, kl_div
+from .linear_cross_entropy import linear_cross_entropy
 from .tvd import TVDLoss, tvd
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "FusedLinearCrossEntropyLoss",
     "CrossEntropyOutput",
+    "linear_cross_entropy",
     "fused_linear_orpo",
     "FusedLinearORPOLoss",
     "fused_linear_kto",

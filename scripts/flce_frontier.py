@@ -124,7 +124,7 @@ SIZES = {
     "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
               "rounds": 2, "profile_n": [16], "timeline_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
 }
-PEERS = ["torch", "liger", "liger_sm90", "quack", "cce"]
+PEERS = ["torch", "liger", "liger_sm90", "quack", "cce", "torch_lce", "torch_lce[acc_policy=accurate]"]
 MODES = ("forward_no_grad", "full")
 DTYPE = torch.bfloat16
 #: The module (its name is shadowed by the function on the package).

@@ -42,6 +42,7 @@ def test_registered_with_presets():
     spec = get_spec("fused_linear_cross_entropy")
     assert list(spec.providers) == [
         "kernels_lib", "kernels_lib[accurate=True]", "torch", "liger", "cce", "liger_sm90", "quack",
+        "torch_lce", "torch_lce[acc_policy=accurate]",
     ]
     assert spec.baseline == "torch"
     assert spec.published == {
@@ -115,9 +116,67 @@ def test_variant_names_and_bound_options():
 @needs_cpu
 def test_peers_skipped_on_cpu_naming_cuda():
     loaded, skipped = available_providers("fused_linear_cross_entropy")
-    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch"}
-    assert set(skipped) == {"liger", "cce", "liger_sm90", "quack"}
-    assert all("CUDA" in why for why in skipped.values())
+    torch_lce = set(flce.TORCH_LCE_POLICIES)
+    has_torch_lce = hasattr(torch.nn.functional, "linear_cross_entropy")
+    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch"} | (torch_lce if has_torch_lce else set())
+    assert set(skipped) == {"liger", "cce", "liger_sm90", "quack"} | (set() if has_torch_lce else torch_lce)
+    assert all("CUDA" in why for name, why in skipped.items() if name not in torch_lce)
+
+
+needs_torch_lce = pytest.mark.skipif(
+    not hasattr(torch.nn.functional, "linear_cross_entropy"), reason="torch < 2.13 has no F.linear_cross_entropy"
+)
+
+
+@needs_torch_lce
+@pytest.mark.parametrize("name,policy", [("torch_lce", "auto"), ("torch_lce[acc_policy=accurate]", "accurate")])
+def test_torch_lce_provider_is_torchs_chunked_function(monkeypatch, name, policy):
+    """The provider calls F.linear_cross_entropy with LinearCrossEntropyOptions(acc_policy=...), rows
+    flattened, our options mapped; its loss and gradients are ours to float32 rounding."""
+    calls = []
+    real = torch.nn.functional.linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", spy)
+    fn = flce.PROVIDERS[name].load()
+    inputs = flce.make_inputs(TINY, torch.float32, DEVICE, {"ignore_fraction": 0.2, "bias": True, "reduction": "sum"})
+    x, weight, target, bias = inputs.args
+    got = fn(*inputs.args, **inputs.kwargs)
+    options = calls[-1]["options"]
+    assert isinstance(options, torch.nn.LinearCrossEntropyOptions) and options.acc_policy == policy
+    assert calls[-1]["reduction"] == "sum" and calls[-1]["ignore_index"] == -100 and calls[-1]["linear_bias"] is bias
+    got_grads = torch.autograd.grad(got, inputs.grad_inputs)
+    want = kernels_lib.fused_linear_cross_entropy(*inputs.args, reduction="sum")
+    want_grads = torch.autograd.grad(want, inputs.grad_inputs)
+    assert torch.allclose(got, want, rtol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-6)
+    per_row = fn(x.reshape(4, 8, 16), weight, target.reshape(4, 8), reduction="none")
+    assert per_row.shape == (4, 8)
+    with pytest.raises(NotImplementedError, match="no label smoothing"):
+        fn(*inputs.args, label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("missing", ["linear_cross_entropy", "LinearCrossEntropyOptions"])
+def test_torch_lce_skipped_naming_what_torch_lacks(monkeypatch, missing):
+    """On a torch without the function (the H200's 2.11) the providers are skipped, the note naming it."""
+    owner = torch.nn.functional if missing == "linear_cross_entropy" else torch.nn
+    monkeypatch.delattr(owner, missing, raising=False)
+    _, skipped = available_providers("fused_linear_cross_entropy", list(flce.TORCH_LCE_POLICIES))
+    assert set(skipped) == set(flce.TORCH_LCE_POLICIES)
+    assert all(why.startswith("ImportError") and missing in why and "2.13" in why for why in skipped.values())
+
+
+@needs_torch_lce
+def test_torch_lce_in_a_sweep_beside_kernels_lib():
+    rows = run_sweep("fused_linear_cross_entropy", x_name="BT", x_values=[8], sizes={"H": 16, "V": 67},
+                     dtype=torch.float32, device=DEVICE, providers=["kernels_lib", *flce.TORCH_LCE_POLICIES],
+                     modes=["full"])
+    assert set(rows.kernel_provider) == {"kernels_lib", *flce.TORCH_LCE_POLICIES}
+    assert rows.y_value_50.notna().all() and not rows.note.str.contains("Error").any()
 
 
 class _Recorder:
@@ -451,9 +510,12 @@ def test_frontier_script_cpu_paths(tmp_path):
     dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
     # Liger's Triton kernel runs only where the kernels are compiled (CUDA) and liger-kernel is installed
     # (the peers' CuTe and QuACK kernels need their wheels): in the interpreter it is skipped.
+    # torch's own chunked linear_cross_entropy is pure torch: it runs wherever torch has it (>= 2.13).
     providers = set(rows.kernel_provider)
-    assert dial | {"kernels_lib", "torch"} <= providers
-    assert providers - dial - {"kernels_lib", "torch"} <= (set() if kernels_lib.INTERPRETED else {"liger"})
+    torch_lce = set(flce.TORCH_LCE_POLICIES) if hasattr(torch.nn.functional, "linear_cross_entropy") else set()
+    assert set(flce.TORCH_LCE_POLICIES) <= set(script.PEERS)
+    assert dial | {"kernels_lib", "torch"} | torch_lce <= providers
+    assert providers - dial - {"kernels_lib", "torch"} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
     assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
@@ -488,7 +550,7 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert set(ours.kernel_operation_mode) == {"full", "forward_no_grad"} and set(ours.BT) == set(script.SIZES["small"]["x_values"])
     assert (ours.samples == script.SIZES["small"]["pair_samples"]).all() and ours.ms_50.gt(0).all()
     ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
-    assert {"kernels_lib", script.LOGITS_ARM, "torch"} == set(ab.kernel_provider)
+    assert {"kernels_lib", script.LOGITS_ARM, "torch"} | torch_lce == set(ab.kernel_provider)  # the frontier's peers
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
     wide = pd.read_csv(tmp_path / script.FILES["wide_class_major"])

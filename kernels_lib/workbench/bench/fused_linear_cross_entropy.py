@@ -19,7 +19,16 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
 - ``quack``: ``quack.linear_cross_entropy.chunked_linear_cross_entropy`` (``quack-kernels`` 0.6.4 with
   its pinned ``nvidia-cutlass-dsl`` 4.6.2; CUDA, no bias or options), its default chunk of 4096 rows,
   ``use_scaled_exp=False``: its scaled-exp path raised a ValueError in ``full`` at ``H = 4096`` on the
-  H200 (issue 14). It forms the log-sum-exp in the logits GEMM's epilogue and accumulates ``dW`` in float32.
+  H200 (issue 14). It forms the log-sum-exp in the logits GEMM's epilogue and accumulates ``dW`` in float32;
+- ``torch_lce``: torch's own chunked ``F.linear_cross_entropy`` (torch >= 2.13) with
+  ``options=LinearCrossEntropyOptions()``, its defaults (``acc_policy`` and ``chunking_method``
+  ``"auto"``: on CUDA in half precision ``"compact"``, ``dW`` accumulated chunk by chunk in the
+  parameter dtype, chunks of ``aspect_ratio:2``); ``torch_lce[acc_policy=accurate]``: the same with
+  ``dW`` and the intermediates in float32, its counterpart of our ``accurate=True``. (``options=None``
+  is torch's reference path, the logits materialized: our ``torch`` baseline.) Pure torch, so it runs
+  on a CPU too; where torch lacks the function (the H200's torch 2.11) it is skipped, naming what is
+  missing. Its chunked path has no label smoothing (torch falls back to the reference path), z-loss or
+  softcap: refused.
 
 A provider whose package or GPU is missing is skipped, and the sweep's rows say why.
 
@@ -152,6 +161,38 @@ def _load_quack():
     return quack_flce
 
 
+TORCH_LCE_POLICIES = {"torch_lce": None, "torch_lce[acc_policy=accurate]": "accurate"}
+
+
+def _load_torch_lce(acc_policy: str | None):
+    """torch's ``F.linear_cross_entropy`` on its chunked path, ``acc_policy`` set (None: its "auto")."""
+    function = getattr(torch.nn.functional, "linear_cross_entropy", None)
+    options_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if function is None or options_class is None:
+        missing = " and ".join(
+            name for name, have in (("torch.nn.functional.linear_cross_entropy", function),
+                                    ("torch.nn.LinearCrossEntropyOptions", options_class)) if have is None
+        )
+        raise ImportError(f"torch {torch.__version__} has no {missing} (added in torch 2.13)")
+    options = options_class() if acc_policy is None else options_class(acc_policy=acc_policy)
+
+    def torch_lce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  z_loss_scale=0.0, softcap=None, return_z_loss=False, chunk_size=None, accurate=True):
+        _peer_options("torch's linear_cross_entropy", chunk_size, accurate, return_z_loss)
+        if label_smoothing or z_loss_scale or softcap is not None:
+            raise NotImplementedError(
+                "torch's chunked linear_cross_entropy has no label smoothing (it falls back to the reference path), "
+                "z-loss or softcap"
+            )
+        loss = function(
+            x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), linear_bias=bias, reduction=reduction,
+            ignore_index=ignore_index, options=options,
+        )
+        return loss.reshape(target.shape) if reduction == "none" else loss
+
+    return torch_lce
+
+
 PROVIDERS = {
     "kernels_lib": kernels_lib_variant(),
     "kernels_lib[accurate=True]": kernels_lib_variant(accurate=True),
@@ -160,6 +201,11 @@ PROVIDERS = {
     "cce": Provider("cce", _load_cce, "cut_cross_entropy.linear_cross_entropy"),
     "liger_sm90": Provider("liger_sm90", _load_liger_sm90, "Liger-Kernel's CuTe DSL FLCE for Hopper (sm90)"),
     "quack": Provider("quack", _load_quack, "quack.linear_cross_entropy.chunked_linear_cross_entropy"),
+    **{
+        name: Provider(name, functools.partial(_load_torch_lce, policy),
+                       f"torch.nn.functional.linear_cross_entropy, LinearCrossEntropyOptions(acc_policy={policy or 'auto'!r})")
+        for name, policy in TORCH_LCE_POLICIES.items()
+    },
 }
 
 
