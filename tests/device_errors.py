@@ -19,6 +19,8 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+#: What every checked snippet may use: torch, kernels_lib and its device.
+PRELUDE = "import torch\nimport kernels_lib\nDEVICE = kernels_lib.default_device()\n"
 
 
 def assert_device_error(code: str, match: str, setup: str = "") -> None:
@@ -27,12 +29,11 @@ def assert_device_error(code: str, match: str, setup: str = "") -> None:
     code, setup = textwrap.dedent(code), textwrap.dedent(setup)
     if not torch.cuda.is_available():
         namespace = {}
-        exec("import torch\nimport kernels_lib\nDEVICE = kernels_lib.default_device()\n" + setup, namespace)
+        exec(PRELUDE + setup, namespace)
         with pytest.raises(RuntimeError, match=match):
             exec(code, namespace)
         return
-    program = ("import torch\nimport kernels_lib\nDEVICE = kernels_lib.default_device()\n" + setup + "\n" + code
-               + "\ntorch.cuda.synchronize()\n")
+    program = PRELUDE + setup + "\n" + code + "\ntorch.cuda.synchronize()\n"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr

@@ -36,9 +36,10 @@ def _interpreter_unavailable() -> str | None:
     return None
 
 
+_NO_INTERPRETER = _interpreter_unavailable()
 pytestmark = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
-    pytest.mark.skipif(_interpreter_unavailable() is not None, reason=f"--small's gloo ranks: {_interpreter_unavailable()}"),
+    pytest.mark.skipif(_NO_INTERPRETER is not None, reason=f"--small's gloo ranks: {_NO_INTERPRETER}"),
 ]
 
 
