@@ -45,3 +45,20 @@ def test_refused_without_cuda_naming_what_to_run(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu_tests.main([])
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_reports_run_recorded_like_the_target(tmp_path, monkeypatch):
+    """``report --record``: notebooks that ran as passed, failed ones as failed and named, the rest deselected."""
+    from pathlib import Path
+
+    from kernels_lib.workbench import report
+
+    path = tmp_path / "runs.csv"
+    monkeypatch.setattr(gpu_tests, "RUNS_CSV", path)
+    monkeypatch.setattr(gpu_tests.append_rows, "__defaults__", (path,))
+    reports = [(Path("r/01_cross_entropy.html"), 60.0, ""), (Path("r/05_training_step.html"), 30.0, "failed in cell 15")]
+    row = report.record_run(reports, 10, 90.0, ["--device", "cuda", "--only", "01_cross_entropy", "05_training_step"])
+    read = list(csv.DictReader(path.open()))
+    assert len(read) == 1 and read[0]["target"] == "reports" and read[0]["minutes"] == "1.5"
+    assert (read[0]["passed"], read[0]["failed"], read[0]["skipped"], read[0]["deselected"]) == ("1", "1", "0", "8")
+    assert row["command"].endswith("(failed: 05_training_step)") and "--only 01_cross_entropy" in row["command"]

@@ -1,7 +1,7 @@
 """The main job: execute every notebook with papermill on this machine and export HTML reports.
 
     python -m kernels_lib.workbench.report [--device auto|cpu|cuda] [--out reports] [--only NAME ...] [--keep-going]
-                                          [--record-times]
+                                          [--record-times] [--record]
 
 On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's interpreter); on
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
@@ -230,6 +230,21 @@ def record_times(reports: list[tuple[Path, float, str]], device: str, path: Path
     pd.concat([times, new], ignore_index=True).sort_values(["device", "notebook"]).to_csv(path, index=False)
 
 
+def record_run(reports: list[tuple[Path, float, str]], in_folder: int, seconds: float, argv: list[str] | None) -> dict:
+    """Append one ``target='reports'`` row to the GPU runs (:data:`.gpu_tests.RUNS_CSV`): the full-size
+    reports are recorded like the GPU test target, with the notebooks that failed named in ``command``."""
+    from . import gpu_tests
+
+    failed = [html.stem for html, _, failure in reports if failure]
+    counts = {"passed": len(reports) - len(failed), "failed": len(failed), "skipped": 0}
+    command = "./workbench reports " + " ".join(sys.argv[1:] if argv is None else argv)
+    if failed:
+        command += f" (failed: {', '.join(failed)})"
+    row = gpu_tests.run_row(counts, in_folder - len(reports), seconds / 60, command, target="reports")
+    gpu_tests.append_rows([row])
+    return row
+
+
 def describe(executed: Path) -> tuple[str, int]:
     """The title of an executed notebook (its first markdown heading, else its file name) and how
     many plotly figures it drew."""
@@ -325,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                              "for long GPU refreshes, where one failure should not cost the others' measurements")
     parser.add_argument("--record-times", action="store_true",
                         help=f"write each notebook's time to {_shown(TIMES_CSV)} (the next run's estimate)")
+    parser.add_argument("--record", action="store_true",
+                        help="append the run to data/measured/gpu_test_runs.csv (target 'reports': notebooks that ran "
+                             "to the end as passed, failed ones as failed, the others of the folder as deselected)")
     args = parser.parse_args(argv)
     device = default_device().type if args.device == "auto" else args.device
     notebooks = sorted(args.notebooks.glob("*.ipynb"))
@@ -359,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         reports.append((html_path, time.perf_counter() - start, failure))
     if args.record_times:
         record_times(reports, device)
+    if args.record:
+        record_run(reports, len(sorted(args.notebooks.glob("*.ipynb"))), time.perf_counter() - began, argv)
     index = write_index(args.out, sorted(reports, key=lambda report: report[0].name), parameters)
     print(f"reports: {index}")
     if failures:
