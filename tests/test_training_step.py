@@ -173,6 +173,37 @@ def test_verdict_summary_is_one_cell_per_target_and_setting():
     assert not ts.is_oom(RuntimeError("out of resource: shared memory"))
 
 
+def test_curve_checks_against_the_float32_head():
+    """With the reference run, each provider is judged by its distance from the float32-head curve, bound by
+    the tolerance or twice Hugging Face's own distance; Hugging Face is judged by the tolerance alone."""
+    key = f"|Δ {ts.EXACT_HEAD}|"
+
+    def curves(ours, hf, dtype="bfloat16"):
+        rows = []
+        for provider, delta in ((ts.EXACT_HEAD, 0.0), ("huggingface", hf), ("kernels_lib", ours), ("trl", hf)):
+            rows += [{"provider": provider, "dtype": dtype, "step": s, "loss": 7.0 - s * 0.1 + delta * (s == 4),
+                      "|Δ huggingface|": abs(delta - hf) * (s == 4), key: abs(delta) * (s == 4)} for s in range(1, 6)]
+        return pd.DataFrame(rows)
+
+    table = ts.curve_checks(curves(0.03, 0.02)).set_index("provider")
+    assert ts.EXACT_HEAD not in table.index and table.loc["kernels_lib", "passed"]  # 0.03 <= 2 x 0.02
+    assert table.loc["kernels_lib", f"max {key}"] == pytest.approx(0.03) and table.loc["kernels_lib", "at step"] == 4
+    assert table.loc["kernels_lib", "max |Δ huggingface|"] == pytest.approx(0.01)
+    assert "huggingface" not in table.index and table.loc["kernels_lib", "huggingface drift"] == pytest.approx(0.02)
+    assert not ts.curve_checks(curves(0.05, 0.02)).set_index("provider").loc["kernels_lib", "passed"]
+    assert ts.curve_checks(curves(0.019, 0.001)).set_index("provider").loc["kernels_lib", "passed"]  # the tolerance
+    assert not ts.curve_checks(curves(2e-4, 0.0, "float32")).set_index("provider").loc["kernels_lib", "passed"]
+
+
+def test_exact_head_provider_keeps_the_logits_and_the_gradient_in_float32():
+    model = ts.build_model("llama-tiny", "cpu", seed=0, dtype=torch.bfloat16)
+    loss_of = ts.prepare(ts.EXACT_HEAD, model)
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    assert model(input_ids=ids).logits.dtype == torch.float32
+    loss_of(ids, ids).backward()
+    assert model.get_output_embeddings().weight.grad.dtype == torch.bfloat16
+
+
 def test_curve_checks_tolerance_and_peer_margin():
     def curves(delta_ours, delta_trl, dtype="bfloat16"):
         rows = []
