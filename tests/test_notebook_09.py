@@ -89,3 +89,14 @@ def test_scaling_efficiency_and_the_tp8_targets():
     assert missing.ratio.isna().all() and (missing.status == "not measured (TP ≤ 4 in this run)").all()
     # Issue 11's targets stay at TP = 2 when the run also has TP = 8.
     assert tp.verdicts(pd.DataFrame(rows)).set_index("target").loc["tp2_time", "ratio"] == pytest.approx(0.55)
+
+
+def test_check_says_where_it_cannot_run(monkeypatch):
+    """The gloo check holds CPU tensors: it runs where the kernels are interpreted, and elsewhere says why."""
+    import kernels_lib
+    from kernels_lib.workbench import tensor_parallel
+
+    monkeypatch.setattr(kernels_lib, "INTERPRETED", True)
+    assert tensor_parallel.check_unavailable() is None
+    monkeypatch.setattr(kernels_lib, "INTERPRETED", False)
+    assert "CPU tensors" in tensor_parallel.check_unavailable()

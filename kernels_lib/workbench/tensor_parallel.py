@@ -138,6 +138,19 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out - ref).norm().item() / (scale if scale > 0 else 1.0)
 
 
+def check_unavailable() -> str | None:
+    """Why :func:`run_check` cannot run on this machine, or None. Its ranks are gloo processes holding
+    CPU tensors, which the kernels take only through Triton's interpreter (a CPU machine, CI); where
+    they are compiled for CUDA they refuse CPU tensors. The vocabulary-parallel tests
+    (``tests/test_vocab_parallel*.py``) are the same check, run in CI."""
+    import kernels_lib
+
+    if kernels_lib.INTERPRETED:
+        return None
+    return ("this machine compiles the kernels for CUDA, which refuse the CPU tensors of the check's gloo ranks; the check "
+            "runs on a CPU machine through Triton's interpreter (CI runs it with tests/test_vocab_parallel*.py)")
+
+
 def run_check(worlds=(2, 3), seed: int = 0) -> pd.DataFrame:
     """One row per (world, case, reference): the largest relative error over the ranks' losses and
     ``dx``, and that of the ranks' gradient slices concatenated; ``passed`` within :data:`TOLERANCE`."""
