@@ -473,8 +473,9 @@ def test_speed_memory_chart_one_point_per_provider():
     dial = _rows({("kernels_lib[chunk_size=256 accurate=False]", "full", "speed"): {8192: 60.0},
                   ("kernels_lib[chunk_size=256 accurate=False]", "full", "memory"): {8192: 1200.0}})
     figure = charts.speed_memory_chart(pd.concat([SYNTHETIC, dial]), 8192)
-    trace = [t for t in figure.data if t.name.startswith("kernels_lib[")][0]
-    assert trace.marker.color == charts.COLORS["kernels_lib"] and trace.marker.symbol == "diamond"
+    (trace,) = [t for t in figure.data if t.name == "kernels_lib"]  # the dial's point joins kernels_lib's one legend entry
+    assert trace.marker.color == charts.COLORS["kernels_lib"] and list(trace.marker.symbol) == ["circle", "diamond"]
+    assert list(trace.customdata) == ["kernels_lib", "kernels_lib[chunk_size=256 accurate=False]"]
 
 
 # --------------------------------------------------------------------------- the H200 script at CPU size

@@ -170,11 +170,26 @@ def test_speed_memory_chart_names_providers_in_the_legend_not_beside_the_markers
         for metric, value in (("speed", ms), ("memory", mb))
     ])
     figure = speed_memory_chart(rows, 8)
-    assert [trace.name for trace in figure.data] == ["torch", "kernels_lib", "kernels_lib[chunk_size=1024]"]
+    # one legend entry per provider: the dial's point is a diamond in kernels_lib's own trace, named on hover
+    assert [trace.name for trace in figure.data] == ["torch", "kernels_lib"]
     assert all(trace.mode == "markers" and trace.text is None for trace in figure.data)
     assert figure.layout.showlegend is True
-    assert [t.marker.symbol for t in figure.data] == ["circle", "circle", "diamond"]
+    ours = figure.data[1]
+    assert list(ours.marker.symbol) == ["circle", "diamond"] and list(ours.customdata) == ["kernels_lib", "kernels_lib[chunk_size=1024]"]
+    assert ours.marker.color == figure.data[1].marker.color == COLORS["kernels_lib"]
     assert figure.layout.yaxis.title.text == "time, full (ms)"
+    # the log axis is labelled at 1-2-5 steps only (no "2 3 … 9" minor labels): 500 … 10000
+    assert list(figure.layout.xaxis.tickvals) == [500, 1000, 2000, 5000, 10000] and list(figure.layout.xaxis.ticktext) == ["500", "1000", "2000", "5000", "10000"]
+
+
+def test_log_ticks_label_decade_steps_and_never_an_empty_axis():
+    from kernels_lib.workbench.charts import log_ticks
+
+    assert log_ticks([120, 9000])["tickvals"] == [200, 500, 1000, 2000, 5000, 10000]
+    assert all(str(t)[0] in "125" for t in log_ticks([3, 40000])["tickvals"])
+    narrow = log_ticks([1300, 1320])  # no 1-2-5 step within 1130–1518: the ends, two digits
+    assert narrow["tickvals"] == [1300.0] and narrow["ticktext"] == ["1300"]
+    assert log_ticks([]) == {}
 
 
 # --------------------------------------------------------------------------- SweepPanel

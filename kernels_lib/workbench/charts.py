@@ -14,6 +14,7 @@ where a figure shows the dial), kernels_lib's traces are drawn last, on top of t
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
 import zlib
@@ -190,14 +191,32 @@ def line_traces(figure: go.Figure) -> list[go.Scatter]:
     return [trace for trace in figure.data if trace.fill != "toself"]
 
 
+def log_ticks(values) -> dict:
+    """``tickvals`` and ``ticktext`` for a log axis over ``values``: the 1-2-5 steps of each decade
+    within their range (integers printed as integers), so that no minor label ("2 3 … 9") crowds the
+    axis; where fewer than two steps fall in the range, the smallest and the largest value, rounded to
+    two significant digits."""
+    values = [float(v) for v in values if pd.notna(v) and v > 0]
+    if not values:
+        return {}
+    low, high = min(values) / 1.15, max(values) * 1.15
+    steps = [m * 10.0**k for k in range(int(math.floor(math.log10(low))) - 1, int(math.ceil(math.log10(high))) + 1) for m in (1, 2, 5)]
+    ticks = [v for v in steps if low <= v <= high]
+    if len(ticks) < 2:
+        ticks = sorted({float(f"{v:.2g}") for v in (min(values), max(values))})
+    ticks = ticks[:: max(1, -(-len(ticks) // 8))]
+    return {"tickvals": ticks, "ticktext": [f"{v:.0f}" if float(v).is_integer() else f"{v:g}" for v in ticks]}
+
+
 def speed_memory_chart(
     rows: pd.DataFrame, x_value: int, mode: str = "full", *, title: str | None = None, floor_ms: float | None = None
 ) -> go.Figure:
-    """Speed against memory at one point of the swept axis: one marker per provider (points of a
-    dial such as ``kernels_lib[chunk_size=…]`` are providers too), the ``mode``'s peak memory on x
-    and its median time on y; lower-left is better. Providers are named in the legend and on hover, not
-    beside their markers: the points of a dial lie within a few percent of each other, and no placement
-    of a dozen labels there keeps them apart. ``floor_ms``, when given, draws the arithmetic
+    """Speed against memory at one point of the swept axis: the ``mode``'s peak memory on x (log, labelled
+    at 1-2-5 steps only: :func:`log_ticks`) and its median time on y; lower-left is better. One trace, so
+    one legend entry and one colour, per provider (:func:`base_provider`): the points of a dial such as
+    ``kernels_lib[chunk_size=…]`` are diamonds in kernels_lib's trace beside its default (a circle), each
+    named on hover, not beside its marker (the points of a dial lie within a few percent of each other, and
+    no placement of a dozen labels there keeps them apart). ``floor_ms``, when given, draws the arithmetic
     floor (e.g. the matmuls at the measured ceiling) as a horizontal line.
 
     ``rows``: measured rows of one GPU holding ``speed`` and ``memory`` rows of ``mode``.
@@ -208,27 +227,30 @@ def speed_memory_chart(
     ms = speed.groupby("kernel_provider", sort=False).y_value_50.median()
     mb = memory.groupby("kernel_provider", sort=False).y_value_50.median()
     figure = go.Figure()
-    providers = ms.index.intersection(mb.index)
+    providers = [p for p in ms.index.intersection(mb.index) if pd.notna(ms[p]) and pd.notna(mb[p])]
+    groups: dict[str, list[str]] = {}
     for provider in providers:
+        groups.setdefault(base_provider(provider), []).append(provider)
+    for base, members in groups.items():
+        members = sorted(members, key=lambda p: (p != base, mb[p]))  # the default first, then the dial by memory
         figure.add_trace(
             go.Scatter(
-                x=[mb[provider]],
-                y=[ms[provider]],
+                x=[mb[p] for p in members],
+                y=[ms[p] for p in members],
                 mode="markers",
-                name=provider,
-                marker={"color": provider_color(provider), "size": 11,
-                        "symbol": "circle" if provider == base_provider(provider) else "diamond"},
-                hovertemplate=f"{provider}<br>%{{x:.0f}} MB<br>%{{y:.3g}} ms<extra></extra>",
+                name=base,
+                customdata=members,
+                marker={"color": provider_color(base), "size": 11,
+                        "symbol": ["circle" if p == base else "diamond" for p in members]},
+                hovertemplate="%{customdata}<br>%{x:.0f} MB<br>%{y:.3g} ms<extra></extra>",
             )
         )
     if floor_ms is not None:
         figure.add_hline(y=floor_ms, line_dash="dot", line_color="#7f7f7f", annotation_text=f"floor {floor_ms:.1f} ms",
                          annotation_position="bottom right")
-    figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log")
+    figure.update_xaxes(title_text=f"memory, {mode} (MB, peak minus inputs)", type="log", **log_ticks([mb[p] for p in providers]))
     figure.update_yaxes(title_text=f"time, {mode} (ms)")
-    # tall enough for the legend's every entry (a dial has a dozen points): none scrolled out of view
-    figure.update_layout(height=max(480, 160 + 22 * len(providers)), showlegend=True,
-                         **wrapped_title(title or f"time vs memory at x = {x_value} ({mode})", width=80),
+    figure.update_layout(height=480, showlegend=True, **wrapped_title(title or f"time vs memory at x = {x_value} ({mode})", width=80),
                          legend={"font": {"size": 11}})
     return kernels_lib_on_top(figure)
 

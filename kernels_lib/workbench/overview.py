@@ -5,7 +5,11 @@ A *workload* is one published chart: the rows of one ``kernel_name`` and one ben
 configuration (ORPO was published at two sequence lengths, so it makes two; JSD on two axes). Measured
 rows belong to a workload when they sweep the same axis (``x_name``) and their configuration has the
 same sizes (the configs' upper-case keys: ``H``, ``V``, ``T``, ...; :data:`SIZE_ALIASES` for the
-lower-case ones of Liger's model-config benchmarks) and dtype. Everything here reads ``data/`` only:
+lower-case ones of Liger's model-config benchmarks) and dtype. A workload's measured rows are those of
+one run (:func:`.data.one_run`: the newest kernels_lib run of that chart, one commit on one GPU), so that
+every ratio taken from them (a target, a floor, the agreement with the published figure) is within
+that run, and a provider the run did not measure is absent rather than filled in from another run.
+Everything here reads ``data/`` only:
 it works for any loss that has published rows, and picks up ``data/measured/<kernel_name>.csv`` as
 soon as it exists.
 """
@@ -21,7 +25,7 @@ import torch
 
 from . import data
 from .data import run_commit  # noqa: F401  (the notebooks call overview.run_commit)
-from .bench.analysis import ceiling
+from .bench.analysis import ceiling_run
 from .bench.registry import get_spec
 
 #: The GPU we measure on.
@@ -79,6 +83,11 @@ class Workload:
     @property
     def published_gpu(self) -> str:
         return str(self.published.gpu_name.iloc[0])
+
+    @property
+    def run(self) -> str:
+        """Which run the measured rows come from (:func:`.data.run_label`), or "" when there are none."""
+        return data.run_label(self.measured) if len(self.measured) else ""
 
 
 #: Sizes that Liger's model-config benchmarks name in lower case, by our specs' names (their ``bsz``
@@ -140,8 +149,9 @@ def workload_runs(workload: "Workload", gpu_name: str = H200) -> pd.DataFrame:
 
 
 def workloads(gpu_name: str = H200) -> list[Workload]:
-    """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs,
-    newest row per point) for the same axis and configuration. The published "huggingface" provider is renamed
+    """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs)
+    for the same axis and configuration, of one run: the newest kernels_lib run of the chart
+    (:func:`.data.one_run`), newest row per point within it. The published "huggingface" provider is renamed
     as the spec names its baseline (``torch`` for fused linear cross-entropy)."""
     published = data.load_published()
     result = []
@@ -154,7 +164,7 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
         configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
         for key in configs.unique():
             config = json.loads(key)
-            mine = newest_per_point(of_chart(measured, config, rows[configs == key].x_name.iloc[0]))
+            mine = newest_per_point(data.one_run(of_chart(measured, config, rows[configs == key].x_name.iloc[0])))
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
             result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
     return result
@@ -190,11 +200,23 @@ class Floor:
     commit: str | None
     copy_gbps: float
     matmul_tflops: float
+    ceilings_commit: str | None = None  # the run that measured the ceilings (``commit`` when that run did)
+
+    @property
+    def same_run(self) -> bool:
+        """Whether the ceilings were measured in the rows' own run (a ratio to the floor is then within it)."""
+        return self.commit is not None and self.ceilings_commit in (None, self.commit)
 
     def describe(self) -> str:
         kind = {"bytes": "minimal bytes at the copy bandwidth", "matmul": "matmul FLOPs at the matmul rate"}
         bounds = " / ".join(kind[b] for b in dict.fromkeys(self.bound))
-        run = f"the run of commit {self.commit}" if self.commit else "the newest run (no rows of this workload measured)"
+        if self.commit is None:
+            run = f"the newest run (of commit {self.ceilings_commit}; no rows of this workload measured)"
+        elif self.same_run:
+            run = f"the run of commit {self.commit}, the rows' own"
+        else:
+            run = (f"the run of commit {self.ceilings_commit}: the rows' run ({self.commit}) measured no ceilings, so a ratio "
+                   "to this floor compares two runs")
         return (f"floor: {bounds}, with the ceilings measured on the {self.gpu_name} in {run}: "
                 f"copy {self.copy_gbps:.0f} GB/s, matmul {self.matmul_tflops:.0f} TFLOP/s")
 
@@ -216,8 +238,8 @@ def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward",
     if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
         return None
     commit = run_commit(workload.measured)
-    copy_gbps = ceiling(ceilings, "copy", gpu_name, commit)
-    matmul_tflops = ceiling(ceilings, "matmul", gpu_name, commit)
+    copy_gbps, copy_commit = ceiling_run(ceilings, "copy", gpu_name, commit)
+    matmul_tflops, _ = ceiling_run(ceilings, "matmul", gpu_name, commit)
     dtype_name = workload.config.get("dtype", str(preset["dtype"]))
     dtype = getattr(torch, dtype_name.replace("torch.", ""))
     base = {**preset["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
@@ -227,7 +249,7 @@ def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward",
         ms[mode] = {}
         for x in xs:
             ms[mode][x], bound[x] = floor_ms(workload.kernel_name, {**base, workload.x_name: int(x)}, dtype, mode, copy_gbps, matmul_tflops)
-    return Floor(pd.DataFrame(ms), pd.Series(bound, name="bound"), gpu_name, commit, copy_gbps, matmul_tflops)
+    return Floor(pd.DataFrame(ms), pd.Series(bound, name="bound"), gpu_name, commit, copy_gbps, matmul_tflops, copy_commit)
 
 
 def coverage(workload: Workload) -> dict:
@@ -244,7 +266,7 @@ def coverage(workload: Workload) -> dict:
         "published on": workload.published_gpu,
         "published providers": ", ".join(published),
         "measured on the H200": ", ".join(measured) or "none yet",
-        "no H200 rows yet": ", ".join(p for p in expected if p not in measured) or "–",
+        "not in this run": ", ".join(p for p in expected if p not in measured) or "–",
         "commit": run_commit(workload.measured) or "–",
         "measured": workload.measured.timestamp.max()[:10] if len(workload.measured) else "–",
     }
@@ -352,3 +374,59 @@ def agreement_summary(table: pd.DataFrame) -> pd.DataFrame:
         "finding": ("verdict", lambda v: "; ".join(f"{n}× {verdict}" for verdict, n in v.value_counts().items())),
     })
     return summary.reset_index()
+
+
+def _span(low: float, high: float) -> str:
+    """``0.33–0.38×`` (or ``0.33×`` when both ends print alike)."""
+    a, b = f"{low:.2f}", f"{high:.2f}"
+    return f"{a}×" if a == b else f"{a}–{b}×"
+
+
+def _agreement_cell(part: pd.DataFrame) -> str:
+    """``0.33–0.38×: agrees`` or ``0.10–0.20×: 1 of 3 agree, 2 faster``: one (chart, provider, mode)."""
+    counts = part.verdict.value_counts()
+    agree, n = int(counts.get("agrees", 0)), len(part)
+    if agree == n:
+        verdict = "agrees" if n > 1 else "agrees (1 point)"
+    else:
+        off = [f"{int(counts[v])} {v.split(' than')[0]}" for v in ("slower than the GPUs explain", "faster than the GPUs explain")
+               if v in counts]
+        verdict = f"{agree} of {n} agree, " + ", ".join(off)
+    return f"{_span(part.ratio.min(), part.ratio.max())}: {verdict}"
+
+
+def agreement_compact(table: pd.DataFrame) -> pd.DataFrame:
+    """The agreement of an :func:`agreement_table` (of every workload), one row per (chart, provider):
+    ``GPUs explain`` (the ``expected`` ratio, or its range) and one column per mode, ``ours / published``
+    (the range of ``ratio`` over x) and its verdict (``agrees`` at every x, else how many points agree and
+    how many are slower / faster than the GPUs explain). The per-point table stays in the CSV."""
+    judged = table[table.verdict.isin(["agrees", "slower than the GPUs explain", "faster than the GPUs explain"])] if len(table) else table
+    if not len(judged):
+        return pd.DataFrame(columns=["chart", "provider", "GPUs explain"])
+    modes = [m for m in ("forward", "backward", "full") if m in set(judged["mode"])]
+    modes += sorted(set(judged["mode"]) - set(modes))
+    rows = []
+    for (chart, provider), part in judged.groupby(["workload", "provider"], sort=False):
+        row = {"chart": chart, "provider": provider, "GPUs explain": _span(part.expected.min(), part.expected.max())}
+        for mode in modes:
+            at = part[part["mode"] == mode]
+            row[f"{mode}: ours / published"] = _agreement_cell(at) if len(at) else "–"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def agreement_sentences(table: pd.DataFrame) -> str:
+    """One or two sentences over an :func:`agreement_table`: how many points agree, and the largest
+    departure (its workload, provider, mode and ``ratio / expected``)."""
+    judged = table[table["ratio / expected"].notna()] if len(table) else table
+    if not len(judged):
+        return "No provider is both published and measured on the H200 yet: nothing to compare."
+    agree = int((judged.verdict == "agrees").sum())
+    text = (f"{agree} of {len(judged)} points ({agree / len(judged):.0%}) agree with the published times once the GPUs' "
+            f"datasheet rates are accounted for.")
+    off = judged[judged.verdict != "agrees"]
+    if len(off):
+        worst = off.loc[(off["ratio / expected"].map(lambda r: max(r, 1 / r))).idxmax()]
+        text += (f" The largest departure is {worst.provider} `{worst['mode']}` on `{worst.workload}`: {worst['ratio / expected']:.2f}× "
+                 f"what the GPUs explain ({worst.verdict.replace(' than the GPUs explain', '')}); software versions differ too.")
+    return text

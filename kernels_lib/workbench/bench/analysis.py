@@ -11,8 +11,18 @@ import json
 import pandas as pd
 import torch
 
+from .. import data
 from .fused_linear_cross_entropy import flops
 from .registry import get_spec
+
+
+def _one_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows``, refused (``ValueError`` naming the runs, :func:`.data.run_label`) when they carry the run
+    columns and mix runs: a target's ratio sets kernels_lib's median beside a peer's of the same run only.
+    Rows without the run columns (a sweep just measured, published rows) pass."""
+    if len(rows) and set(data.RUN_COLUMNS) <= set(rows.columns):
+        data.run_label(rows)
+    return rows
 
 
 def medians(rows: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
@@ -30,6 +40,18 @@ def ceiling(ceilings: pd.DataFrame, name: str, gpu_name: str, commit: str | None
         raise ValueError(f"no {name} ceiling measured on {gpu_name}")
     same_run = rows[rows.kernels_lib_commit == commit] if commit is not None else rows.iloc[:0]
     return float((same_run if len(same_run) else rows).sort_values("timestamp").y_value_50.iloc[-1])
+
+
+def ceiling_run(ceilings: pd.DataFrame, name: str, gpu_name: str, commit: str | None = None) -> tuple[float, str]:
+    """:func:`ceiling` and the commit of the run that measured it: ``commit`` itself when that run
+    measured the ceiling, else the newest run's (then a floor from it is *not* of the rows' run, and
+    whatever prints it must say so)."""
+    rows = ceilings[(ceilings.kernel_name == name) & (ceilings.gpu_name == gpu_name)]
+    if not len(rows):
+        raise ValueError(f"no {name} ceiling measured on {gpu_name}")
+    same_run = rows[rows.kernels_lib_commit.astype(str) == str(commit)] if commit is not None else rows.iloc[:0]
+    newest = (same_run if len(same_run) else rows).sort_values("timestamp").iloc[-1]
+    return float(newest.y_value_50), str(newest.kernels_lib_commit)
 
 
 def achieved_bandwidth(rows: pd.DataFrame, kernel_name: str, provider: str, mode: str) -> pd.Series:
@@ -71,7 +93,9 @@ def row_divergence_targets(rows: pd.DataFrame, kernel_name: str, copy_gbps: floa
     """A row divergence's targets (KL, JSD, TVD) per x, from rows of one GPU: the bandwidth that
     kernels_lib's ``forward`` and ``forward_no_grad`` achieve and its fraction of ``copy_gbps`` (the
     copy measured in the same run), its ``full`` time and memory over Liger's (NaN where Liger was
-    not measured), and one True / False / NaN column per ``targets`` entry."""
+    not measured), and one True / False / NaN column per ``targets`` entry. Measured rows must be of one
+    run (refused otherwise: :func:`_one_run`)."""
+    _one_run(rows)
     speed_full = medians(rows, "speed", "full")
     memory_full = medians(rows, "memory", "full").reindex(speed_full.index)
     table = pd.DataFrame(index=speed_full.index)
@@ -263,7 +287,8 @@ def preference_targets(rows: pd.DataFrame, targets: dict, provider: str = "kerne
     time of ``forward`` and ``full`` and its ``full`` memory, their ratios to the ``baseline``'s, Liger's
     and (where measured) TRL's fused-head path's (NaN where a peer was not measured or failed), and one
     True / False / NaN column per ``targets`` entry (:data:`ORPO_TARGETS`, :data:`KTO_TARGETS`,
-    :func:`issue13_targets`)."""
+    :func:`issue13_targets`). Measured rows must be of one run (refused otherwise: :func:`_one_run`)."""
+    _one_run(rows)
     speed = {mode: medians(rows, "speed", mode) for mode in ("forward", "full")}
     index = speed["full"].index
     memory = medians(rows, "memory", "full").reindex(index)
@@ -317,12 +342,13 @@ def kto_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
 
 def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_lib", baseline: str = "huggingface") -> pd.DataFrame:
     """:func:`target_verdicts` of each run in ``rows`` (all rows of one GPU, not only the newest: a
-    run is the rows of one ``kernels_lib_commit``, every provider measured in it), oldest run first.
+    run is the rows of one ``kernels_lib_commit`` on one GPU, every provider measured in it), oldest run first.
     One row per (run, target): the run's commit and date, the bound, worst and best ratio over x,
     where the worst is, and the status. Targets near their bound can be met in one run and missed in
     the next; this table shows by how much they move."""
     tables = []
-    for commit, run in rows.groupby("kernels_lib_commit", sort=False):
+    for commit, gpu_name in data.runs(rows):
+        run = data.one_run(rows, commit, gpu_name)
         verdicts = target_verdicts(preference_targets(run, targets, provider, baseline), targets)
         tables.append(verdicts.assign(commit=commit, date=run.timestamp.min()).reset_index())
     if not tables:

@@ -1,0 +1,154 @@
+"""Provenance: every ratio the notebooks print or chart is taken within one run (one kernels_lib_commit on
+one GPU). The helpers that pair or judge rows refuse rows of two runs; the overview's workloads hold one
+run each; a floor says whose ceilings it used; and the notebooks' ratio code goes through the one-run helpers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kernels_lib.workbench import data, overview
+from kernels_lib.workbench.bench import analysis
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+H200 = overview.H200
+KL_CONFIG = {"N": 16384, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}
+
+
+def _rows(provider, ms, mb, commit, gpu=H200, timestamp="2026-01-01 00:00:00", xs=(4096, 8192), kernel="kl_div"):
+    return pd.DataFrame([
+        {"kernel_name": kernel, "kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
+         "x_name": "V", "x_label": "vocab size", "x_value": x, "y_value_50": value, "y_value_20": value, "y_value_80": value,
+         "extra_benchmark_config_str": json.dumps({**KL_CONFIG, "V": x}), "gpu_name": gpu, "timestamp": timestamp,
+         "kernels_lib_commit": commit, "device": "cuda", "torch_version": "2.11.0", "liger_version": "0.8.5"}
+        for mode in ("forward", "forward_no_grad", "full") for x in xs for metric, value in (("speed", ms), ("memory", mb))
+    ])
+
+
+def _two_runs():
+    """Run "old" measured kernels_lib and Liger; run "new" (later) kernels_lib alone."""
+    return pd.concat([
+        _rows("kernels_lib", 2.0, 100.0, "old"), _rows("liger", 4.0, 200.0, "old"),
+        _rows("kernels_lib", 1.0, 100.0, "new", timestamp="2026-02-01 00:00:00"),
+    ], ignore_index=True)
+
+
+@pytest.mark.parametrize("judge", [
+    lambda rows: analysis.preference_targets(rows, analysis.issue13_targets("torch"), baseline="torch"),
+    lambda rows: analysis.row_divergence_targets(rows, "kl_div", 4000.0),
+    lambda rows: analysis.kl_div_targets(rows, 4000.0),
+    lambda rows: data.same_run_pairs(rows, "kernels_lib", ["liger"]),
+])
+def test_a_judge_of_targets_refuses_rows_of_two_runs(judge):
+    rows = _two_runs()
+    with pytest.raises(ValueError, match="one run"):
+        judge(rows)
+    with pytest.raises(ValueError, match="one run"):  # the same commit on two GPUs is two runs too
+        judge(pd.concat([_rows("kernels_lib", 1.0, 1.0, "c"), _rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")]))
+    judge(data.one_run(rows))  # one run: judged
+
+
+def test_the_newest_run_has_no_peer_to_borrow():
+    """Liger was measured in the old run only: the new run's ratio to Liger is not measured, not the old one's."""
+    newest = data.one_run(_two_runs())
+    assert set(newest.kernels_lib_commit) == {"new"}
+    table = analysis.row_divergence_targets(newest, "kl_div", 4000.0)
+    assert table["full / Liger"].isna().all() and table["full ≤ 0.6× Liger"].isna().all()
+    verdicts = analysis.target_verdicts(table, analysis.DIVERGENCE_TARGETS)
+    assert verdicts.loc["full ≤ 0.6× Liger", "status"] == "not measured"
+    old = analysis.row_divergence_targets(data.one_run(_two_runs(), "old", H200), "kl_div", 4000.0)
+    assert old["full / Liger"].tolist() == [0.5, 0.5]
+
+
+def test_verdicts_by_run_judges_each_commit_and_gpu_apart():
+    rows = pd.concat([_rows("kernels_lib", 1.0, 1.0, "c"), _rows("huggingface", 2.0, 2.0, "c"), _rows("liger", 2.0, 2.0, "c"),
+                      _rows("kernels_lib", 3.0, 1.0, "c", gpu="NVIDIA H100"), _rows("huggingface", 2.0, 2.0, "c", gpu="NVIDIA H100"),
+                      _rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")])
+    table = analysis.verdicts_by_run(rows, analysis.ORPO_TARGETS)
+    assert len(table) == 2 * len(analysis.ORPO_TARGETS)
+    statuses = table[table.target == "full ≤ 0.8× Liger"].status.tolist()
+    assert sorted(statuses) == ["met", "missed"]  # 0.5 on one GPU, 1.5 on the other: never their mean
+
+
+def test_ceiling_run_names_the_run_that_measured_it():
+    ceilings = pd.DataFrame([
+        {"kernel_name": "copy", "gpu_name": H200, "kernels_lib_commit": c, "timestamp": t, "y_value_50": v}
+        for c, t, v in (("a", "2026-01-01", 3000.0), ("b", "2026-01-02", 4000.0))
+    ])
+    assert analysis.ceiling_run(ceilings, "copy", H200, "a") == (3000.0, "a")
+    assert analysis.ceiling_run(ceilings, "copy", H200, "z") == (4000.0, "b")  # z measured none: b's, and it says so
+
+
+def test_workloads_hold_one_run_and_the_floor_says_whose_ceilings(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    _two_runs().to_csv(tmp_path / "kl_div.csv", index=False)
+    (kl,) = [w for w in overview.workloads() if w.kernel_name == "kl_div"]
+    assert set(kl.measured.kernels_lib_commit) == {"new"} and set(kl.measured.kernel_provider) == {"kernels_lib"}
+    assert kl.run.startswith("run of commit new on NVIDIA H200")
+    assert "liger" in overview.coverage(kl)["not in this run"]
+    ceilings = pd.DataFrame([
+        {"kernel_name": name, "gpu_name": H200, "kernels_lib_commit": "old", "timestamp": "2026-01-01", "y_value_50": rate}
+        for name, rate in (("copy", 4000.0), ("matmul", 700.0))
+    ])
+    floor = overview.workload_floor(kl, ceilings)
+    assert floor.commit == "new" and floor.ceilings_commit == "old" and not floor.same_run
+    assert "measured no ceilings" in floor.describe() and "compares two runs" in floor.describe()
+    same = overview.workload_floor(kl, ceilings.assign(kernels_lib_commit="new"))
+    assert same.same_run and "the rows' own" in same.describe()
+
+
+def test_agreement_compact_has_one_row_per_chart_and_provider():
+    table = pd.DataFrame([
+        {"workload": "kl", "provider": "liger", "mode": m, "x": x, "ratio": r, "expected": 0.42, "ratio / expected": r / 0.42,
+         "verdict": v}
+        for m, x, r, v in (("forward", 1, 0.43, "agrees"), ("forward", 2, 0.46, "agrees"),
+                           ("full", 1, 0.21, "faster than the GPUs explain"), ("full", 2, 0.40, "agrees"))
+    ])
+    compact = overview.agreement_compact(table)
+    assert len(compact) == 1 and compact.loc[0, "GPUs explain"] == "0.42×"
+    assert compact.loc[0, "forward: ours / published"] == "0.43–0.46×: agrees"
+    assert compact.loc[0, "full: ours / published"] == "0.21–0.40×: 1 of 2 agree, 1 faster"
+    text = overview.agreement_sentences(table)
+    assert text.startswith("3 of 4 points (75%) agree") and "liger `full` on `kl`" in text
+
+
+# --------------------------------------------------------------------------- the notebooks' source
+
+#: Notebooks whose ratios and targets come from data/measured rows, and the one-run helpers each must call.
+ONE_RUN_NOTEBOOKS = {
+    "02_kl_divergence": ("data.one_run", "data.run_label"),
+    "03_orpo": ("data.one_run", "data.run_label"),
+    "04_kto": ("data.one_run", "data.run_label"),
+    "06_preference_dpo_cpo_simpo_grpo": ("data.one_run", "data.run_label"),
+    "08_distillation": ("data.one_run", "data.run_label"),
+    "09_tensor_parallel": ("data.one_run", "data.run_label"),
+}
+#: Picking a run by hand: the newest row's commit, or the rows of one commit without the GPU.
+BY_HAND = [r"kernels_lib_commit\.iloc\[-1\]", r"kernels_lib_commit == commit\]", r"kernels_lib_commit\)\.iloc\[-1\]"]
+
+
+def _code(stem: str) -> str:
+    notebook = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    return "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("stem", sorted(ONE_RUN_NOTEBOOKS))
+def test_a_notebook_takes_its_ratios_within_one_run(stem):
+    code = _code(stem)
+    for helper in ONE_RUN_NOTEBOOKS[stem]:
+        assert helper + "(" in code, f"{stem} does not call {helper}"
+    for pattern in BY_HAND:
+        assert not re.search(pattern, code), f"{stem} picks a run by hand ({pattern}): use data.one_run"
+    # measured rows newest-per-point (data.load_measured's default) mix runs: a notebook judging them reads every run
+    assert not re.search(r"load_measured\((?![^)]*latest=False)[^)]*\)", code.replace('load_measured("ceilings", latest=False)', "")), stem
+
+
+def test_the_overview_prints_the_compact_agreement_and_each_charts_run():
+    code = _code("00_overview")
+    assert "overview.agreement_compact(" in code and "overview.agreement_sentences(" in code
+    assert "agreement_summary" not in code  # the 70-line list is gone
+    assert "workload.run" in code
