@@ -14,7 +14,8 @@ from .cross_entropy import CrossEntropyLoss, cross_entropy
 from .fused_linear_cross_entropy import CrossEntropyOutput, FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .fused_linear_cpo import CPOOutput, FusedLinearCPOLoss, FusedLinearSimPOLoss, fused_linear_cpo, fused_linear_simpo
 from .fused_linear_dpo import DPOOutput, FusedLinearDPOLoss, fused_linear_dpo
-from .fused_linear_grpo import FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
+from .fused_linear_grpo import FusedLinearGRPOLoss, GRPOOutput, GRPOPerToken, fused_linear_grpo
+from .fused_linear_token_logprobs import TokenLogprobsOutput, fused_linear_token_logprobs
 from .fused_linear_kto import FusedLinearKTOLoss, fused_linear_kto
 from .fused_linear_orpo import FusedLinearORPOLoss, fused_linear_orpo
 from .jsd import JSDLoss, jsd
@@ -52,6 +53,9 @@ __all__ = [
     "fused_linear_grpo",
     "FusedLinearGRPOLoss",
     "GRPOOutput",
+    "GRPOPerToken",
+    "fused_linear_token_logprobs",
+    "TokenLogprobsOutput",
     "fused_linear_jsd",
     "FusedLinearJSDLoss",
     "distill_jsd_loss",

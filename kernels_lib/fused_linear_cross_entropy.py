@@ -584,7 +584,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if fuse_grad:
             ctx.save_for_backward(*result)
         elif any(needs):
-            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats)
+            # Plain cross-entropy: the backward's dz_y from 1 - p_y = -expm1(-loss) (the kernel's note)
+            plain_rows = not (opts.label_smoothing or opts.z_loss_scale) and class_weight is None
+            one_minus_p = torch.expm1(-loss).neg_() if plain_rows else None
+            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats, one_minus_p)
         ctx.set_materialize_grads(False)  # a gradient that does not arrive is None, not zeros
         z_loss = _reduce(z_loss, opts.reduction, normalizer, shape)
         outputs = [_reduce(loss, opts.reduction, normalizer, shape), z_loss]
@@ -791,8 +794,9 @@ def _max_weight(class_weight: torch.Tensor | None):
 
 def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse
-    (and the saved entropy, when the entropy has an upstream gradient)."""
-    x, weight, bias, target, lse, class_weight, stats = ctx.saved_tensors
+    (and the saved entropy, when the entropy has an upstream gradient; for plain cross-entropy the
+    saved ``1 - p_y``, so that ``dz_y`` keeps its relative accuracy where ``p_y -> 1``)."""
+    x, weight, bias, target, lse, class_weight, stats, one_minus_p = ctx.saved_tensors
     opts = ctx.opts
 
     def row_factors(grad):  # per row, times the gradient's factor with respect to the raw logits
@@ -821,6 +825,7 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
                 logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
                 stats=None if entropy_scale is None else stats[rows],
                 entropy_grad=None if entropy_scale is None else entropy_scale[rows],
+                one_minus_p=None if one_minus_p is None else one_minus_p[rows],
                 **kernel_args,
             )
             grads.add_chunk(logits, x_c, ops.w, rows, unscale)

@@ -48,6 +48,10 @@ the KL for every loss type but ``vespo``, which takes it into :math:`w` (3146–
 ``old_logps`` the ratio uses the current log-probs (TRL computes ``old_per_token_logps`` whenever the
 correction is on). A NaN sampler log-prob gives :math:`r = 1` (TRL: a token the engine could not score).
 
+``return_per_token`` adds what TRL forms per token before its means (:class:`GRPOPerToken`: the
+ratio ``coef_1``, the clip flags, the entropy, the sampling ratio), read off the same pass; the
+per-token log-probs are always returned (``per_token_logps``, a next iteration's ``old_logps``).
+
 Not here: ``top_entropy_quantile < 1`` (the entropy mask needs the quantile of every token's entropy
 before the first chunk's weights: refused), ``mask_truncated_completions`` (TRL zeroes the completion
 mask of truncated completions before the loss: pass that ``completion_mask``), the off-policy mask
@@ -143,6 +147,21 @@ class GRPOOutput(NamedTuple):
     entropy: torch.Tensor | None  #: ``entropy``, the mean over the active tokens; None unless ``return_entropy``
     cispo_clip_ratio: torch.Tensor | None = None  #: ``cispo_clip_ratio`` (``loss_type='cispo'``)
     vespo_phi_seq_mean: torch.Tensor | None = None  #: ``vespo/phi_seq_mean`` (``loss_type='vespo'``)
+    per_token: GRPOPerToken | None = None  #: the per-token values (``return_per_token=True``), else None
+
+
+class GRPOPerToken(NamedTuple):
+    """Per-token values of the GRPO pass, ``(B, T)``, no gradient (``return_per_token=True``), as TRL's
+    ``_compute_loss`` forms them before its means: the clip ratios TRL logs are the means of the flags
+    over the active tokens (``completion_mask`` times the valid targets), ``flags.sum() / active.sum()``.
+    A sequence-level value (GSPO's ratio, a ``sequence_*`` sampling ratio) is repeated at each token."""
+
+    importance_ratio: torch.Tensor  #: float32 ``coef_1 = exp(log_importance_weights)`` (line 3095), before ``delta``'s cap
+    is_low_clipped: torch.Tensor | None  #: bool, ``coef_1 < 1 - epsilon_low`` and ``A < 0`` (3272), False at inactive tokens
+    is_high_clipped: torch.Tensor | None  #: bool, ``coef_1 > 1 + epsilon_high`` and ``A > 0`` (3273); cispo: ``coef_1 > epsilon_high`` and ``A > 0`` (3284–3285)
+    is_region_clipped: torch.Tensor | None  #: bool, either of the two (3274); None outside the clipped loss types
+    entropy: torch.Tensor | None  #: float32 per-token entropy, 0 at ignored targets (``return_entropy``), else None
+    sampling_ratio: torch.Tensor | None  #: float32 the vLLM importance-sampling ratio (``sampler_logps``), else None
 
 
 # --------------------------------------------------------------------------- TRL's lines, on (B, T) floats
@@ -417,9 +436,48 @@ def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalize
     for name in ("cispo_clip_ratio", "vespo_phi_seq_mean"):  # TRL 3284–3289
         if name in metrics:
             aux.append(_global_masked_mean(metrics[name], mask))
+    if opts["return_per_token"]:
+        aux.extend(_per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts))
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
     return loss, tuple(aux), grads
+
+
+def _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts) -> list:
+    """The present fields of :class:`GRPOPerToken`, in order (the ratio, the flags where the loss type
+    has them, the entropy, the sampling ratio), each ``(B, T)``."""
+    shape = logps.shape
+    active = mask != 0
+    ratio = torch.exp(_log_importance_weights(logps, old, mask, opts["importance_sampling_level"]))
+    values = [ratio.expand(shape).contiguous()]
+    if "coef_1" in metrics:  # the delta-capped ratio, as TRL's clip ratios read it
+        low, high = _clip_bounds(opts)
+        coef = metrics["coef_1"]
+        is_low = ((coef < low) & (advantages < 0)).expand(shape) & active
+        is_high = ((coef > high) & (advantages > 0)).expand(shape) & active
+        values += [is_low, is_high, is_low | is_high]
+    elif "cispo_clip_ratio" in metrics:
+        values.append((metrics["cispo_clip_ratio"] > 0).expand(shape) & active)
+    if entropy is not None:
+        values.append(entropy.view(shape))
+    sampling = _sampling_ratio(logps, old, sampler, mask, opts)
+    if sampling is not None:
+        values.append(sampling.expand(shape).contiguous())
+    return values
+
+
+def _assemble_per_token(values: list, loss_type: str, entropy: bool, sampler: bool) -> GRPOPerToken:
+    """:class:`GRPOPerToken` from :func:`_per_token_values`' list (None where a field is absent)."""
+    values = list(values)
+    ratio = values.pop(0)
+    flags = [None] * 3
+    if loss_type in CLIPPED:
+        flags = [values.pop(0) for _ in range(3)]
+    elif loss_type == "cispo":
+        flags[1] = values.pop(0)
+    ent = values.pop(0) if entropy else None
+    sampling = values.pop(0) if sampler else None
+    return GRPOPerToken(ratio, *flags, ent, sampling)
 
 
 # --------------------------------------------------------------------------- checks
@@ -539,6 +597,7 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch, has_sampler
     v.require_int("ignore_index", opts["ignore_index"])
     v.require_chunk_options(opts["chunk_size"], opts["accurate"])
     v.require_bool("return_entropy", opts["return_entropy"])
+    v.require_bool("return_per_token", opts.get("return_per_token", False))
     length = opts["max_completion_length"]
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"max_completion_length must be None or a positive int; got {length!r}")
@@ -617,6 +676,7 @@ def fused_linear_grpo(
     temperature: float = 1.0,
     ignore_index: int = -100,
     return_entropy: bool = False,
+    return_per_token: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
 ) -> GRPOOutput:
@@ -677,6 +737,10 @@ def fused_linear_grpo(
         ignore_index: target value of padding positions.
         return_entropy: also compute the mean entropy over the active tokens (TRL's ``entropy``
             metric; one more accumulator in the stats pass).
+        return_per_token: also return :class:`GRPOPerToken` in ``per_token``: the importance ratios,
+            the clip flags, the entropy (with ``return_entropy``) and the sampling ratio per token,
+            from the same pass (no gradient; for a differentiable entropy, see
+            :func:`kernels_lib.fused_linear_token_logprobs`).
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the cross-entropy default (H / 8 rows, at least 256).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
@@ -709,7 +773,7 @@ def fused_linear_grpo(
         vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
         vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max, top_entropy_quantile=top_entropy_quantile,
         temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size,
-        accurate=accurate,
+        accurate=accurate, return_per_token=return_per_token,
     )
     has_reference = ref_logps is not None or ref_x is not None
     _validate_options(opts, has_reference, num_items_in_batch, has_sampler=sampler_logps is not None)
@@ -748,7 +812,8 @@ def fused_linear_grpo(
     entropy = rest.pop(0) if return_entropy else None
     cispo = rest.pop(0) if loss_type == "cispo" else None
     vespo = rest.pop(0) if loss_type == "vespo" else None
-    return GRPOOutput(loss, logps, *clips, kl, entropy, cispo, vespo)
+    per_token = _assemble_per_token(rest, loss_type, return_entropy, sampler is not None) if return_per_token else None
+    return GRPOOutput(loss, logps, *clips, kl, entropy, cispo, vespo, per_token)
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
@@ -779,6 +844,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         temperature: float = 1.0,
         ignore_index: int = -100,
         return_entropy: bool = False,
+        return_per_token: bool = False,
         chunk_size: int | None = None,
         accurate: bool = False,
     ):
@@ -793,7 +859,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
             vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max,
             top_entropy_quantile=top_entropy_quantile, temperature=temperature, ignore_index=ignore_index,
-            return_entropy=return_entropy, chunk_size=chunk_size, accurate=accurate,
+            return_entropy=return_entropy, return_per_token=return_per_token, chunk_size=chunk_size, accurate=accurate,
         )
         _validate_options(self.options, has_reference=True, num_items_in_batch=None)
 

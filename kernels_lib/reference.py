@@ -172,6 +172,28 @@ def _token_logps(hidden, weight, bias, target, ignore_index: int, temperature: f
     return _TOKEN_LOGPS_HEAD.get()(hidden, weight, bias, target, ignore_index, temperature, entropy)
 
 
+def fused_linear_token_logprobs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    chunk_size: int | None = None,
+    accurate: bool = False,
+):
+    """Per-token ``log_softmax((x @ weight.T + bias) / temperature)[target]`` and entropy on
+    materialized logits (:func:`head_token_logps`: float32, float64 stays), 0 at ``ignore_index``,
+    both differentiable. ``chunk_size`` and ``accurate`` are accepted and ignored. Returns a
+    ``TokenLogprobsOutput``."""
+    from .fused_linear_token_logprobs import TokenLogprobsOutput
+
+    del chunk_size, accurate
+    return TokenLogprobsOutput(*head_token_logps(x, weight, bias, target, ignore_index, temperature, return_entropy))
+
+
 def fused_linear_orpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -318,6 +340,7 @@ def fused_linear_grpo(
     temperature: float = 1.0,
     ignore_index: int = -100,
     return_entropy: bool = False,
+    return_per_token: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
 ):
@@ -350,9 +373,12 @@ def fused_linear_grpo(
     ``entropy``, the clip ratios, ``cispo_clip_ratio`` and ``vespo/phi_seq_mean`` (3254–3289, on one
     process). The loss is TRL's ``policy_loss`` (before the gradient-accumulation division).
     ``top_entropy_quantile`` must be 1.0 (no entropy mask, as the kernel). ``chunk_size`` and
-    ``accurate`` are accepted and ignored. Returns a ``GRPOOutput``.
+    ``accurate`` are accepted and ignored. With ``return_per_token`` the ``GRPOPerToken`` of TRL's
+    per-token tensors before their means (``coef_1`` of 3095, the flags of 3272–3274 or cispo's of
+    3284–3285, each and-ed with the active tokens, the entropies, the sampling ratio), broadcast to
+    ``(B, T)``. Returns a ``GRPOOutput``.
     """
-    from .fused_linear_grpo import GRPOOutput
+    from .fused_linear_grpo import GRPOOutput, GRPOPerToken
 
     del chunk_size, accurate
     if top_entropy_quantile != 1.0:
@@ -393,6 +419,7 @@ def fused_linear_grpo(
         log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
         log_importance_weights = log_importance_weights.unsqueeze(-1)
     coef_1 = torch.exp(log_importance_weights)
+    importance_ratio = coef_1
     per_token_kl = None
     if ref_logps is not None:
         ref_per_token_logps = ref_logps.detach().to(dtype)
@@ -481,6 +508,20 @@ def fused_linear_grpo(
     cispo_clip_ratio = None
     if loss_type == "cispo":
         cispo_clip_ratio = global_masked_mean(((coef_1 > epsilon_high) & (advantages > 0)).to(dtype))
+    per_token = None
+    if return_per_token:
+        shape, active = per_token_logps.shape, mask != 0
+        flags = [None] * 3
+        if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+            flags = [(f > 0).expand(shape) & active for f in (is_low_clipped, is_high_clipped, is_region_clipped)]
+        elif loss_type == "cispo":
+            flags[1] = ((coef_1 > epsilon_high) & (advantages > 0)).expand(shape) & active
+        per_token = GRPOPerToken(
+            importance_ratio.detach().expand(shape),
+            *flags,
+            entropies.detach() if return_entropy else None,
+            None if importance_sampling_ratio is None else importance_sampling_ratio.expand(shape),
+        )
     return GRPOOutput(
         loss,
         per_token_logps.detach(),
@@ -489,6 +530,7 @@ def fused_linear_grpo(
         global_masked_mean(entropies) if return_entropy else None,
         cispo_clip_ratio,
         None if phi_seq is None else global_masked_mean(phi_seq),
+        per_token,
     )
 
 

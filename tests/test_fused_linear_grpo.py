@@ -422,6 +422,89 @@ def test_options_match_trl(loss_type, level, options, old):
     assert rel_err(fused_linear_grpo(x, w, target, b, **tensors, **opts).loss, without.loss) > 1e-4
 
 
+def per_token_case(loss_type, level, seed=6, reference_model=False):
+    """Inputs with old, reference and sampler log-probs, and the options every per-token field needs."""
+    x, w, b, target, tensors, model = make_inputs(seed=seed)
+    if reference_model:  # TRL's loss takes the reference model's log-probs from its head
+        tensors = {k: v for k, v in tensors.items() if k != "ref_logps"} | model
+    tensors = with_sampler(tensors, scale=0.2)
+    opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1, epsilon_low=0.1, epsilon_high=0.28,
+                temperature=1.0, max_completion_length=9, return_entropy=True, return_per_token=True, chunk_size=12,
+                vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.7,
+                vllm_importance_sampling_clip_max=1.3, delta=1.6 if loss_type in CLIPPED else None)
+    if loss_type == "cispo":
+        opts["epsilon_high"] = 1.1
+    return x, w, b, target, tensors, opts
+
+
+@pytest.mark.parametrize("loss_type, level", list(itertools.product(LOSS_TYPES, LEVELS)))
+def test_per_token_values(loss_type, level):
+    """return_per_token: the ratios, entropy and sampling ratio against the float64 reference; the clip
+    flags equal to its flags away from the clip bounds, and their masked means are the logged clip ratios."""
+    x, w, b, target, tensors, opts = per_token_case(loss_type, level)
+    out = fused_linear_grpo(x, w, target, b, **tensors, **opts)
+    ref_inputs = double_leaves(x, w, b)
+    want = reference.fused_linear_grpo(*ref_inputs[:2], target, ref_inputs[2], **as_double(tensors), **opts)
+    got, expected = out.per_token, want.per_token
+    for name in type(got)._fields:
+        assert (getattr(got, name) is None) == (getattr(expected, name) is None), name
+    for name in ("importance_ratio", "entropy", "sampling_ratio"):
+        t = getattr(got, name)
+        assert t.dtype == torch.float32 and t.shape == target.shape and not t.requires_grad, name
+        assert rel_err(t, getattr(expected, name)) < TOL[torch.float32], name
+    assert (got.is_high_clipped is not None) == (loss_type in CLIPPED or loss_type == "cispo")
+    if got.is_high_clipped is None:
+        return
+    active = (tensors["completion_mask"] != 0) & (target != -100)
+    ratio = expected.importance_ratio
+    if loss_type == "cispo":
+        bounds, metric = [opts["epsilon_high"]], {"is_high_clipped": out.cispo_clip_ratio}
+    else:
+        ratio = ratio.clamp(max=opts["delta"])
+        bounds = [1 - opts["epsilon_low"], 1 + opts["epsilon_high"]]
+        metric = {"is_low_clipped": out.clip_ratio_low_mean, "is_high_clipped": out.clip_ratio_high_mean,
+                  "is_region_clipped": out.clip_ratio_region_mean}
+    away = torch.stack([(ratio - bound).abs() > 1e-4 for bound in bounds]).all(0)
+    for name, mean in metric.items():
+        flag = getattr(got, name)
+        assert flag.dtype == torch.bool and flag.shape == target.shape
+        assert torch.equal(flag[away], getattr(expected, name)[away]), name
+        assert not flag[~active].any(), name  # inactive tokens are never counted
+        if level == "token":
+            assert abs(flag.sum() / active.sum() - mean) < 1e-6, name
+    if level == "token":  # the data reach both sides of a bound (else the flags would go untested)
+        assert got.is_high_clipped.any() and not got.is_high_clipped[active].all()
+
+
+@pytest.mark.parametrize("loss_type, level", [("grpo", "token"), ("dapo", "sequence"), ("cispo", "token")])
+def test_per_token_flags_give_trl_metrics(loss_type, level):
+    """The clip flags' means over the active tokens (per sequence at the sequence level, as TRL's
+    ``masked_seq_mean`` of a ``(B, 1)`` flag) are the clip ratios TRL's own ``_compute_loss`` logs."""
+    pytest.importorskip("trl")
+    x, w, b, target, tensors, opts = per_token_case(loss_type, level, seed=3, reference_model=True)
+    if level == "sequence":  # a sequence's mean log-ratio is near 0: a narrow range clips some
+        opts |= dict(epsilon_low=0.02, epsilon_high=0.02)
+    trl_opts = {k: v for k, v in opts.items() if k not in ("return_entropy", "return_per_token", "chunk_size")}
+    _, metrics = trl_grpo(x, w, b, target, tensors, trl_opts)
+    per_token = fused_linear_grpo(x, w, target, b, **tensors, **opts).per_token
+    active = ((tensors["completion_mask"] != 0) & (target != -100)).double()
+    if level == "token":
+        means = {name: (getattr(per_token, name).double() * active).sum() / active.sum()
+                 for name in ("is_low_clipped", "is_high_clipped", "is_region_clipped")
+                 if getattr(per_token, name) is not None}
+    else:  # (B, 1) in TRL: an unmasked mean over the sequences (TRL's T = 1 branch), here the per-sequence flag
+        seq = lambda flag: (flag.double() * active).amax(-1)  # noqa: E731
+        means = {name: seq(getattr(per_token, name)).mean() for name in ("is_low_clipped", "is_high_clipped",
+                                                                       "is_region_clipped")}
+    names = {"is_low_clipped": "clip_ratio_low_mean", "is_high_clipped": "clip_ratio_high_mean",
+             "is_region_clipped": "clip_ratio_region_mean"}
+    if loss_type == "cispo":
+        names = {"is_high_clipped": "cispo_clip_ratio"}
+    for name, metric in names.items():
+        assert abs(means[name].item() - metrics[metric]) < 1e-6, (name, means[name], metrics[metric])
+    assert any(metrics[m] > 0 for m in names.values())
+
+
 def test_dapo_normalizer_as_trl_forms_it():
     """TRL's dapo divides by num_items_in_batch / num_processes * accumulation / steps_per_generation: that value given."""
     x, w, b, target, tensors, _ = make_inputs(seed=8)
@@ -573,6 +656,7 @@ def grpo_cases(draw):
         chunk_size=draw(st.one_of(st.none(), st.integers(1, batch * seq))),
         accurate=draw(st.booleans()),
         return_entropy=draw(st.booleans()),
+        return_per_token=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -603,7 +687,7 @@ def test_fused_linear_grpo_matches_reference(case):
         tensors["ref_x"] = torch.randn(batch, seq, 3, generator=gen).to(DEVICE)
         tensors["ref_weight"] = torch.randn(vocab, 3, generator=gen).to(DEVICE)
     options = {k: case[k] for k in ("loss_type", "importance_sampling_level", "beta", "temperature", "ignore_index",
-                                     "chunk_size", "accurate", "return_entropy")}
+                                     "chunk_size", "accurate", "return_entropy", "return_per_token")}
     options |= dict(epsilon_low=case["epsilons"][0], epsilon_high=case["epsilons"][1], max_completion_length=seq + 1)
     options |= dict(delta=case["delta"], use_bias_correction_kl=case["use_bias_correction_kl"])
     if case["sampler"] is not None:
@@ -616,6 +700,11 @@ def test_fused_linear_grpo_matches_reference(case):
                 k: t.to(x_.dtype) if k.startswith("ref_x") or k == "ref_weight" else t for k, t in tensors.items()
             }
             out = fn(x_, w_, target, b_, **given, **options)._asdict()
+            per_token = out.pop("per_token")
+            if per_token is not None:  # the floating per-token values (the flags: test_per_token_values)
+                for name in ("importance_ratio", "entropy", "sampling_ratio"):
+                    if getattr(per_token, name) is not None:
+                        out["per_token_" + name] = getattr(per_token, name)
             return {k: t for k, t in out.items() if t is not None}
         return run
 
@@ -762,3 +851,60 @@ def test_liger_adapter(monkeypatch):
     assert args[8] is inputs.kwargs["ref_x"] and args[9] is inputs.kwargs["ref_weight"]
     with pytest.raises(NotImplementedError, match="entropy"):
         fn(*inputs.args, **inputs.kwargs, return_entropy=True)
+
+
+def test_bench_loss_types_and_options():
+    """The bench names every loss type of the function, fills dr_grpo's L_max, and takes the options."""
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+
+    assert tuple(bench.LOSS_TYPES) == LOSS_TYPES and all(bench.LOSS_TYPES.values())
+    assert set(bench.EXTRA_OPTIONS) <= set(FusedLinearGRPOLoss().options) | {"max_completion_length"}
+    options = bench.SPEC_TOKEN.default_options | {"loss_type": "dr_grpo"}
+    inputs = bench.make_inputs({"B": 2, "T": 5, "H": 8, "V": 31}, torch.float32, DEVICE, options)
+    assert inputs.kwargs["max_completion_length"] == 5
+    out = fused_linear_grpo(*inputs.args, **inputs.kwargs)
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")
+def test_cli_option_sweeps_another_loss_type(tmp_path, monkeypatch, capsys):
+    """``--option loss_type=cispo --option epsilon_high=5.0``: the rows record both; an unknown option is refused."""
+    import json
+
+    from kernels_lib.workbench import data
+    from kernels_lib.workbench.bench import cli
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path / "measured")
+    base = ["fused_linear_grpo_loss_token", "--values", "2", "--size", "T=3", "--size", "H=8", "--size", "V=31",
+            "--providers", "kernels_lib", "--modes", "forward", "--dtype", "float32"]
+    assert cli.main(base + ["--option", "loss_type=cispo", "--option", "epsilon_high=5.0"]) == 0
+    rows = data.read_rows(tmp_path / "measured" / "fused_linear_grpo_loss_token.csv")
+    config = json.loads(rows.extra_benchmark_config_str.iloc[0])
+    assert config["loss_type"] == "cispo" and config["epsilon_high"] == 5.0 and rows.y_value_50.notna().all()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        cli.main(base + ["--option", "lost_type=cispo", "--dry-run"])
+    assert info.value.code == 2 and "has no option 'lost_type'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--option", "loss_type", "--dry-run"])
+    assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def test_other_loss_types_stay_off_the_published_chart():
+    """A ``--option loss_type=cispo`` sweep at the published sizes is not the published (bnpo) chart's row."""
+    import json
+
+    import pandas as pd
+
+    from kernels_lib.workbench import overview
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+
+    spec = bench.SPEC_TOKEN
+    sizes = {"T": 1024, "H": 4096, "V": 128256, "dtype": "torch.bfloat16"}
+    configs = [sizes | spec.default_options, sizes | spec.default_options | {"loss_type": "cispo"},
+               sizes | spec.default_options | {"delta": 1.5}]
+    rows = pd.DataFrame({"x_name": "B", "kernel_name": spec.kernel_name,
+                         "extra_benchmark_config_str": [json.dumps(c) for c in configs]})
+    kept = overview.of_chart(rows, {"T": 1024, "H": 4096, "V": 128256, "importance_sampling_level": "token",
+                                    "dtype": "torch.bfloat16"}, "B")
+    assert list(kept.index) == [0]

@@ -38,6 +38,11 @@ def test_preference_notebook_runs_checks_and_exports_the_published_charts(tmp_pa
     assert set(checks["dtype"]) == {"float32", "bfloat16", "float16"}
     assert (checks.loc[checks.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()
 
+    parity = pd.read_csv(results / "preference_parity.csv")  # section 8: both dtypes, both temperatures, two vocabularies
+    assert len(parity) == 2 * 2 * 2 and set(parity["dtype"]) == {"float32", "bfloat16"}
+    assert (parity.loc[parity.dtype == "float32", "|Δ| max"] < 1e-3).all()
+    assert (parity["|Δ| p50"] <= parity["|Δ| max"]).all() and (parity["tokens"] > 0).all()
+
     html = html_path.read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot(") >= 2 * len(PUBLISHED)  # a sweep and a published chart per loss
     assert FALLBACK not in html

@@ -30,7 +30,10 @@ gradient of that row), is
 the last factor being :math:`\mathrm d c / \mathrm d z` of the softcap (1 without it), evaluated as
 :math:`4e/(1+e)^2` with :math:`e = e^{-2|z_j/s|}` (``1 - (c/s)^2`` cancels for logits a few times
 ``s``: at logits of 1e4 with ``s = 30`` it gave 1.1e-4 relative error in ``dx`` against float64,
-twice torch's float32 error; this form gives 1e-5), and 0 on ignored rows. It overwrites the logits in place, so the chunk's buffer holds ``dz`` afterwards and
+twice torch's float32 error; this form gives 1e-5), and 0 on ignored rows. In the backward of
+plain cross-entropy (``one_minus_p``) the target's term :math:`p_y - 1` is read as minus the
+forward's :math:`1 - p_y = -\operatorname{expm1}(-\ell)`, where :math:`e^{c_y - \mathrm{lse}} - 1`
+would cancel as :math:`p_y \to 1` (the rounding of lse costs :math:`u|\mathrm{lse}|/(1 - p_y)`). It overwrites the logits in place, so the chunk's buffer holds ``dz`` afterwards and
 no second ``rows × V`` buffer is needed.
 
 How
@@ -107,6 +110,8 @@ def cross_entropy_chunk_kernel(
     HAS_ENTROPY_GRAD: tl.constexpr,  # pass 2 adds the entropy's gradient
     WRITE_GRAD: tl.constexpr,  # pass 2: overwrite the logits with dz
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
+    one_minus_p_ptr=None,  # float32 [rows]: 1 - p_y of the forward, as -expm1(-loss) (pass 2 with HAS_ONE_MINUS_P)
+    HAS_ONE_MINUS_P: tl.constexpr = False,  # plain cross-entropy only: dz_y = -(1 - p_y) g from it
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
@@ -176,6 +181,8 @@ def cross_entropy_chunk_kernel(
             a = (1.0 - label_smoothing) * r + label_smoothing * total / n_classes
         else:
             a = 1.0
+        if HAS_ONE_MINUS_P:
+            q_y = tl.load(one_minus_p_ptr + row)
         for start in range(0, n_cols, BLOCK_V):
             offs = start + cols
             mask = offs < n_cols
@@ -191,7 +198,13 @@ def cross_entropy_chunk_kernel(
             else:
                 c = z
             p = tl.exp(c - lse)
-            dc = ((p * a - hit - smooth) + p * z_grad) * g
+            if HAS_ONE_MINUS_P:
+                # plain cross-entropy (a = 1, no smoothing, no z-loss): at j = y, p_y - 1 is minus the
+                # forward's 1 - p_y, not e^{c_y - lse} - 1, which cancels as p_y -> 1 (lse is rounded:
+                # an absolute u·|lse| in p_y, 1e-4 relative in dz at p_y = 0.999 and |lse| = 12)
+                dc = tl.where(offs == y_local, -q_y, p - hit) * g
+            else:
+                dc = ((p * a - hit - smooth) + p * z_grad) * g
             if HAS_ENTROPY_GRAD:
                 dc -= g_h * (p * ((c - lse) + h))
             if HAS_SOFTCAP:
@@ -232,6 +245,7 @@ def launch_cross_entropy_chunk(
     entropy_grad: torch.Tensor | None = None,
     col_offset: int = 0,
     n_classes: int | None = None,
+    one_minus_p: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on a ``rows × V`` logits chunk (unit stride along V) and ``rows`` targets.
 
@@ -244,7 +258,9 @@ def launch_cross_entropy_chunk(
     * both ``None``: ``lse`` is read (it holds the forward's values) and ``grad_scale`` is required;
       with ``entropy_grad`` (float32, ``rows``: the upstream gradient of each row's entropy, times
       the same factor as ``grad_scale``) the entropy's gradient is added, ``stats`` then holding the
-      forward's values.
+      forward's values. ``one_minus_p`` (float32, ``rows``; plain cross-entropy only: no smoothing,
+      z-loss or class weights) is each row's ``1 - p_y`` from the forward's accurate loss
+      (``-expm1(-loss)``): ``dz_y`` is formed from it, without the cancellation of ``p_y - 1``.
 
     ``grad_scale`` (float32, 1 element shared by all rows, or ``rows`` elements one per row), when
     given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``.
@@ -267,13 +283,15 @@ def launch_cross_entropy_chunk(
         raise ValueError("give stats and top1 together (with loss and z_loss)")
     if entropy_grad is not None and (compute_lse or stats is None or grad_scale is None):
         raise ValueError("entropy_grad goes with the forward's stats, grad_scale and no loss (the backward mode)")
+    if one_minus_p is not None and (compute_lse or label_smoothing or z_loss_scale or class_weight is not None):
+        raise ValueError("one_minus_p goes with the backward mode of plain cross-entropy (no smoothing, z-loss or weights)")
     if compute_lse and (col_offset != 0 or (n_classes is not None and n_classes != logits.shape[1])):
         raise ValueError("a vocabulary shard's pass 1 is launch_cross_entropy_partials (its loss needs every shard)")
     _launch(
         logits, target, lse=lse, loss=loss, z_loss=z_loss, partial=None, stats=stats, top1=top1 if with_stats else None,
         entropy_grad=entropy_grad, grad_scale=grad_scale, class_weight=class_weight, weight_sum=weight_sum,
         n_classes=n_classes, col_offset=col_offset, ignore_index=ignore_index, label_smoothing=label_smoothing,
-        z_loss_scale=z_loss_scale, softcap=softcap, with_stats=with_stats,
+        z_loss_scale=z_loss_scale, softcap=softcap, with_stats=with_stats, one_minus_p=one_minus_p,
     )
 
 
@@ -306,7 +324,8 @@ def launch_cross_entropy_partials(
 
 
 def _launch(logits, target, *, lse, loss, z_loss, partial, stats, top1, entropy_grad, grad_scale, class_weight,
-            weight_sum, n_classes, col_offset, ignore_index, label_smoothing, z_loss_scale, softcap, with_stats):
+            weight_sum, n_classes, col_offset, ignore_index, label_smoothing, z_loss_scale, softcap, with_stats,
+            one_minus_p=None):
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_chunk_kernel[(rows,)](
@@ -339,5 +358,7 @@ def _launch(logits, target, *, lse, loss, z_loss, partial, stats, top1, entropy_
         HAS_ENTROPY_GRAD=entropy_grad is not None,
         WRITE_GRAD=grad_scale is not None,
         BLOCK_V=block_v(n_cols),
+        one_minus_p_ptr=one_minus_p if one_minus_p is not None else lse,
+        HAS_ONE_MINUS_P=one_minus_p is not None,
         num_warps=NUM_WARPS,
     )

@@ -126,12 +126,29 @@ def measured_on(kernel_name: str, gpu_name: str = H200, latest: bool = True) -> 
     return rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")] if len(rows) else rows
 
 
+def _published_options(kernel_name: str, measured_config: dict) -> bool:
+    """Whether a measured row ran the loss's published options: for a spec with ``extra_options`` (GRPO,
+    whose ``--option loss_type=cispo`` sweeps share the published sizes), its ``default_options`` as
+    given and none of the extra ones; any other spec's rows, always."""
+    try:
+        spec = get_spec(kernel_name)
+    except (KeyError, ValueError):
+        return True
+    if not spec.extra_options:
+        return True
+    same = all(measured_config.get(k, v) == v for k, v in spec.default_options.items())
+    return same and not set(measured_config) & set(spec.extra_options)
+
+
 def of_chart(rows: pd.DataFrame, config: dict, x_name: str) -> pd.DataFrame:
-    """The ``rows`` that belong to the published chart of ``config`` swept over ``x_name`` (:func:`belongs`)."""
+    """The ``rows`` that belong to the published chart of ``config`` swept over ``x_name`` (:func:`belongs`),
+    measured with the published options (:func:`_published_options`)."""
     if not len(rows):
         return rows
     same_axis = rows[rows.x_name == x_name]
-    return same_axis[same_axis.extra_benchmark_config_str.map(lambda s: belongs(_config(s), config, x_name))]
+    keep = [belongs(_config(s), config, x_name) and _published_options(k, _config(s))
+            for s, k in zip(same_axis.extra_benchmark_config_str, same_axis.kernel_name)]
+    return same_axis[keep]
 
 
 def newest_per_point(rows: pd.DataFrame) -> pd.DataFrame:

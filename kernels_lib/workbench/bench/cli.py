@@ -7,6 +7,11 @@ Examples::
     ./workbench bench jsd --preset published_tokens      # a loss's second published chart (JSD's token sweep)
     ./workbench bench kl_div --x V --values 4096,50257 --size N=1024 --dtype bfloat16 \\
         --providers kernels_lib,torch --modes forward,full --dry-run
+    ./workbench bench fused_linear_grpo_loss_token --option loss_type=cispo --option epsilon_high=5.0
+
+An ``--option NAME=VALUE`` replaces one of the loss's options (its spec's ``default_options``; the
+rows record every option in ``extra_benchmark_config_str``): VALUE is read as a Python literal
+(``5.0``, ``None``, ``True``), else taken as a string (``cispo``).
 
 The ceilings (copy bandwidth, matmul rate) are measured in the same run on CUDA and appended to
 ``data/measured/ceilings.csv``.
@@ -15,6 +20,7 @@ The ceilings (copy bandwidth, matmul rate) are measured in the same run on CUDA 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 
 import torch
@@ -44,6 +50,17 @@ def _size(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
+def _option(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not name or not sep or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value  # a bare word: a string option such as loss_type=cispo
+    return name, parsed
+
+
 def _device(text: str) -> torch.device:
     if text not in ("auto", "cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"expected auto, cpu or cuda, got {text!r}")
@@ -64,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--values", type=_positive_ints, help="comma-separated points of the swept axis")
     p.add_argument("--size", type=_size, action="append", default=[], help="a fixed size, NAME=INT (repeatable)")
     p.add_argument("--dtype", choices=DTYPES, help="input dtype (default: the preset's)")
+    p.add_argument("--option", type=_option, action="append", default=[],
+                   help="a loss option, NAME=VALUE (repeatable; among the spec's default options)")
     p.add_argument("--providers", help="comma-separated providers (default: all that run here)")
     p.add_argument("--modes", default="forward,forward_no_grad,full", help=f"comma-separated, among {', '.join(MODES)}")
     p.add_argument("--device", type=_device, default="auto", help="auto (default), cpu or cuda")
@@ -96,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             cli.error(f"--size {name}: {args.loss} has no size {name!r}; its sizes are {', '.join(sorted(axes))}")
         if name == x_name:
             cli.error(f"--size {name}: {name} is the swept axis here; give its points with --values")
+    for name, _ in args.option:
+        if name not in spec.default_options and name not in spec.extra_options:
+            known = sorted({*spec.default_options, *spec.extra_options})
+            cli.error(f"--option {name}: {args.loss} has no option {name!r}; its options are {', '.join(known)}")
     missing = sorted(axes - {x_name} - set(sizes))
     if missing:
         cli.error(f"sweeping {x_name} needs the fixed size(s) {', '.join(missing)}: give --size NAME=INT")
@@ -109,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             providers=providers,
             modes=modes,
+            options=dict(args.option),
             progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True),
         )
     except ValueError as error:  # unknown providers or modes

@@ -21,6 +21,13 @@ log-probs (on-policy), an all-ones attention mask, advantages ``randn(B)`` and t
 token mean (``bnpo``; with an all-ones mask it equals ``dapo``); the two charts differ only in
 ``importance_sampling_level``. Modes ``forward``, ``backward``, ``full`` and ``full`` memory.
 
+Other loss types (TRL 1.16's, :data:`LOSS_TYPES`): ``./workbench bench fused_linear_grpo_loss_token
+--option loss_type=cispo --option epsilon_high=5.0`` (any option of :data:`EXTRA_OPTIONS` or the
+defaults); ``dr_grpo`` without ``max_completion_length`` takes ``T``. The rows record the options.
+They all share the pass (the logits matmul, the stats pass, ``dz``, ``dx``, ``dW``); only the
+per-token weights in torch differ, so their times should agree within noise: a sweep over them
+checks that.
+
 Floors: the policy's logits :math:`2BTHV` FLOPs and the reference's the same again; with a
 gradient ``dx = dz W`` and ``dW = dz^\top x`` (:func:`flops`).
 """
@@ -37,6 +44,29 @@ from .spec import Inputs, LossSpec, Provider, policy_and_reference, preference_s
 from .trl_head import trl_provider
 
 KERNEL_NAMES = {"token": "fused_linear_grpo_loss_token", "sequence": "fused_linear_grpo_loss_sequence"}
+
+#: TRL 1.16's loss types (``GRPOConfig.loss_type``), each with what it is (the notebook's table and the dashboard).
+LOSS_TYPES = {
+    "grpo": "clipped surrogate, mean per sequence then over the batch (DeepSeekMath's GRPO)",
+    "bnpo": "clipped surrogate, mean over the batch's active tokens (the published charts' loss)",
+    "dr_grpo": "clipped surrogate, sum over B · max_completion_length (Dr. GRPO: no length bias)",
+    "dapo": "clipped surrogate, sum over the active tokens of the whole generation batch (num_items_in_batch)",
+    "cispo": "the detached, capped ratio min(ρ, ε_high) times A times the log-prob (ScaleRL's CISPO)",
+    "sapo": "a sigmoid gate σ(τ(ρ − 1))·4/τ instead of the clip, τ by the advantage's sign (SAPO)",
+    "luspo": "clipped surrogate, each sequence's sum (the mean scaled by its length), mean over B (LUSPO)",
+    "vespo": "a detached Gamma weight of the sequence's log-ratio times A times the log-prob (VESPO)",
+}
+#: Options ``--option`` may set beyond the spec's defaults (:attr:`LossSpec.extra_options`).
+EXTRA_OPTIONS = {
+    "delta": "cap of the unclipped ratio (two-sided clipping; clipped loss types)",
+    "max_completion_length": "dr_grpo's L_max (default here: T)",
+    "temperature": "the logits divided by it",
+    "use_bias_correction_kl": "the KL times the ratio",
+    "sapo_temperature_pos": "sapo's τ for A > 0", "sapo_temperature_neg": "sapo's τ for A <= 0",
+    "vespo_k_pos": "vespo's k for A >= 0", "vespo_lambda_pos": "vespo's λ for A >= 0",
+    "vespo_k_neg": "vespo's k for A < 0", "vespo_lambda_neg": "vespo's λ for A < 0",
+    "return_entropy": "also the mean entropy", "return_per_token": "also the per-token ratios and clip flags",
+}
 
 #: Options of :func:`make_inputs` that shape the data rather than the call.
 DATA_OPTIONS = ("bias", "ignore_fraction", "input_grad")
@@ -109,6 +139,8 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, options: dict, seed: in
         "ref_x": ref_x, "ref_weight": ref_weight, "ref_bias": ref_bias,
         **{k: val for k, val in options.items() if k not in DATA_OPTIONS},
     }
+    if kwargs.get("loss_type") == "dr_grpo" and kwargs.get("max_completion_length") is None:
+        kwargs["max_completion_length"] = t  # dr_grpo's L_max: the completions' length here
     return Inputs(args=(x, weight, target, bias), kwargs=kwargs, grad_inputs=grad_inputs)
 
 
@@ -148,6 +180,7 @@ def _spec(level: str) -> LossSpec:
             "beta": 0.1, "epsilon_low": 0.2, "epsilon_high": 0.2, "loss_type": "bnpo",
             "importance_sampling_level": level, "bias": False, "ignore_fraction": 0.0, "input_grad": True,
         },
+        extra_options=EXTRA_OPTIONS,
     )
 
 

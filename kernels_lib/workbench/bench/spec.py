@@ -51,6 +51,8 @@ class LossSpec:
         default_options: the loss's options as the published workload sets them.
         presets: the loss's other published workloads by name, each a dict like ``published`` (a
             second chart on another axis: JSD's B200 token sweep); the CLI runs them with ``--preset NAME``.
+        extra_options: options the CLI's ``--option`` may set beyond ``default_options`` (GRPO's
+            ``delta``, the cispo/sapo/vespo constants), by name, with what each is.
     """
 
     kernel_name: str
@@ -62,6 +64,7 @@ class LossSpec:
     baseline: str
     default_options: dict = field(default_factory=dict)
     presets: dict[str, dict] = field(default_factory=dict)
+    extra_options: dict[str, str] = field(default_factory=dict)
 
     def preset(self, name: str) -> dict:
         """The workload named ``name``: ``published``, ``small`` or one of :attr:`presets`."""

@@ -1,0 +1,80 @@
+"""The log-prob parity check with a sampler (``kernels_lib.workbench.parity``), at small sizes.
+
+The differences are recomputed here from their definition (the engine's logits materialized in the
+dtype, ``log_softmax`` in float32 at the temperature) and the summary checked against them; float32
+parity must be at float32 rounding (a temperature applied on one side only would be off by O(1)),
+bfloat16's larger; bad arguments are refused naming them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import default_device, fused_linear_token_logprobs
+from kernels_lib.workbench import parity
+
+DEVICE = default_device()
+
+
+def head(n=48, hidden=24, vocab=1031, seed=1):
+    return parity.random_head(n, hidden, vocab, DEVICE, logit_std=3.0, seed=seed)
+
+
+def test_differences_from_their_definition():
+    x, w = head()
+    diffs = parity.logprob_differences(x, w, temperatures=(0.7,), dtypes=(torch.bfloat16,), seed=3)
+    assert set(diffs) == {(torch.bfloat16, 0.7)}
+    delta = diffs[(torch.bfloat16, 0.7)]["delta"]
+    # the sampled tokens are not returned: recover them from the same generator, as the module draws them
+    generator = torch.Generator(device=DEVICE).manual_seed(3)
+    xs, ws = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    logits = F.linear(xs, ws).float()
+    target = torch.multinomial(torch.softmax(logits / 0.7, -1), 1, generator=generator).squeeze(-1)
+    engine = torch.log_softmax(logits / 0.7, -1).gather(-1, target[:, None]).squeeze(-1)
+    ours = fused_linear_token_logprobs(xs, ws, target, temperature=0.7).logps
+    assert torch.equal(delta, (ours - engine).double())
+    table = parity.summarize(diffs, "test")
+    row = table.iloc[0]
+    size = delta.abs()
+    assert row["tokens"] == x.shape[0] and row["dtype"] == "bfloat16" and row["temperature"] == 0.7
+    assert row["|Δ| p50"] == pytest.approx(torch.quantile(size, 0.5).item())
+    assert row["|Δ| p99"] == pytest.approx(torch.quantile(size, 0.99).item())
+    assert row["|Δ| max"] == size.max().item() and row["mean Δ"] == pytest.approx(delta.mean().item())
+    assert row["|Δ| p50"] <= row["|Δ| p90"] <= row["|Δ| p99"] <= row["|Δ| max"]
+
+
+def test_float32_at_rounding_bfloat16_coarser():
+    table, diffs = parity.parity_table({"tiny": 1031}, 48, 24, DEVICE, temperatures=(1.0, 0.6), seed=0)
+    assert len(table) == 4 and set(diffs) == {("tiny", d, t) for d in parity.DTYPES for t in (1.0, 0.6)}
+    by = table.set_index(["dtype", "temperature"])
+    for t in (1.0, 0.6):
+        f32, bf16 = by.loc[("float32", t)], by.loc[("bfloat16", t)]
+        assert f32["|Δ| max"] < 1e-4 and f32["kernels_lib max err"] < 1e-4 and f32["engine max err"] < 1e-4
+        # bfloat16 logits (the engine's) are rounded to 2^-8 relative; kernels_lib's are not, or less
+        assert bf16["|Δ| p99"] > 10 * f32["|Δ| p99"] and bf16["|Δ| max"] < 0.5
+    figure = parity.parity_chart(diffs)
+    assert len(figure.data) == 4 and figure.layout.yaxis.type == "log"
+    assert all(min(trace.y) > 0 and list(trace.y) == sorted(trace.y) for trace in figure.data)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(dtypes=(torch.float64,)), "dtypes"),
+    (dict(dtypes=()), "dtypes"),
+    (dict(temperatures=(0.0,)), "temperatures"),
+    (dict(temperatures=(True,)), "temperatures"),
+])
+def test_bad_arguments_named(change, match):
+    x, w = head(n=4, hidden=8, vocab=17)
+    with pytest.raises(ValueError, match=match):
+        parity.logprob_differences(x, w, **change)
+
+
+def test_bad_tensors_named():
+    x, w = head(n=4, hidden=8, vocab=17)
+    with pytest.raises(ValueError, match="weight"):
+        parity.logprob_differences(x, w[:, :5])
+    with pytest.raises(ValueError, match="x must be"):
+        parity.logprob_differences(x[0], w)
