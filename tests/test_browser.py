@@ -1,6 +1,7 @@
 """The workbench as a person meets it, in Debian's chromium driven by Playwright (no browser download).
 
-- The exported HTML: the runner executes every notebook at CPU size once; each report is opened from
+- The exported HTML: every notebook executed at CPU size once (:mod:`notebook_runs`, shared with the
+  notebook tests); each report is opened from
   disk with the network cut off, and every plotly chart must have rendered with the number of traces
   its figure has in the executed notebook, without a page error, without a request that leaves the file
   and without a stderr box; a screenshot is written next to it. In every figure no two text boxes
@@ -32,13 +33,14 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # the notebooks' executions, shared with their own tests
 from kernels_lib.workbench import charts, dashboard, report
 from kernels_lib.workbench.mathml import markdown_math_to_mathml
 
 # The first test that asks for ``reports`` runs every notebook at CPU size inside its own time (about
 # 10 minutes on an idle 2-core machine, data/report_times.csv): past the suite's 900 s per test on a
 # loaded one, hence 40 minutes here.
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400), notebook_runs.GROUP]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CHROMIUM_ARGS = [
@@ -73,10 +75,14 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    """Every notebook run once by the runner at CPU size: (out folder, HTML reports)."""
-    out = tmp_path_factory.mktemp("reports")
-    assert report.main(["--device", "cpu", "--out", str(out), "--timeout", "900"]) == 0
+def reports():
+    """Every notebook executed once at CPU size, as the runner does (:mod:`notebook_runs`: the same
+    executions the notebook tests read), and the runner's index over them: (out folder, HTML reports)."""
+    runs = notebook_runs.all_reports()
+    failed = [failure for _, _, failure in runs if failure]
+    assert not failed, failed
+    out = notebook_runs.out_dir()
+    report.write_index(out, sorted(runs, key=lambda run: run[0].name), report.notebook_parameters("cpu"))
     return out, sorted(out.glob("*.html"))
 
 

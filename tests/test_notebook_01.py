@@ -9,6 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_lib.workbench import report
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_cross_entropy.ipynb"
@@ -16,10 +17,9 @@ FALLBACK = "not able to be represented"  # nbconvert's text for an output it can
 
 
 @pytest.mark.notebook
-def test_flce_notebook_runs_checks_and_exports_figures(tmp_path):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=900)
+@notebook_runs.GROUP
+def test_flce_notebook_runs_checks_and_exports_figures():
+    html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
 
     checks = pd.read_csv(results / "flce_checks.csv")
     assert len(checks) == 3 * 8 * 2  # dtypes x option sets x shapes
@@ -33,7 +33,7 @@ def test_flce_notebook_runs_checks_and_exports_figures(tmp_path):
     assert len(hf) == 6 and hf["passed"].all()
     assert (hf.loc[hf.dtype == "float32", "kernels_lib vs ForCausalLMLoss (loss)"] < 1e-5).all()
 
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+    executed = nbformat.read(executed_path, as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
     assert not any("ipywidgets" in str(o.get("data", {})) for c in executed.cells for o in c.get("outputs", []))

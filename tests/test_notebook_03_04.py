@@ -9,6 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_lib.workbench import report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -16,11 +17,9 @@ ORPO, KTO = NOTEBOOKS / "03_orpo.ipynb", NOTEBOOKS / "04_kto.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
 
 
-def _run(notebook: Path, tmp_path: Path) -> tuple[Path, str]:
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(notebook, tmp_path, parameters, timeout=600)
-    executed = nbformat.read(tmp_path / "executed" / notebook.name, as_version=4)
+def _run(notebook: Path) -> tuple[Path, str]:
+    html_path, results, executed_path = notebook_runs.executed(notebook)
+    executed = nbformat.read(executed_path, as_version=4)
     outputs = [o for c in executed.cells for o in c.get("outputs", [])]
     assert [o for o in outputs if o.get("output_type") == "error"] == []
     assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
@@ -32,8 +31,9 @@ def _run(notebook: Path, tmp_path: Path) -> tuple[Path, str]:
 
 
 @pytest.mark.notebook
-def test_orpo_notebook_runs_checks_and_exports_figures(tmp_path):
-    results, html = _run(ORPO, tmp_path)
+@notebook_runs.GROUP
+def test_orpo_notebook_runs_checks_and_exports_figures():
+    results, html = _run(ORPO)
     trl = pd.read_csv(results / "orpo_trl_checks.csv")
     assert len(trl) == 6 and trl["passed"].all()
     assert set(trl["dtype"]) == {"float32", "bfloat16", "float16"}
@@ -44,8 +44,9 @@ def test_orpo_notebook_runs_checks_and_exports_figures(tmp_path):
 
 
 @pytest.mark.notebook
-def test_kto_notebook_runs_checks_and_exports_figures(tmp_path):
-    results, html = _run(KTO, tmp_path)
+@notebook_runs.GROUP
+def test_kto_notebook_runs_checks_and_exports_figures():
+    results, html = _run(KTO)
     checks = pd.read_csv(results / "kto_checks.csv")
     assert len(checks) == 2 * 3 * 3 and checks["passed"].all()
     assert (checks.loc[checks.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()

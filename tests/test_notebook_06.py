@@ -9,6 +9,8 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
+
 from kernels_lib.workbench import data, report
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_preference_dpo_cpo_simpo_grpo.ipynb"
@@ -18,12 +20,11 @@ LOSSES = ("fused_linear_dpo_loss", *PUBLISHED)
 
 
 @pytest.mark.notebook
-def test_preference_notebook_runs_checks_and_exports_the_published_charts(tmp_path):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
+@notebook_runs.GROUP
+def test_preference_notebook_runs_checks_and_exports_the_published_charts():
+    html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
 
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+    executed = nbformat.read(executed_path, as_version=4)
     outputs = [o for c in executed.cells for o in c.get("outputs", [])]
     assert [o for o in outputs if o.get("output_type") == "error"] == []
     assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)

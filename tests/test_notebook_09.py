@@ -10,6 +10,8 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
+
 from kernels_lib.workbench import report
 from kernels_lib.workbench import tensor_parallel as tp
 
@@ -18,12 +20,11 @@ FALLBACK = "not able to be represented"  # nbconvert's text for an output it can
 
 
 @pytest.mark.notebook
-def test_tensor_parallel_notebook_runs_its_check_and_draws_the_charts(tmp_path):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
+@notebook_runs.GROUP
+def test_tensor_parallel_notebook_runs_its_check_and_draws_the_charts():
+    html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
 
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+    executed = nbformat.read(executed_path, as_version=4)
     outputs = [o for c in executed.cells for o in c.get("outputs", [])]
     assert [o for o in outputs if o.get("output_type") == "error"] == []
     assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)

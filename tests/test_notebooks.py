@@ -8,6 +8,8 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
+
 from kernels_lib.workbench import report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -19,10 +21,9 @@ def _plotly_figures(html: str) -> int:
 
 
 @pytest.mark.notebook
-def test_kl_notebook_runs_checks_and_exports_figures(tmp_path):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(NOTEBOOKS / "02_kl_divergence.ipynb", tmp_path, parameters, timeout=900)
+@notebook_runs.GROUP
+def test_kl_notebook_runs_checks_and_exports_figures():
+    html_path, results, executed_path = notebook_runs.executed(NOTEBOOKS / "02_kl_divergence.ipynb")
 
     checks = pd.read_csv(results / "kl_div_checks.csv")
     # 3 dtypes x 4 reductions x 2 log_target, on 2 shapes, all passed
@@ -33,7 +34,7 @@ def test_kl_notebook_runs_checks_and_exports_figures(tmp_path):
     assert (checks.loc[checks.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()
     assert (checks.loc[checks.dtype == "float32", "kernels_lib grad err"] < 1e-5).all()
 
-    executed = nbformat.read(tmp_path / "executed" / "02_kl_divergence.ipynb", as_version=4)
+    executed = nbformat.read(executed_path, as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
     assert not any("ipywidgets" in str(o.get("data", {})) for c in executed.cells for o in c.get("outputs", []))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+import notebook_runs  # each notebook executed once, shared with the browser tests
 import torch
 
 from kernels_lib.workbench import charts, overview, report
@@ -180,10 +182,9 @@ def test_add_floor_draws_on_speed_panels_only():
 
 
 @pytest.mark.notebook
-def test_overview_notebook_runs_and_exports_every_chart(tmp_path):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=300)
+@notebook_runs.GROUP
+def test_overview_notebook_runs_and_exports_every_chart():
+    html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
     coverage = pd.read_csv(results / "coverage.csv")
     published = overview.workloads()
     assert len(coverage) == len(published)

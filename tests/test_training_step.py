@@ -12,6 +12,8 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
+
+import notebook_runs  # each notebook executed once, shared with the browser tests
 import torch
 
 from kernels_lib.workbench import overview, report
@@ -328,11 +330,16 @@ def test_script_runs_end_to_end_on_cpu(tmp_path, capsys):
 # --------------------------------------------------------------------------- the notebook
 
 
-def _run_notebook(tmp_path, **extra):
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), **extra}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+def _run_notebook(tmp_path=None, **extra):
+    """The shared execution (:mod:`notebook_runs`) without ``extra``; else a run of its own in ``tmp_path``."""
+    if extra:
+        results = tmp_path / "results"
+        parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), **extra}
+        html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
+        executed_path = tmp_path / "executed" / NOTEBOOK.name
+    else:
+        html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
+    executed = nbformat.read(executed_path, as_version=4)
     outputs = [o for c in executed.cells for o in c.get("outputs", [])]
     assert [o for o in outputs if o.get("output_type") == "error"] == []
     assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
@@ -342,8 +349,9 @@ def _run_notebook(tmp_path, **extra):
 
 
 @pytest.mark.notebook
-def test_training_step_notebook_runs_its_checks(tmp_path):
-    results, html = _run_notebook(tmp_path)
+@notebook_runs.GROUP
+def test_training_step_notebook_runs_its_checks():
+    results, html = _run_notebook()
     assert html.count("Plotly.newPlot(") >= 2  # the memory components, the loss curves
     curves = pd.read_csv(results / "training_step_curves.csv")
     assert set(curves.dtype) == {"float32", "bfloat16"} and curves.step.max() == 20
