@@ -118,8 +118,8 @@ def test_workbench_test_runs_pytest():
     lines = text.splitlines()
     start = next((i for i, l in enumerate(lines) if l.strip().startswith("test)")), None)
     assert start is not None
-    case = "\n".join(lines[start:start + 4])
-    assert "-m pytest" in case and "kernels_lib.workbench.gpu_tests --record" in case
+    case = "\n".join(lines[start:next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(";;")) + 1])
+    assert "-m pytest -n auto --dist loadgroup" in case and "kernels_lib.workbench.gpu_tests --record" in case
 
 
 # --------------------------------------------------------------------------- notebooks

@@ -171,7 +171,8 @@ def parity_chart(differences: dict, title: str = "Log-prob parity with a sampler
         values = [max(_quantile(size, q) if q < 1 else size.max().item(), 1e-12) for q in CHART_LEVELS]
         figure.add_trace(go.Scatter(
             x=[f"p{100 * q:g}" if q < 1 else "max" for q in CHART_LEVELS], y=values, mode="lines+markers",
-            name=f"{name} · {dtype_name} · T = {temperature:g}",
+            # not "provider · series": the lines are one comparison (the browser test reads " · " as a provider's)
+            name=f"{dtype_name} logits, {name}, T = {temperature:g}",
             line={"color": colors.get(dtype_name, "#7f7f7f"), "dash": ["solid", "dash", "dot"][names.index(name) % 3]},
             marker={"symbol": ["circle", "square", "diamond", "triangle-up"][temperatures.index(temperature) % 4]},
         ))
