@@ -54,8 +54,10 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
+from ._flce.chunk_size import lean_chunk_size
+from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
+from ._flce.operands import _Operands
 from ._vocab_parallel import VocabShard
-from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, scaled_to_dtypes
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
