@@ -124,8 +124,8 @@ STORE_EXPONENTIALS = True
 
 #: With ``chunk_size`` left to the default, the class-major route also takes one chunk of ``H < N ≤ k·H``
 #: rows (``k`` this constant) where its ``V × N`` logits fit the default chunk's share of free memory
-#: (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H`` elements instead of
-#: ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
+#: (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds
+#: ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
 #: chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
 #: wide_class_major``, ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three
 #: alternating rounds) ``k = 2`` took ``forward``

@@ -49,7 +49,8 @@ def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, op
     if exponentials:  # the shift goes in, the row factors come out
         factors = backend.launch_target_logit_shift(x_c, ops.w, ops.b, target_c, ops.pre, opts.ignore_index)
     lse, target_logit = backend.launch_logits_logsumexp(x_c, ops.w, ops.b, target_c, alpha=ops.pre,
-                                                ignore_index=opts.ignore_index, logits_out=buffer, shift=factors)
+                                                        ignore_index=opts.ignore_index, logits_out=buffer,
+                                                        shift=factors)
     lse_c.copy_(lse)
     loss_c.copy_(torch.where(target_c != opts.ignore_index, lse - target_logit, 0.0))
     return buffer, factors
@@ -60,5 +61,6 @@ def _epilogue_loss(x, weight, bias, target, opts: _Options, compute_dtype) -> to
     buffer, one pass over ``W``. The operands are rounded to ``compute_dtype`` first, as the matmul would."""
     x, weight = x.to(compute_dtype), weight.to(compute_dtype)
     bias = None if bias is None else bias.to(compute_dtype)
-    lse, target_logit = backend.logits_logsumexp(x, weight, bias, target, alpha=opts.pre_scale, ignore_index=opts.ignore_index)
+    lse, target_logit = backend.logits_logsumexp(x, weight, bias, target, alpha=opts.pre_scale,
+                                                 ignore_index=opts.ignore_index)
     return torch.where(target != opts.ignore_index, lse - target_logit, 0.0)

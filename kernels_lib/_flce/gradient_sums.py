@@ -99,8 +99,9 @@ class _GradientSums:
     def add_exponentials(self, e: torch.Tensor, factors: torch.Tensor, scale: torch.Tensor, x_c: torch.Tensor,
                          w: torch.Tensor, rows: slice) -> None:
         """Add the contribution of one chunk whose buffer holds the shifted exponentials ``ẽ``, with
-        ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`~kernels_lib._flce.epilogue._logits_with_loss`): ``dx[rows] = diag(r) (ẽ W)``,
-        ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch the ``N × V`` buffer."""
+        ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`~kernels_lib._flce.epilogue._logits_with_loss`):
+        ``dx[rows] = diag(r) (ẽ W)``, ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch
+        the ``N × V`` buffer."""
         if self.dx is not None:
             _scaled_product_into(self.dx[rows], e, w, factors, scale)
         if self.dw is not None:

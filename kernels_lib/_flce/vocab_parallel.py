@@ -25,7 +25,8 @@ from . import triton_backend as backend
 
 
 def _vocab_parallel_chunk(shard: vp.VocabShard):
-    r"""The per-chunk stage on one vocabulary shard, with :func:`~kernels_lib.kernels.cross_entropy_chunk.launch_cross_entropy_chunk`'s arguments.
+    r"""The per-chunk stage on one vocabulary shard, with the arguments of
+    :func:`~kernels_lib.kernels.cross_entropy_chunk.launch_cross_entropy_chunk`.
 
     Pass 1 writes this rank's partial sums (:data:`~kernels_lib.kernels.cross_entropy_chunk.PARTIAL_COLUMNS`);
     :meth:`~kernels_lib._vocab_parallel.VocabShard.merge_logsumexp` merges them into the global
@@ -49,7 +50,8 @@ def _vocab_parallel_chunk(shard: vp.VocabShard):
 
     def chunk(logits, target, *, lse, loss, z_loss, grad_scale, stats, top1, ignore_index, label_smoothing,
               z_loss_scale, softcap, class_weight, weight_sum):
-        partial = torch.empty((logits.shape[0], len(backend.PARTIAL_COLUMNS)), dtype=torch.float32, device=logits.device)
+        partial = torch.empty((logits.shape[0], len(backend.PARTIAL_COLUMNS)), dtype=torch.float32,
+                              device=logits.device)
         backend.launch_cross_entropy_partials(
             logits, target, partial, col_offset=shard.offset, ignore_index=ignore_index, softcap=softcap,
             class_weight=class_weight, with_stats=stats is not None,
