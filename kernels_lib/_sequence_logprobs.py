@@ -132,7 +132,7 @@ def sequence_logprobs(
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
         dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
-        otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
+        otherwise underflow float16; the note in :mod:`kernels_lib._flce.gradient_sums`).
     """
     if token_coefficients is not None and (coefficients is not None or target2 is not None):
         raise ValueError("token_coefficients replaces coefficients and takes no target2")
