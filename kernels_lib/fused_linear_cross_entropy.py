@@ -96,7 +96,8 @@ from ._flce.validate import _validate_num_items, _validate_options, _validate_te
 from ._runtime import INTERPRETED
 from ._target_totals import target_totals
 
-#: Imported from here by the callers (tests, notebooks, the other losses); defined in :mod:`kernels_lib._flce`.
+#: What the callers (the package, tests, notebooks, scripts) import from here: the API, the route choice's dials,
+#: and the chunk sizes and dtype helpers defined in :mod:`kernels_lib._flce`.
 __all__ = [
     "CLASS_MAJOR_ROWS_PER_HIDDEN",
     "CrossEntropyOutput",
@@ -125,8 +126,8 @@ STORE_EXPONENTIALS = True
 #: With ``chunk_size`` left to the default, the class-major route also takes one chunk of ``H < N ≤ k·H``
 #: rows (``k`` this constant) where its ``V × N`` logits fit the default chunk's share of free memory
 #: (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds
-#: ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming them chunk by
-#: chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
+#: ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H``
+#: instead of forming them chunk by chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
 #: wide_class_major``, ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three
 #: alternating rounds) ``k = 2`` took ``forward``
 #: with a gradient from 37.67 ms to 12.91 (torch's 17.62) and ``full`` from 37.50 to 37.12 ms (QuACK's
