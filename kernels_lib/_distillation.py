@@ -7,7 +7,7 @@ buffers, then one Triton kernel (:mod:`kernels_lib.kernels.distill_chunk`) compu
 loss (the variable part, :class:`SoftLoss`: the generalized JSD or the cosine), optionally the hard
 loss (cross-entropy of the raw student logits against the target) and, when a gradient is wanted,
 overwrites the student buffer with ``dz``; then ``dx_c = dz W_s``, ``dW_s += dzᵀ x_c``,
-``db_s += Σ dz`` (:class:`~kernels_lib.fused_linear_cross_entropy._GradientSums`, the cross-entropy's).
+``db_s += Σ dz`` (:class:`~kernels_lib._flce.gradient_sums._GradientSums`, the cross-entropy's).
 
 The losses are sums over rows divided by a count known before the loop (the non-ignored rows), so
 each row's gradient factor is known in forward and all gradients are formed there: four matmuls
@@ -17,7 +17,7 @@ constant: no gradient flows to it, and its tensors are read detached.
 
 Memory: two ``chunk × V`` buffers (the student's, which becomes ``dz``, and the teacher's) in the
 matmul dtype, plus the gradients themselves. The default chunk is the cross-entropy's
-(:func:`~kernels_lib.fused_linear_cross_entropy.lean_chunk_size` of the student's ``H``), so the
+(:func:`~kernels_lib._flce.chunk_size.lean_chunk_size` of the student's ``H``), so the
 two buffers together are a quarter of ``dW_s``.
 
 float16: each chunk's ``dz`` is formed at the power-of-two scale that brings the largest gradient
@@ -32,8 +32,10 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
+from ._flce.chunk_size import lean_chunk_size
+from ._flce.gradient_sums import _GradientSums
+from ._flce.operands import _Operands
 from ._sequence_logprobs import FusedSequenceLoss
-from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
 

@@ -54,8 +54,10 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
+from ._flce.chunk_size import lean_chunk_size
+from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
+from ._flce.operands import _Operands
 from ._vocab_parallel import VocabShard
-from .fused_linear_cross_entropy import _GradientSums, _Operands, lean_chunk_size, scaled_to_dtypes
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
 #: ``coefficients(seqs, sums, sums2) -> (w, w2)``: float32 per-sequence weights of the chunk's
@@ -130,7 +132,7 @@ def sequence_logprobs(
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
         dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
-        otherwise underflow float16; the note in :mod:`kernels_lib.fused_linear_cross_entropy`).
+        otherwise underflow float16; the note in :mod:`kernels_lib._flce.gradient_sums`).
     """
     if token_coefficients is not None and (coefficients is not None or target2 is not None):
         raise ValueError("token_coefficients replaces coefficients and takes no target2")

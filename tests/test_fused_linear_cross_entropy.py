@@ -25,8 +25,12 @@ from kernels_lib.fused_linear_cross_entropy import (
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
-# The module itself (for monkeypatching), whatever the package's __init__ exports under that name.
+# The module itself (for monkeypatching), whatever the package's __init__ exports under that name: it
+# holds the route choice and its dials; the routes launch their kernels through flce_backend (a spy on
+# a stage goes there) and the class-major route's slab size is its own.
 flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
+flce_backend = importlib.import_module("kernels_lib._flce.triton_backend")
+flce_class_major = importlib.import_module("kernels_lib._flce.class_major")
 
 DEVICE = default_device()
 
@@ -111,7 +115,7 @@ def epilogue_route(monkeypatch, request):
 
     monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
     for name in ("logits_logsumexp", "launch_logits_logsumexp"):  # the no-grad loss's and the route's
-        monkeypatch.setattr(flce_module, name, spy(getattr(flce_module, name)))
+        monkeypatch.setattr(flce_backend, name, spy(getattr(flce_backend, name)))
     yield calls
 
 
@@ -179,7 +183,7 @@ def passes(monkeypatch):
         return call
 
     for name in ("launch_cross_entropy_chunk", "launch_class_major_gradient"):
-        monkeypatch.setattr(flce_module, name, spy(getattr(flce_module, name)))
+        monkeypatch.setattr(flce_backend, name, spy(getattr(flce_backend, name)))
     return counts
 
 
@@ -220,7 +224,7 @@ def class_major_route(monkeypatch, epilogue_route):
         calls.append(args[0].x.shape)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(flce_module, "CLASS_MAJOR_SLAB_ROWS", 64)
+    monkeypatch.setattr(flce_class_major, "CLASS_MAJOR_SLAB_ROWS", 64)
     monkeypatch.setattr(flce_module, "_class_major_logits", spy)
     yield calls
 
@@ -453,7 +457,7 @@ def _record_grad_scales(monkeypatch):
         seen.append(grad_scale)
         return launch_cross_entropy_chunk(*args, grad_scale=grad_scale, **kwargs)
 
-    monkeypatch.setattr(flce_module, "launch_cross_entropy_chunk", recording)
+    monkeypatch.setattr(flce_backend, "launch_cross_entropy_chunk", recording)
     return seen
 
 
@@ -472,8 +476,8 @@ def test_no_grad_path_computes_no_gradient(monkeypatch, reduction, interpreted_e
     with_grad = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8).detach()
     seen = _record_grad_scales(monkeypatch)
     epilogue_calls = []
-    real = flce_module.logits_logsumexp
-    monkeypatch.setattr(flce_module, "logits_logsumexp", lambda *a, **k: epilogue_calls.append(k) or real(*a, **k))
+    real = flce_backend.logits_logsumexp
+    monkeypatch.setattr(flce_backend, "logits_logsumexp", lambda *a, **k: epilogue_calls.append(k) or real(*a, **k))
     with torch.no_grad():
         loss = fused_linear_cross_entropy(x, w, target, b, reduction=reduction, chunk_size=8)
     frozen = [t.detach() for t in (x, w, b)]

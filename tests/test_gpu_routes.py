@@ -36,7 +36,8 @@ from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.check import relative_error
 from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
-flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
+flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")  # the route choice and its dials
+flce_chunked = importlib.import_module("kernels_lib._flce.chunked")  # the chunked route
 
 # One worker takes them all (pytest-xdist's loadgroup): the float64 references of the published shapes
 # take up to ~50 GB of GPU memory each, and the other workers share the GPU.
@@ -100,14 +101,15 @@ class _RouteSpy:
 
     def __init__(self, monkeypatch):
         self.taken = set()
-        for name, label in (("_class_major_logits", "class-major"), ("_logits_with_loss", "epilogue GEMM")):
-            original = getattr(flce, name)
+        for module, name, label in ((flce, "_class_major_logits", "class-major"),
+                                    (flce_chunked, "_logits_with_loss", "epilogue GEMM")):
+            original = getattr(module, name)
 
             def spy(*args, _original=original, _label=label, **kwargs):
                 self.taken.add(_label)
                 return _original(*args, **kwargs)
 
-            monkeypatch.setattr(flce, name, spy)
+            monkeypatch.setattr(module, name, spy)
 
 
 CASES = {

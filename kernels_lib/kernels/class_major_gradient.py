@@ -15,7 +15,7 @@ the gradient of :math:`g \sum_i (\mathrm{lse}_i - z_{i y_i})`, written in place 
 A NaN logit or lse gives NaN in its row's gradient.
 
 Why class-major: the fused cross-entropy's single-chunk route
-(:mod:`kernels_lib.fused_linear_cross_entropy`) keeps :math:`z^\top` in the weight gradient's own
+(:mod:`kernels_lib._flce.class_major`) keeps :math:`z^\top` in the weight gradient's own
 buffer, whose row blocks ``dW[v0:v1] = dz^T[v0:v1] x`` then replace the logits they were formed from.
 
 What it costs

@@ -12,7 +12,7 @@ For hidden states :math:`x` (``N × H``), a head :math:`W` (``V × H``), an opti
 
 both float32; :math:`t` only with targets :math:`y` (``N``). On request (``logits_out``) the
 epilogue also stores :math:`z` itself, in the inputs' dtype: the fused loss's gradient pass
-(:mod:`kernels_lib.fused_linear_cross_entropy`) then reads the logits once with the log-sum-exp
+(:mod:`kernels_lib._flce.chunked`) then reads the logits once with the log-sum-exp
 known, instead of twice; or class-major, :math:`z^\top` (``V × N``, given as the ``.t()`` of such a
 buffer: the tile goes out transposed), for the route that keeps the logits inside the weight
 gradient's buffer. Then :math:`\mathrm{lse}` and :math:`t` are those of the logits as stored

@@ -11,7 +11,8 @@ import pandas as pd
 import torch
 
 from ... import reference
-from ...fused_linear_cross_entropy import _addmm_into, default_chunk_size, matmul_dtype
+from ..._flce.matmuls import _addmm_into
+from ...fused_linear_cross_entropy import default_chunk_size, matmul_dtype
 from ...kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 from ...kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
 from ...kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift

@@ -1,0 +1,135 @@
+"""The chunked route of the fused linear cross-entropy: the logits ``chunk_size`` rows at a time.
+
+Per chunk the logits are formed into the reused ``chunk_size × V`` buffer (cuBLAS's matmul, or on
+Hopper for a plain loss the epilogue GEMM of :mod:`kernels_lib._flce.epilogue`), the chunk kernel
+(:mod:`kernels_lib.kernels.cross_entropy_chunk`, or on one vocabulary shard
+:mod:`kernels_lib._flce.vocab_parallel`) gives each row's lse and loss and overwrites the buffer with
+``dz``, and :class:`~kernels_lib._flce.gradient_sums._GradientSums` adds the chunk's three products.
+
+* ``mean``/``sum`` (:func:`chunked_forward`): the gradient is known in forward, so all of the above
+  happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``,
+  read on the device (no host sync; no pass at all when it is 1), and hands the buffers out: a second
+  backward through a retained graph is refused.
+* ``none`` (:func:`_backward_recompute`): the upstream gradient is per row and arrives only in
+  backward, so forward keeps just ``lse`` (4 bytes a row) and backward recomputes each logits chunk
+  (a fourth matmul), running the kernel without its first pass.
+* Without a gradient (``torch.no_grad()`` or no input requiring grad) only the loss is computed.
+
+Memory: the logits buffer (:mod:`kernels_lib._flce.chunk_size`) and, with ``mean``/``sum``, the
+gradients formed in forward and held until backward (``dx``, ``dW``, ``db``: the size of the inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_backend as backend
+from .epilogue import _logits_with_loss
+from .gradient_sums import _GradientSums, to_dtypes
+from .matmuls import _logits_chunk
+from .operands import _Operands
+from .vocab_parallel import _vocab_parallel_chunk
+
+
+def _max_weight(class_weight: torch.Tensor | None):
+    """The largest ``|w_j|`` (1 without class weights): the most a row's weight can scale its gradient."""
+    return 1.0 if class_weight is None else class_weight.abs().max()
+
+
+def chunked_forward(ops: _Operands, grads: _GradientSums | None, target, lse, loss, z_loss, stats, top1,
+                    scale: torch.Tensor, opts, class_weight, weight_sum, shard, plain: bool, *,
+                    store_exponentials: bool, epilogue_takes):
+    """Forward of the chunked route, chunk by chunk: each row's ``lse`` and ``loss`` (and ``z_loss``,
+    ``stats``, ``top1`` where given) written, and with ``grads`` (``mean``/``sum`` with a gradient) every
+    chunk's ``dz``, scaled by ``scale``, added to it. ``plain``: the loss is ``lse - c_y`` alone, so a
+    chunk whose operands ``epilogue_takes(x_c, w)`` takes its lse from the epilogue GEMM, which with
+    ``store_exponentials`` (not float16) stores the shifted exponentials. With a ``shard`` each chunk
+    merges its sums over the ranks, and ``dx`` is summed over them at the end. Returns
+    ``grads.result()`` (None without ``grads``)."""
+    fuse_grad = grads is not None
+    # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
+    # (see :mod:`kernels_lib._flce.gradient_sums`); class weights multiply a row's factor by up to max |w|.
+    if fuse_grad:
+        unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
+        scale = scale / unscale
+    else:
+        unscale = 1.0
+    kernel_args = opts.kernel_args(class_weight, weight_sum)
+    chunk = backend.launch_cross_entropy_chunk if shard is None else _vocab_parallel_chunk(shard)
+    if plain:
+        z_loss.zero_()
+    epilogue = None  # decided at the first chunk: every chunk's operand is aligned alike
+    exponentials = store_exponentials and not grads.wide if fuse_grad else False
+    for rows, x_c, buffer in ops.chunks():
+        if epilogue is None:
+            epilogue = plain and epilogue_takes(x_c, ops.w)
+        if epilogue and exponentials:
+            # The GEMM stores the shifted exponentials: no pass over them, the factors on x and dx.
+            e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
+                                           exponentials=True)
+            grads.add_exponentials(e, factors, scale, x_c, ops.w, rows)
+            continue
+        if epilogue:
+            # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
+            logits, _ = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
+            chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
+        else:
+            logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+            chunk(
+                logits,
+                target[rows],
+                lse=lse[rows],
+                loss=loss[rows],
+                z_loss=z_loss[rows],
+                grad_scale=scale if fuse_grad else None,
+                stats=None if stats is None else stats[rows],
+                top1=None if top1 is None else top1[rows],
+                **kernel_args,
+            )
+        if fuse_grad:
+            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+    if fuse_grad and shard is not None and grads.dx is not None:
+        shard.sum_(grads.dx)
+    return grads.result() if fuse_grad else None
+
+
+def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
+    """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse
+    (and the saved entropy, when the entropy has an upstream gradient; for plain cross-entropy the
+    saved ``1 - p_y``, so that ``dz_y`` keeps its relative accuracy where ``p_y -> 1``)."""
+    x, weight, bias, target, lse, class_weight, stats, one_minus_p = ctx.saved_tensors
+    opts = ctx.opts
+
+    def row_factors(grad):  # per row, times the gradient's factor with respect to the raw logits
+        if grad is None:
+            return torch.zeros_like(lse)
+        return (grad.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
+
+    scale, entropy_scale = row_factors(grad_output), None if grad_entropy is None else row_factors(grad_entropy)
+    with torch.autocast(x.device.type, enabled=False):
+        ops = _Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
+        grads = _GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
+
+        def peak():  # float16: the largest |grad_output · pre · w| (and |grad_entropy · pre|) to [1, 2)
+            peak = scale.abs().max() * _max_weight(class_weight)
+            return peak if entropy_scale is None else torch.maximum(peak, entropy_scale.abs().max())
+
+        unscale = grads.dz_unscale(peak)
+        if unscale != 1.0:
+            scale = scale / unscale
+            entropy_scale = None if entropy_scale is None else entropy_scale / unscale
+        kernel_args = opts.kernel_args(class_weight, ctx.weight_sum)
+        if ctx.shard is not None:  # the saved lse and entropy are the merged ones: pass 2 needs nothing more
+            kernel_args.update(ctx.shard.kernel_args())
+        for rows, x_c, logits in ops:
+            backend.launch_cross_entropy_chunk(
+                logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale[rows],
+                stats=None if entropy_scale is None else stats[rows],
+                entropy_grad=None if entropy_scale is None else entropy_scale[rows],
+                one_minus_p=None if one_minus_p is None else one_minus_p[rows],
+                **kernel_args,
+            )
+            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+        if ctx.shard is not None and grads.dx is not None:
+            ctx.shard.sum_(grads.dx)
+    return to_dtypes(grads.result(), ctx.dtypes)
