@@ -105,6 +105,14 @@ def test_matches_reference(case):
     )
     for name in ("logps", "loss"):  # z_y - lse cancels for a likely token, whoever computes it
         floors[name] = max(floors[name], cancel)
+    # on CUDA the logits are held in the 16-bit dtype (divided by T): u·max|z/T| per row, whoever holds them
+    held = (x.to(dtype).double() @ w.to(dtype).double().t() + (0 if b is None else b.to(dtype).double())) / t
+    valid = (target != case["ignore_index"]).reshape(-1).cpu()
+    for name in ("logps", "loss", "entropy"):
+        if name in want:
+            floors[name] = max(floors[name], properties.logit_rounding_value_floor(held.reshape(-1, held.shape[-1])[valid], want[name].reshape(-1)[valid.to(want[name].device)], dtype))
+    for name, floor in properties.logit_rounding_floors(dz, x.to(dtype), held, want, dtype).items():
+        floors[name] = max(floors[name], floor)
     properties.compare(got, want, baseline, floors, case)
 
 

@@ -526,6 +526,17 @@ def logit_rounding_floors(dz: torch.Tensor, x: torch.Tensor, logits: torch.Tenso
             for name in terms if name in want and want[name].norm() > 0}
 
 
+def logit_rounding_value_floor(logits: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> float:
+    """:func:`logit_rounding_floors` for a per-row value formed from the held logits (a log-prob, an
+    entropy): ``u·m_r`` absolute per row whoever holds them in 16 bits, relative to ``value`` in norm."""
+    held = matmul_dtype(dtype)
+    if held == torch.float32 or value.norm() == 0:
+        return 0.0
+    u = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[held]
+    m = logits.reshape(-1, logits.shape[-1]).double().abs().amax(-1)
+    return BASELINE_FACTOR * u * (m.norm() / value.double().norm().cpu()).item()
+
+
 def pair_common(draw) -> dict:
     pairs, seq = draw(st.integers(1, 3)), draw(st.integers(1, 4))
     return dict(
