@@ -13,6 +13,7 @@ import torch
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: a CUDA-only route (deselected, not skipped, on a machine without CUDA)")
+    config.addinivalue_line("markers", "shared_notebook: reads a notebook execution shared by the run's workers (tests/notebook_runs.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,40 +1,53 @@
-"""Each notebook executed once per test process, shared by its own test and the browser tests.
+"""Each notebook executed once per test run, shared by its own test and the browser tests.
 
 The notebook tests (``tests/test_notebook_*.py``, ``test_notebooks.py``, ``test_overview.py``,
 ``test_training_step.py``) and the browser tests (``test_browser.py``) read the same executions: the
 runner's CPU parameters (:func:`kernels_lib.workbench.report.notebook_parameters`) plus a
 ``results_dir`` for the check tables, executed by :func:`kernels_lib.workbench.report.run_notebook`
 into one folder, as ``./workbench reports`` does. Executing each notebook once, not twice, is most of
-what keeps CI within its time (the notebooks are about half of the suite's CPU time). The tests that
-share them carry ``xdist_group("notebooks")``, so that under pytest-xdist's ``--dist loadgroup`` they
-all run in one worker, which holds this cache.
+what keeps CI within its time (the notebooks are about half of the suite's CPU time).
 
-A notebook that fails is recorded as failed and raises again for every test that asks for it.
+Under pytest-xdist the folder is shared by every worker of the run (named by xdist's
+``PYTEST_XDIST_TESTRUNUID``): the first worker to ask for a notebook executes it under a file lock,
+and any other worker asking meanwhile waits for it and reads the result. (xdist's ``loadgroup``
+does not keep a group on one worker with pytest 9.2 and pytest-xdist 3.8: the group suffix is not
+applied, seen here, so the sharing cannot rest on it.)
+
+A notebook that fails is recorded as failed and fails every test that asks for it, with the runner's
+message.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from kernels_lib.workbench import report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-#: The mark of every test that reads a shared execution (one xdist worker for all of them).
-GROUP = pytest.mark.xdist_group("notebooks")
+#: The mark of every test that reads a shared execution (``shared_notebook``, registered in conftest.py).
+GROUP = pytest.mark.shared_notebook
 
 _root: Path | None = None
-_runs: dict[str, tuple[Path, float, str]] = {}
 
 
 def out_dir() -> Path:
-    """The folder the shared executions go to: ``executed/``, the HTML reports, ``results/<stem>/``."""
+    """The folder the shared executions go to: ``executed/``, the HTML reports, ``results/<stem>/``;
+    one per xdist run (every worker the same), else one per process."""
     global _root
     if _root is None:
-        _root = Path(tempfile.mkdtemp(prefix="kernels_lib-notebooks-"))
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if run:
+            _root = Path(tempfile.gettempdir()) / f"kernels_lib-notebooks-{run}"
+            _root.mkdir(exist_ok=True)
+        else:
+            _root = Path(tempfile.mkdtemp(prefix="kernels_lib-notebooks-"))
     return _root
 
 
@@ -45,15 +58,18 @@ def results_dir(notebook: Path) -> Path:
 
 def run(notebook: Path, timeout: int = 900) -> tuple[Path, float, str]:
     """``(html path, seconds, failure)`` of ``notebook``'s shared execution, running it on first use."""
-    if notebook.name not in _runs:
-        parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results_dir(notebook))}
-        start = time.perf_counter()
-        try:
-            html, failure = report.run_notebook(notebook, out_dir(), parameters, timeout), ""
-        except report.NotebookFailed as error:
-            html, failure = out_dir() / notebook.with_suffix(".html").name, str(error)
-        _runs[notebook.name] = (html, time.perf_counter() - start, failure)
-    return _runs[notebook.name]
+    done = out_dir() / f"{notebook.stem}.run.json"
+    with FileLock(str(out_dir() / f"{notebook.stem}.lock")):
+        if not done.exists():
+            parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results_dir(notebook))}
+            start = time.perf_counter()
+            try:
+                html, failure = report.run_notebook(notebook, out_dir(), parameters, timeout), ""
+            except report.NotebookFailed as error:
+                html, failure = out_dir() / notebook.with_suffix(".html").name, str(error)
+            done.write_text(json.dumps({"html": str(html), "seconds": time.perf_counter() - start, "failure": failure}))
+        record = json.loads(done.read_text())
+    return Path(record["html"]), record["seconds"], record["failure"]
 
 
 def executed(notebook: Path, timeout: int = 900) -> tuple[Path, Path, Path]:

@@ -40,7 +40,8 @@ flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")  # the 
 flce_chunked = importlib.import_module("kernels_lib._flce.chunked")  # the chunked route
 
 # One worker takes them all (pytest-xdist's loadgroup): the float64 references of the published shapes
-# take up to ~50 GB of GPU memory each, and the other workers share the GPU.
+# take up to ~50 GB of GPU memory each, and the other workers share the GPU. (pytest 9.2 with xdist 3.8
+# does not keep a group together, seen on the CPU machine; the H200's runs have fit in its memory anyway.)
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_routes")]
 DEVICE = kernels_lib.default_device()
 

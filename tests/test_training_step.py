@@ -394,3 +394,19 @@ def test_run_ids_of_one_second_differ_and_sort_in_time():
     second = ts.new_run_id()
     assert first < second
     assert "20261130T235959" < first and len(first) == len("20261201T052445.123456")
+
+
+def test_curve_distances_script_at_the_cpu_shape(tmp_path):
+    """scripts/training_curve_distances.py: a row per provider and seed, the float32 head left out, the
+    distances measured (Hugging Face's from itself 0)."""
+    import importlib.util
+
+    path = ROOT / "scripts" / "training_curve_distances.py"
+    spec = importlib.util.spec_from_file_location("training_curve_distances", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--tiny", "--steps", "2", "--seeds", "0"]) == 0
+    rows = pd.read_csv(tmp_path / "training_curve_distances.csv")
+    assert set(rows.provider) == {p for p in script.PROVIDERS if ts.provider_unavailable(p) is None} and ts.EXACT_HEAD not in set(rows.provider)
+    assert (rows.loc[rows.provider == "huggingface", "max |Δ huggingface|"] == 0).all()
+    assert rows[f"max |Δ {ts.EXACT_HEAD}|"].notna().all() and {"gpu_name", "kernels_lib_commit"} <= set(rows.columns)
