@@ -432,13 +432,15 @@ def test_cli_rejects_cuda_on_cpu_machine(measured_dir, capsys):
 @pytest.fixture(scope="module")
 def committed():
     rows = data.read_rows(data.DATA_DIR / "measured" / "kl_div.csv")
-    latest = rows.sort_values("timestamp").drop_duplicates(
-        ["gpu_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "extra_benchmark_config_str"],
-        keep="last",
-    )
     ceilings = data.read_rows(data.DATA_DIR / "measured" / "ceilings.csv")
-    # The H200 runs (other GPUs may be added later; the analysis reads rows of one GPU).
-    return latest[latest.gpu_name == "NVIDIA H200"].reset_index(drop=True), ceilings
+    # The newest H200 run of the four modes (the analysis judges the rows of one run: one commit on one
+    # GPU; a notebook's full-size refresh measures the published modes only, without forward_no_grad).
+    h200 = rows[rows.gpu_name == "NVIDIA H200"]
+    for commit in h200.sort_values("timestamp").kernels_lib_commit.unique()[::-1]:
+        run = data.one_run(h200, commit=commit, gpu_name="NVIDIA H200")
+        if set(run.kernel_operation_mode) >= {"forward", "backward", "full", "forward_no_grad"}:
+            return run, ceilings
+    raise AssertionError("no H200 run of kl_div.csv measured the four modes")
 
 
 def test_committed_measurements_cover_the_published_workload(committed):

@@ -239,8 +239,8 @@ def test_kto_targets_with_liger_failed():
 def test_verdicts_by_run_judges_each_run_apart():
     """Two runs (commits): the first meets ORPO's full ≤ 0.85× huggingface at every B, the second
     misses it at B = 4; each run is judged on its own rows, oldest first."""
-    good = synthetic_rows(ours_full=4.0).assign(kernels_lib_commit="aaa", timestamp="2026-11-29 10:00:00")
-    bad = synthetic_rows(ours_full=10.0).assign(kernels_lib_commit="bbb", timestamp="2026-11-29 11:00:00")
+    good = synthetic_rows(ours_full=4.0).assign(kernels_lib_commit="aaa", gpu_name="NVIDIA H200", timestamp="2026-11-29 10:00:00")
+    bad = synthetic_rows(ours_full=10.0).assign(kernels_lib_commit="bbb", gpu_name="NVIDIA H200", timestamp="2026-11-29 11:00:00")
     table = analysis.verdicts_by_run(pd.concat([bad, good]), analysis.ORPO_TARGETS)
     assert list(table.commit.unique()) == ["aaa", "bbb"] and len(table) == 2 * len(analysis.ORPO_TARGETS)
     status = table.set_index(["commit", "target"]).status
