@@ -756,7 +756,7 @@ def kl_cancellation_floor(case, want, tensors, target, dtype) -> float:
         coef = log_ratio.exp()
     terms = ((d.exp() + d.abs() + 1) * coef * mask).sum().item()
     total = abs(((d.exp() - d - 1) * coef * mask).sum().item())
-    return properties.BASELINE_FACTOR * 2.0**-24 * terms / total if total > 0 else 0.0
+    return properties.BASELINE_FACTOR * properties.UNIT_ROUNDOFF[torch.float32] * terms / total if total > 0 else 0.0
 
 
 # --------------------------------------------------------------------------- the bench specs

@@ -72,6 +72,8 @@ from kernels_lib.kl_div import kl_div
 DEVICE = default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 BASELINE_FACTOR = 4.0
+#: The unit roundoff of each dtype the floors reason about.
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 GRADS = ("dx", "dW", "db")
 
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -318,7 +320,7 @@ def loss_cancellation_floor(x, w, b, target, case) -> float:
         ratio = (terms.norm() / loss.norm()).item() if loss.norm() > 0 else 0.0
     else:
         ratio = (terms.sum() / loss.sum().abs()).item() if loss.sum() != 0 else 0.0
-    return BASELINE_FACTOR * 2.0**-24 * ratio
+    return BASELINE_FACTOR * UNIT_ROUNDOFF[torch.float32] * ratio
 
 
 # --------------------------------------------------------------------------- ORPO
@@ -498,7 +500,7 @@ def cancellation_floors(dz: torch.Tensor, x: torch.Tensor, want: dict, dtype: to
     to land 4× closer than the kernel, both at the float32 rounding of the terms). ``u`` is the unit
     roundoff of the dtype ``dz`` is held in (:func:`matmul_dtype` of the inputs' ``dtype``: float32 in
     the interpreter, the 16-bit dtype itself on CUDA)."""
-    u = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[matmul_dtype(dtype)]
+    u = UNIT_ROUNDOFF[matmul_dtype(dtype)]
     dz = dz.reshape(-1, dz.shape[-1]).abs()
     x = x.reshape(-1, x.shape[-1]).to(dz.device, torch.float64).abs()
     terms = {"dW": dz.t() @ x, "db": dz.sum(0)}
@@ -517,7 +519,7 @@ def logit_rounding_floors(dz: torch.Tensor, x: torch.Tensor, logits: torch.Tenso
     held = matmul_dtype(dtype)
     if held == torch.float32:
         return {}
-    u = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[held]
+    u = UNIT_ROUNDOFF[held]
     dz = dz.reshape(-1, dz.shape[-1]).abs()
     m = logits.reshape(-1, logits.shape[-1]).to(dz.device, torch.float64).abs().amax(-1, keepdim=True)
     x = x.reshape(-1, x.shape[-1]).to(dz.device, torch.float64).abs()
@@ -532,7 +534,7 @@ def logit_rounding_value_floor(logits: torch.Tensor, value: torch.Tensor, dtype:
     held = matmul_dtype(dtype)
     if held == torch.float32 or value.norm() == 0:
         return 0.0
-    u = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[held]
+    u = UNIT_ROUNDOFF[held]
     m = logits.reshape(-1, logits.shape[-1]).double().abs().amax(-1)
     return BASELINE_FACTOR * u * (m.norm() / value.double().norm().cpu()).item()
 
