@@ -845,12 +845,64 @@ def test_liger_adapter(monkeypatch):
     target[0, 1] = -100
     assert fn(*inputs.args, **inputs.kwargs).item() == 2.5
     assert log[0][1] == dict(beta=0.1, use_ref_model=True, epsilon_low=0.2, epsilon_high=0.2, loss_type="bnpo",
-                             max_completion_length=None, importance_sampling_level="token", temperature=1.0)
+                             max_completion_length=None, importance_sampling_level="token", temperature=1.0,
+                             sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, delta=None,
+                             use_bias_correction_kl=False, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
+                             vespo_lambda_neg=2.0)
     args = log[1][1]
     assert args[0] is x and args[1] is w and args[2][0, 1] == 0 and args[3][0, 1] == 0 and args[3].sum() == 5
     assert args[8] is inputs.kwargs["ref_x"] and args[9] is inputs.kwargs["ref_weight"]
     with pytest.raises(NotImplementedError, match="entropy"):
         fn(*inputs.args, **inputs.kwargs, return_entropy=True)
+    fn(*inputs.args, **inputs.kwargs, delta=1.5, vespo_k_neg=4.0)  # an option: a module of its own
+    assert log[-2][0] == "init" and log[-2][1]["delta"] == 1.5 and log[-2][1]["vespo_k_neg"] == 4.0
+    with pytest.raises(NotImplementedError, match="sampler_logps"):
+        fn(*inputs.args, **inputs.kwargs, sampler_logps=torch.zeros_like(target, dtype=torch.float32))
+
+
+def test_liger_adapter_against_float64_every_loss_type(monkeypatch):
+    """The adapter with Liger's real module (its chunk step not compiled: on a CPU, and to test the adapter,
+    not torch.compile): every loss type and option it passes, off-policy, against the float64 reference,
+    so a measured Liger row is TRL's loss with the options the row records."""
+    grpo_module = pytest.importorskip("liger_kernel.chunked_loss.grpo_loss")
+    import functools
+
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_lib.workbench.bench import spec as bench_spec
+
+    monkeypatch.setattr(grpo_module, "LigerFusedLinearGRPOLoss",
+                        functools.partial(grpo_module.LigerFusedLinearGRPOLoss, compiled=False))
+    monkeypatch.setattr("liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss", grpo_module.LigerFusedLinearGRPOLoss)
+    monkeypatch.setattr(bench, "require_cuda", lambda what: None)
+    fn = bench.PROVIDERS["liger"].load()
+    g = torch.Generator().manual_seed(7)
+    b, t, h, v = 3, 6, 8, 37
+    x, w = torch.randn(b, t, h, generator=g, dtype=torch.float64), torch.randn(v, h, generator=g, dtype=torch.float64) * 0.5
+    full = torch.randint(0, v, (b, t), generator=g)
+    target = full.clone()
+    target[1, -2:] = -100
+    with torch.no_grad():
+        near = reference.fused_linear_grpo(x, w, full, advantages=torch.zeros(b)).per_token_logps
+    advantages = torch.randn(b, generator=g, dtype=torch.float64)
+    old = near + 0.3 * torch.randn(b, t, generator=g, dtype=torch.float64)
+    for loss_type in LOSS_TYPES:
+        options = dict(loss_type=loss_type, beta=0.0, max_completion_length=t,
+                       epsilon_high=5.0 if loss_type == "cispo" else 0.28, delta=1.6 if loss_type in CLIPPED else None,
+                       sapo_temperature_neg=1.2, vespo_k_pos=1.5)
+        # Liger 0.8.5's luspo is TRL's earlier line, (per_token_loss * mask.sum(1, keepdim=True)).mean():
+        # it counts the padded positions that TRL 1.16 masks out first (grpo_trainer.py, "so mask before
+        # aggregating"); the two agree without padding, so luspo is compared there, and shown to differ with it
+        targets = full if loss_type == "luspo" else target
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got = fn(x1, w, targets, advantages=advantages, old_logps=old, **options)
+        want = reference.fused_linear_grpo(x2, w, targets, advantages=advantages, old_logps=old, **options).loss
+        (dx_got,), (dx_want,) = torch.autograd.grad(got, [x1]), torch.autograd.grad(want, [x2])
+        assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (loss_type, got.item(), want.item())
+        assert (dx_got - dx_want).norm() <= 1e-5 * dx_want.norm(), loss_type
+        if loss_type == "luspo":
+            padded = fn(x, w, target, advantages=advantages, old_logps=old, **options)
+            trl = reference.fused_linear_grpo(x, w, target, advantages=advantages, old_logps=old, **options).loss
+            assert abs(padded.item() - trl.item()) > 1e-3 * abs(trl.item()), "Liger's luspo now masks padding: update the note"
 
 
 def test_bench_loss_types_and_options():
@@ -908,3 +960,39 @@ def test_other_loss_types_stay_off_the_published_chart():
     kept = overview.of_chart(rows, {"T": 1024, "H": 4096, "V": 128256, "importance_sampling_level": "token",
                                     "dtype": "torch.bfloat16"}, "B")
     assert list(kept.index) == [0]
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the script's CPU size (the GPU runs it at the published size)")
+def test_loss_types_script_and_table(tmp_path):
+    """scripts/grpo_loss_types.py at CPU size: a row per loss type and provider, medians of its rounds; the
+    table of one run has a row per loss type, ratios that are the rows' own, and refuses two runs."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "grpo_loss_types.py"
+    spec = importlib.util.spec_from_file_location("grpo_loss_types", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--size", "small", "--loss-types", "grpo,cispo"]) == 0
+    rows = pd.read_csv(tmp_path / script.FILE)
+    assert set(rows.loss_type) == {"grpo", "cispo"} and rows.note.str.contains("median of 2 rounds").all()
+    assert (rows.y_value_50 > 0).all() and set(rows.kernel_provider) == {"kernels_lib", "torch", "trl"}
+    config = rows[rows.loss_type == "cispo"].extra_benchmark_config_str.iloc[0]
+    assert '"loss_type": "cispo"' in config and '"epsilon_high": 5.0' in config
+    rows["matmul_tflops"] = 100.0  # the CPU measures no ceiling: a rate to check the floor's arithmetic
+    table = bench.loss_type_table(rows)
+    assert list(table.index) == ["grpo", "cispo"]
+    ours = rows[(rows.loss_type == "grpo") & (rows.kernel_provider == "kernels_lib")].y_value_50.item()
+    theirs = rows[(rows.loss_type == "grpo") & (rows.kernel_provider == "trl")].y_value_50.item()
+    assert table.loc["grpo", "kernels_lib / trl"] == pytest.approx(ours / theirs)
+    floor = bench.flops({"B": 2, "T": 3, "H": 8, "V": 31}, "full") / 100e12 * 1e3
+    assert table.loc["grpo", "floor ms"] == pytest.approx(floor) and table.loc["grpo", "kernels_lib / floor"] == pytest.approx(ours / floor)
+    other = rows.assign(kernels_lib_commit="another")
+    with pytest.raises(ValueError, match="one run"):
+        bench.loss_type_table(pd.concat([rows, other.iloc[:1]]))
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path), "--size", "small", "--loss-types", "nope"])

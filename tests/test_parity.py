@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+import kernels_lib  # sets up the backend before the kernels are defined
 from kernels_lib import default_device, fused_linear_token_logprobs
 from kernels_lib.workbench import parity
 
@@ -53,8 +53,15 @@ def test_float32_at_rounding_bfloat16_coarser():
     for t in (1.0, 0.6):
         f32, bf16 = by.loc[("float32", t)], by.loc[("bfloat16", t)]
         assert f32["|Δ| max"] < 1e-4 and f32["kernels_lib max err"] < 1e-4 and f32["engine max err"] < 1e-4
-        # bfloat16 logits (the engine's) are rounded to 2^-8 relative; kernels_lib's are not, or less
-        assert bf16["|Δ| p99"] > 10 * f32["|Δ| p99"] and bf16["|Δ| max"] < 0.5
+        # the engine's bfloat16 logits are rounded to 2^-8 relative: its error against float64 is bfloat16's
+        assert bf16["engine max err"] > 10 * f32["engine max err"] and bf16["|Δ| max"] < 0.5
+        if kernels_lib.INTERPRETED:
+            # the interpreter's chunk logits are float32, so the two sides round differently
+            assert bf16["|Δ| p99"] > 10 * f32["|Δ| p99"]
+        else:
+            # compiled, the chunk logits are the bfloat16 matmul's too: both sides round alike, and their
+            # difference (an ulp where the accumulation orders differ) is below the engine's own error
+            assert bf16["|Δ| p99"] <= bf16["engine max err"]
     figure = parity.parity_chart(diffs)
     assert len(figure.data) == 4 and figure.layout.yaxis.type == "log"
     assert all(min(trace.y) > 0 and list(trace.y) == sorted(trace.y) for trace in figure.data)

@@ -26,8 +26,9 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
   parameter dtype, chunks of ``aspect_ratio:2``); ``torch_lce[acc_policy=accurate]``: the same with
   ``dW`` and the intermediates in float32, its counterpart of our ``accurate=True``. (``options=None``
   is torch's reference path, the logits materialized: our ``torch`` baseline.) Pure torch, so it runs
-  on a CPU too; where torch lacks the function (the H200's torch 2.11) it is skipped, naming what is
-  missing. Its chunked path has no label smoothing (torch falls back to the reference path), z-loss or
+  on a CPU too; where torch lacks the function (the H200's torch 2.11) it runs torch 2.13's two files
+  from the folder ``KERNELS_LIB_TORCH_LCE_FILES`` names (:mod:`.torch_lce`), else it is skipped, naming
+  what is missing. Its chunked path has no label smoothing (torch falls back to the reference path), z-loss or
   softcap: refused.
 
 A provider whose package or GPU is missing is skipped, and the sweep's rows say why.
@@ -165,15 +166,11 @@ TORCH_LCE_POLICIES = {"torch_lce": None, "torch_lce[acc_policy=accurate]": "accu
 
 
 def _load_torch_lce(acc_policy: str | None):
-    """torch's ``F.linear_cross_entropy`` on its chunked path, ``acc_policy`` set (None: its "auto")."""
-    function = getattr(torch.nn.functional, "linear_cross_entropy", None)
-    options_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-    if function is None or options_class is None:
-        missing = " and ".join(
-            name for name, have in (("torch.nn.functional.linear_cross_entropy", function),
-                                    ("torch.nn.LinearCrossEntropyOptions", options_class)) if have is None
-        )
-        raise ImportError(f"torch {torch.__version__} has no {missing} (added in torch 2.13)")
+    """torch's ``F.linear_cross_entropy`` on its chunked path, ``acc_policy`` set (None: its "auto");
+    torch 2.13's files on an older torch (:func:`.torch_lce.load`)."""
+    from . import torch_lce as torch_lce_files
+
+    function, options_class, _ = torch_lce_files.load()
     options = options_class() if acc_policy is None else options_class(acc_policy=acc_policy)
 
     def torch_lce(x, weight, target, bias=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,

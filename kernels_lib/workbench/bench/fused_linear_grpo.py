@@ -10,7 +10,11 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
   (matmuls in the input dtype, upcast to fp32): the published "torch" provider (Liger's
   ``TorchLMHeadGRPO``, the same lines);
 - ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`` with its reference model (CUDA
-  only; ``torch.compile``d chunk step, one sequence per chunk by default).
+  only; ``torch.compile``d chunk step, one sequence per chunk by default), every loss type and option
+  of Liger 0.8.5's module passed through (``delta``, SAPO's and VESPO's constants, the bias-corrected
+  KL); the sampler's log-probs and entropy masking it does not take: refused, naming them. Its
+  ``luspo`` is TRL's earlier line: it counts padded positions that TRL 1.16 masks first, so its rows
+  are TRL's loss only without padding (as in the published workload).
 
 The published workload (Liger's ``benchmark_grpo_loss.py``, A100, two charts
 ``fused_linear_grpo_loss_token`` and ``fused_linear_grpo_loss_sequence``): ``B`` completions of
@@ -34,6 +38,9 @@ gradient ``dx = dz W`` and ``dW = dz^\top x`` (:func:`flops`).
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import torch
 
 from ... import reference
@@ -81,19 +88,26 @@ def _load_liger():
     def liger_grpo(x, weight, target, bias=None, *, advantages, old_logps=None, ref_logps=None, ref_x=None,
                    ref_weight=None, ref_bias=None, completion_mask=None, beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
                    importance_sampling_level="token", loss_type="grpo", max_completion_length=None,
-                   num_items_in_batch=None, temperature=1.0, ignore_index=-100, return_entropy=False,
-                   chunk_size=None, accurate=False):
-        del chunk_size, accurate  # ours alone: Liger runs its own defaults
+                   num_items_in_batch=None, temperature=1.0, ignore_index=-100, delta=None,
+                   sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, use_bias_correction_kl=False,
+                   vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+                   return_entropy=False, return_per_token=False, chunk_size=None, accurate=False, **unsupported):
+        del chunk_size, accurate, return_per_token  # ours alone: Liger runs its own defaults and logs its own metrics
+        if unsupported:  # sampler_logps (Liger takes the ratio itself), top_entropy_quantile, ...
+            raise NotImplementedError(f"Liger's GRPO adapter does not take {', '.join(sorted(unsupported))}")
         if advantages.dim() != 1 or return_entropy:
             raise NotImplementedError("Liger's GRPO takes (B,) advantages and computes no entropy")
-        key = (beta, epsilon_low, epsilon_high, importance_sampling_level, loss_type, max_completion_length,
-               temperature, ref_x is not None)
+        # every option of the module, in the order of its signature: one compiled module per setting
+        settings = dict(beta=beta, use_ref_model=ref_x is not None, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+                        loss_type=loss_type, max_completion_length=max_completion_length,
+                        importance_sampling_level=importance_sampling_level,
+                        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+                        temperature=temperature, delta=delta, use_bias_correction_kl=use_bias_correction_kl,
+                        vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
+                        vespo_lambda_neg=vespo_lambda_neg)
+        key = tuple(settings.items())
         if key not in modules:
-            modules[key] = LigerFusedLinearGRPOLoss(
-                beta=beta, use_ref_model=ref_x is not None, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
-                loss_type=loss_type, max_completion_length=max_completion_length,
-                importance_sampling_level=importance_sampling_level, temperature=temperature,
-            )
+            modules[key] = LigerFusedLinearGRPOLoss(**settings)
         valid = target != ignore_index
         mask = valid if completion_mask is None else valid & (completion_mask != 0)
         out = modules[key](
@@ -189,3 +203,34 @@ SPEC_SEQUENCE = _spec("sequence")
 #: Both charts; :mod:`.registry` reads ``SPECS`` where a module defines more than one ``SPEC``.
 SPECS = (SPEC_TOKEN, SPEC_SEQUENCE)
 SPEC = SPEC_TOKEN
+
+
+def loss_type_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per loss type from one run of ``scripts/grpo_loss_types.py``
+    (``data/measured/gpu_runs/fused_linear_grpo_loss_types.csv``): each provider's ``full`` median (ms), its
+    memory (MB, peak minus inputs, where measured), kernels_lib's time over each peer's and each provider's
+    over the floor: :func:`flops` of ``full`` at the ``matmul_tflops`` measured in the same run.
+
+    A provider missing from the run (Liger off CUDA) has no column; a loss type it failed on, NaN.
+    Raises ``ValueError`` (:func:`..data.run_label`) when ``rows`` mix runs."""
+    data.run_label(rows)
+    full = rows[rows.kernel_operation_mode == "full"]
+    order = [t for t in LOSS_TYPES if t in set(full.loss_type)]
+    speed = full[full.metric_name == "speed"].pivot_table(index="loss_type", columns="kernel_provider", values="y_value_50")
+    memory = full[full.metric_name == "memory"].pivot_table(index="loss_type", columns="kernel_provider", values="y_value_50")
+    providers = [p for p in PROVIDERS if p in speed.columns]
+    table = pd.DataFrame(index=pd.Index(order, name="loss type"))
+    for provider in providers:
+        table[f"{provider} ms"] = speed[provider]
+    for provider in providers:
+        if provider in memory.columns:
+            table[f"{provider} MB"] = memory[provider]
+    for provider in providers[1:]:
+        table[f"kernels_lib / {provider}"] = speed["kernels_lib"] / speed[provider]
+    sizes = json.loads(full.extra_benchmark_config_str.iloc[0])
+    x = int(full.x_value.iloc[0])
+    floor_ms = flops({**sizes, "B": x}, "full") / (float(full.matmul_tflops.iloc[0]) * 1e12) * 1e3
+    table["floor ms"] = floor_ms
+    for provider in providers:
+        table[f"{provider} / floor"] = speed[provider] / floor_ms
+    return table
