@@ -45,14 +45,23 @@ OPTIONS = {"cispo": {"epsilon_high": 5.0}}
 PROVIDERS = ["kernels_lib", "torch", "liger", "trl"]
 
 
-def measure(size: str, device: torch.device, loss_types=tuple(grpo_bench.LOSS_TYPES)) -> pd.DataFrame:
+def _medians(rounds: list, rate: float) -> pd.DataFrame:
+    rounds = pd.concat(rounds, ignore_index=True)
+    rows = pd.concat([median_of_rounds(group).assign(loss_type=loss_type)
+                      for loss_type, group in rounds.groupby("loss_type", sort=False)], ignore_index=True)
+    return rows.assign(matmul_tflops=rate)
+
+
+def measure(size: str, device: torch.device, loss_types=tuple(grpo_bench.LOSS_TYPES), rounds_wanted: int | None = None,
+            write=None) -> pd.DataFrame:
+    """The rows, medians over the rounds; ``write(rows)`` after each round (a run cut short keeps its rounds)."""
     setup = SIZES[size]
     spec = get_spec(grpo_bench.KERNEL_NAMES["token"])
     rates = []
     ceilings = measure_ceilings(device)
     rates += list(ceilings.loc[ceilings.kernel_name == "matmul", "y_value_50"])
     rounds, start = [], time.perf_counter()
-    for number in range(1, setup["rounds"] + 1):
+    for number in range(1, (rounds_wanted or setup["rounds"]) + 1):
         order = list(loss_types) if number % 2 else list(loss_types)[::-1]
         for loss_type in order:
             options = {**spec.default_options, "loss_type": loss_type, **OPTIONS.get(loss_type, {})}
@@ -60,13 +69,11 @@ def measure(size: str, device: torch.device, loss_types=tuple(grpo_bench.LOSS_TY
                              device=device, providers=PROVIDERS, modes=("full",), options=options)
             rounds.append(rows.assign(round=number, loss_type=loss_type))
             print(f"round {number}: {loss_type} done ({time.perf_counter() - start:.0f} s)", flush=True)
+        if write is not None:
+            write(_medians(rounds, float(pd.Series(rates).median()) if rates else float("nan")))
     ceilings = measure_ceilings(device)
     rates += list(ceilings.loc[ceilings.kernel_name == "matmul", "y_value_50"])
-    rounds = pd.concat(rounds, ignore_index=True)
-    rows = pd.concat([median_of_rounds(group).assign(loss_type=loss_type)
-                      for loss_type, group in rounds.groupby("loss_type", sort=False)], ignore_index=True)
-    rate = float(pd.Series(rates).median()) if rates else float("nan")
-    return rows.assign(matmul_tflops=rate)
+    return _medians(rounds, float(pd.Series(rates).median()) if rates else float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder to write gpu_runs/... under")
     parser.add_argument("--size", choices=sorted(SIZES), default="published")
     parser.add_argument("--loss-types", default=",".join(grpo_bench.LOSS_TYPES))
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of the loss types (default: the size's)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.size == "published" and device.type != "cuda":
@@ -82,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(loss_types) - set(grpo_bench.LOSS_TYPES))
     if unknown:
         parser.error(f"--loss-types: unknown {', '.join(unknown)}; among {', '.join(grpo_bench.LOSS_TYPES)}")
-    rows = measure(args.size, device, loss_types)
     path = args.out / FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = measure(args.size, device, loss_types, args.rounds, write=lambda rows: rows.to_csv(path, index=False))
     rows.to_csv(path, index=False)
     print(f"wrote {len(rows)} rows to {path}")
     return 0
