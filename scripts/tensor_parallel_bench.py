@@ -105,6 +105,7 @@ from kernels_lib.workbench.bench import cross_entropy as ce_bench  # noqa: E402
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce_bench  # noqa: E402
 from kernels_lib.workbench.bench import megatron_cross_entropy as mce_bench  # noqa: E402
 from kernels_lib.workbench.bench.environment import package_version, provenance  # noqa: E402
+from kernels_lib.workbench.bench.ceilings import measure_ceilings  # noqa: E402
 from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS  # noqa: E402
 
 COLUMNS = MEASURED_COLUMNS + ["megatron_version", "tp", "comm_bytes", "comm_bytes_analytic", "comm_ms", "rank_medians"]
@@ -755,6 +756,16 @@ def _summary(outcome: dict) -> str:
             f"{outcome['comm_bytes']:.0f} B on the wire, comm {outcome['comm_ms']:.3f} ms")
 
 
+def ceilings_of_the_run(world, out: Path) -> None:
+    """On CUDA, rank 0 measures the matmul and copy ceilings after the workloads and appends them to
+    ``out/ceilings.csv``: notebook 09's floors are taken at the rate of the same run, never another's."""
+    if world.device.type != "cuda" or world.rank != 0:
+        return
+    rows = measure_ceilings(world.device)
+    path = out / "ceilings.csv"
+    append_rows(rows.to_dict("records"), path, list(pd.read_csv(path, nrows=0).columns) if path.exists() else list(rows.columns))
+
+
 def run(args) -> None:
     world = init_world(args.small)
     try:
@@ -766,6 +777,7 @@ def run(args) -> None:
         for workload in ("megatron_cross_entropy", "cross_entropy"):
             if workload in args.workloads:
                 bench.logits(workload)
+        ceilings_of_the_run(world, Path(args.out))
         bench.log("done")
     finally:
         dist.destroy_process_group()
