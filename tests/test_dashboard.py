@@ -295,3 +295,29 @@ def test_gpu_test_runs_card_shows_the_newest_run_per_target(tmp_path):
     (tmp_path / "bad.csv").write_text("timestamp,target\n2026-12-01,gpu\n")
     with pytest.raises(ValueError, match="bad.csv lacks the column"):
         dashboard.gpu_test_runs(tmp_path / "bad.csv")
+
+
+def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
+    """The GRPO family card: a row per loss type of the newest H200 run, kernels_lib's time over the floor and over
+    each peer's from that run alone; not measured without the file."""
+    import re
+
+    from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
+
+    committed = pd.read_csv(dashboard.GRPO_LOSS_TYPES) if dashboard.GRPO_LOSS_TYPES.exists() else None
+    assert "Not measured" in dashboard.grpo_family_card(tmp_path / "absent.csv")
+    if committed is None or not (committed.gpu_name == "NVIDIA H200").any():
+        pytest.skip("no H200 run of scripts/grpo_loss_types.py committed")
+    # another run beside it, on another GPU and commit: the card must not mix it in
+    other = committed.assign(kernels_lib_commit="0000000", gpu_name="NVIDIA A100", y_value_50=committed.y_value_50 * 3)
+    path = tmp_path / "loss_types.csv"
+    pd.concat([committed, other]).to_csv(path, index=False)
+    card = dashboard.grpo_family_card(path)
+    table = grpo_bench.loss_type_table(data.one_run(committed[committed.gpu_name == "NVIDIA H200"]))
+    rows = re.findall(r'<tr data-loss-type="(\w+)">(.*?)</tr>', card)
+    assert [name for name, _ in rows] == list(table.index)
+    for name, cells in rows:
+        values = re.findall(r"<td>(.*?)</td>", cells)
+        assert values[1] == f"{table.loc[name, 'kernels_lib ms']:.1f}"
+        assert values[2] == dashboard.ratio_text(table.loc[name, "kernels_lib / floor"])
+    assert "0000000" not in card and "A100" not in card

@@ -414,8 +414,9 @@ def x_text(value) -> str:
 STYLE = """
 td.met { color: #1a7f37; } td.missed { color: #cf222e; } td.not-measured { color: #57606a; font-style: italic; }
 figure.spark svg text { font-size: 9px; fill: #57606a; font-family: system-ui, sans-serif; }
-.card.gpu-runs { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
-table.gpu-runs { border-collapse: collapse; font-size: .9rem; } table.gpu-runs td, table.gpu-runs th { padding: .2rem .6rem;
+.card.gpu-runs, .card.grpo-family { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
+table.gpu-runs, table.grpo-family { border-collapse: collapse; font-size: .9rem; }
+table.gpu-runs td, table.gpu-runs th, table.grpo-family td, table.grpo-family th { padding: .2rem .6rem;
   border-bottom: 1px solid #eaeef2; text-align: left; }
 """
 #: Colours of providers without one of their own in :data:`.charts.COLORS`, and of kernels_lib's other
@@ -554,3 +555,41 @@ def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
                      f"<td>{float(row.minutes):.1f} min</td><td>{command}</td></tr>")
     return (head + '<table class="gpu-runs"><thead><tr><th>target</th><th>date</th><th>run</th><th>versions</th><th>tests</th>'
             f'<th>time</th><th>command</th></tr></thead><tbody>{"".join(cells)}</tbody></table></div>')
+
+
+GRPO_LOSS_TYPES = data.MEASURED_DIR / "gpu_runs" / "fused_linear_grpo_loss_types.csv"
+
+
+def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overview.H200) -> str:
+    """The index's card *GRPO family*: the newest run on ``gpu_name`` of ``scripts/grpo_loss_types.py``
+    (every loss type of TRL 1.16 at the published GRPO workload), per loss type kernels_lib's ``full`` time,
+    its ratio to the matmul floor and to each peer's time, and its memory over Liger's, all within that
+    run (:func:`.bench.fused_linear_grpo.loss_type_table`); *not measured* where the file has no such run."""
+    from .bench import fused_linear_grpo as grpo_bench
+
+    head = ('<div class="card grpo-family" data-card="grpo-family"><h2>GRPO family: every loss type of TRL 1.16</h2>')
+    path = Path(path)
+    rows = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    rows = rows[rows.gpu_name == gpu_name] if len(rows) else rows
+    if not len(rows):
+        return head + (f"<p>Not measured on {html.escape(gpu_name)} (<code>scripts/grpo_loss_types.py --out DIR</code> on a "
+                       "GPU writes <code>gpu_runs/fused_linear_grpo_loss_types.csv</code>).</p></div>")
+    run = data.one_run(rows)
+    table = grpo_bench.loss_type_table(run)
+    peer_columns = [c for c in table.columns if c.startswith("kernels_lib / ")]
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in
+                     ["loss type", "kernels_lib full (ms)", "× floor", *(f"× {c.split(' / ')[1]}" for c in peer_columns),
+                      "memory × liger"])
+    body = []
+    for loss_type, row in table.iterrows():
+        memory = (row["kernels_lib MB"] / row["liger MB"]) if "liger MB" in row and "kernels_lib MB" in row else float("nan")
+        cells = [html.escape(str(loss_type)), f"{row['kernels_lib ms']:.1f}", ratio_text(row["kernels_lib / floor"]),
+                 *(ratio_text(row[c]) for c in peer_columns), ratio_text(memory)]
+        body.append(f'<tr data-loss-type="{html.escape(str(loss_type))}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    sizes = json.loads(run.extra_benchmark_config_str.iloc[0])
+    caption = (f"{html.escape(data.run_label(run))}; B = {int(run.x_value.iloc[0])}, T = {sizes['T']}, H = {sizes['H']}, "
+               f"V = {sizes['V']}, {html.escape(sizes['dtype'].replace('torch.', ''))}; the floor: the four matmuls of "
+               f"<code>full</code> at {float(run.matmul_tflops.iloc[0]):.0f} TFLOP/s, measured in the same run. Below 1: "
+               "kernels_lib is faster or smaller.")
+    return (head + f"<p>{caption}</p><table class=\"grpo-family\"><thead><tr>{header}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>")

@@ -321,7 +321,8 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         "measurements it judges (<code>data/measured/</code>, the newest run of each chart): kernels_lib&#39;s "
         "<code>full</code> time and memory over each peer&#39;s measured in the same run (below 1: kernels_lib is faster or "
         "smaller), and its targets.</p>"
-        '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + "</body></html>"
+        '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + dashboard.grpo_family_card()
+        + "</body></html>"
     )
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
