@@ -563,3 +563,33 @@ def test_frontier_script_cpu_paths(tmp_path):
     row_major = pd.read_csv(tmp_path / script.FILES["row_major_dw"])
     assert set(row_major.stage) == {"dx", "dW"} and row_major.ms.gt(0).all() and "kernels_lib_commit" in row_major
     assert len(row_major[row_major.stage == "dW"]) == 2 * len(script.SIZES["small"]["slab_rows"]), "written and added to"
+
+
+def test_cce_paper_table_and_workload():
+    """The CCE paper's Gemma 2 rows as its README prints them, the preset of its workload, and our run beside them:
+    ratios to the baseline within each source only."""
+    import json
+
+    import pandas as pd
+
+    paper = flce.cce_paper_rows()
+    assert len(paper) == 9 and set(paper.provider) == {"cce", "torch.compile", "torch"}
+    full = paper.set_index(["provider", "mode"])
+    assert full.loc[("torch", "full"), "time ms"] == 208.8 and full.loc[("cce", "forward"), "memory MB"] == 1.1
+    preset = flce.SPEC.preset("cce_gemma2")
+    assert preset["sizes"] == {"H": 2304, "V": 256000} and preset["x_values"] == [8192]
+    config = json.dumps({"H": 2304, "V": 256000, "dtype": "torch.bfloat16"})
+    rows = pd.DataFrame([
+        {"kernel_provider": p, "kernel_operation_mode": "full", "metric_name": m, "y_value_50": v, "x_value": 8192,
+         "extra_benchmark_config_str": config, "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200",
+         "timestamp": "2026-12-02 12:00"}
+        for p, m, v in [("kernels_lib", "speed", 40.0), ("torch", "speed", 80.0), ("kernels_lib", "memory", 900.0)]
+    ])
+    other = rows.assign(extra_benchmark_config_str=json.dumps({"H": 4096, "V": 128256}))
+    assert flce.is_cce_paper_workload(pd.concat([rows, other])).tolist() == [True] * 3 + [False] * 3
+    table = flce.cce_paper_table(rows)
+    assert table.loc[("kernels_lib", "full"), "H200 × torch"] == 0.5 and table.loc[("kernels_lib", "full"), "H200 MB"] == 900.0
+    assert table.loc[("cce", "full"), "A100 × torch"] == pytest.approx(134.8 / 208.8)
+    assert pd.isna(table.loc[("kernels_lib", "full"), "A100 ms (paper)"])  # ours is not in the paper
+    with pytest.raises(ValueError, match="one run"):
+        flce.cce_paper_table(pd.concat([rows, rows.assign(kernels_lib_commit="fff0000")]))
