@@ -320,4 +320,7 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
         values = re.findall(r"<td>(.*?)</td>", cells)
         assert values[1] == f"{table.loc[name, 'kernels_lib ms']:.1f}"
         assert values[2] == dashboard.ratio_text(table.loc[name, "kernels_lib / floor"])
+        assert values[3:6] == [dashboard.ratio_text(table.loc[name, f"kernels_lib / {peer}"]) for peer in ("torch", "liger", "trl")]
+        assert values[6] == dashboard.ratio_text(table.loc[name, "kernels_lib MB"] / table.loc[name, "liger MB"])
+    assert card.count("× floor") == 1
     assert "0000000" not in card and "A100" not in card

@@ -576,7 +576,7 @@ def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overvie
                        "GPU writes <code>gpu_runs/fused_linear_grpo_loss_types.csv</code>).</p></div>")
     run = data.one_run(rows)
     table = grpo_bench.loss_type_table(run)
-    peer_columns = [c for c in table.columns if c.startswith("kernels_lib / ")]
+    peer_columns = [c for c in table.columns if c.startswith("kernels_lib / ") and not c.endswith("floor")]
     header = "".join(f"<th>{html.escape(h)}</th>" for h in
                      ["loss type", "kernels_lib full (ms)", "× floor", *(f"× {c.split(' / ')[1]}" for c in peer_columns),
                       "memory × liger"])
