@@ -569,7 +569,7 @@ def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overvie
 
     head = ('<div class="card grpo-family" data-card="grpo-family"><h2>GRPO family: every loss type of TRL 1.16</h2>')
     path = Path(path)
-    rows = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    rows = data.read_rows(path) if path.exists() else pd.DataFrame()
     rows = rows[rows.gpu_name == gpu_name] if len(rows) else rows
     if not len(rows):
         return head + (f"<p>Not measured on {html.escape(gpu_name)} (<code>scripts/grpo_loss_types.py --out DIR</code> on a "
