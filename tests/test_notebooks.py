@@ -213,3 +213,24 @@ def test_reports_leave_out_stderr_and_load_nothing_from_a_cdn(tmp_path):
     assert re.findall(r"<script[^>]*\bsrc=", page) == []  # plotly's MathJax from a CDN left out too
     assert not re.search(r"https?://[^\"'\s]*(/mathjax/|require(\.min)?\.js|mermaid)", page, re.I)  # no URL of them left to load
     assert "<math" in page  # the formula as MathML
+
+
+def test_a_notebook_that_measures_ceilings_reads_them_again():
+    """A notebook that loads ``ceilings.csv`` and later appends this run's ceilings (``--record`` on a GPU)
+    must load them again in that cell: the floors after it are then of the rows' own run, not of an older
+    one (08 at c0d8789 said "the rows' run measured no ceilings" one cell after measuring them)."""
+    import re
+
+    loaded = re.compile(r'^\s*(\w+) = data\.load_measured\("ceilings"', re.M)
+    stale = []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        names = set()
+        for number, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type != "code":
+                continue
+            measures = "measure_ceilings(" in cell.source and '"ceilings")' in cell.source
+            reloaded = set(loaded.findall(cell.source))
+            if measures and names - reloaded:
+                stale.append(f"{path.name} cell {number}: {sorted(names - reloaded)}")
+            names |= reloaded
+    assert stale == [], f"ceilings measured but the loaded frame not read again: {stale}"
