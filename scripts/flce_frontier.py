@@ -26,6 +26,10 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     (:data:`kernels_lib.fused_linear_cross_entropy.STORE_EXPONENTIALS`): the ``frontier`` part's peers
     and default in the same alternating rounds, beside ``kernels_lib[store_exponentials=False]`` (the
     default with the logits stored and the kernel's pass 2), no dial.
+``past_floor``: ``gpu_runs/fused_linear_cross_entropy_past_floor.csv`` (rounds in ``..._past_floor_rounds.csv``).
+    The ``frontier`` part's peers, the floor's three matmuls among them, and the default in the same
+    alternating rounds, no dial: issue 30's targets (torch's ``F.linear_cross_entropy`` on the H200's torch
+    2.11 through ``KERNELS_LIB_TORCH_LCE_FILES``, :mod:`kernels_lib.workbench.bench.torch_lce`).
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
     ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
@@ -124,7 +128,7 @@ SIZES = {
     "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
               "rounds": 2, "profile_n": [16], "timeline_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
 }
-PEERS = ["torch", "liger", "liger_sm90", "quack", "cce", "torch_lce", "torch_lce[acc_policy=accurate]"]
+PEERS = ["torch", "liger", "liger_sm90", "quack", "cce", "torch_lce", "torch_lce[acc_policy=accurate]", flce.FLOOR]
 MODES = ("forward_no_grad", "full")
 DTYPE = torch.bfloat16
 #: The module (its name is shadowed by the function on the package).
@@ -147,6 +151,8 @@ FILES = {
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
     "wide_class_major_rounds": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab_rounds.csv",
     "row_major_dw": "gpu_runs/fused_linear_cross_entropy_row_major_dw.csv",
+    "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
+    "past_floor_rounds": "gpu_runs/fused_linear_cross_entropy_past_floor_rounds.csv",
 }
 
 
@@ -186,6 +192,8 @@ def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, 
         sweeps += [lambda name=name: _arm(name, **sweep) for name in arms]
         rows = pd.concat([run() for run in (sweeps if number % 2 else sweeps[::-1])], ignore_index=True)
         rounds.append(rows.assign(round=number))
+        if rounds_path is not None:  # each round as soon as it is done: a run cut short keeps its rounds
+            pd.concat(rounds, ignore_index=True).to_csv(rounds_path, index=False)
         print(f"frontier: round {number} of {size['rounds']} done", flush=True)
     rounds = pd.concat(rounds, ignore_index=True)
     if rounds_path is not None:
@@ -384,6 +392,14 @@ def quack_ab(size: dict, device: torch.device, rounds_path: Path | None = None) 
     return frontier(size, device, rounds_path, dial=False, peers=("quack",))
 
 
+def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """Issue 30's run: every peer that loads (torch's ``F.linear_cross_entropy`` with its default and
+    accurate policies among them) and the floor (:data:`~kernels_lib.workbench.bench.fused_linear_cross_entropy.FLOOR`,
+    the three matmuls alone) beside kernels_lib's default, in the frontier's alternating rounds, no dial:
+    what :func:`kernels_lib.workbench.bench.analysis.past_floor_targets` judges."""
+    return frontier(size, device, rounds_path, dial=False)
+
+
 def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
     """kernels_lib's default and QuACK's, ``full`` and ``forward_no_grad`` at each N, timed in adjacent pairs
     (:func:`~kernels_lib.workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
@@ -440,7 +456,8 @@ def row_major_dw(size: dict, device: torch.device) -> pd.DataFrame:
 
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
          "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab,
-         "quack_pairs": quack_pairs, "wide_class_major": wide_class_major, "row_major_dw": row_major_dw}
+         "quack_pairs": quack_pairs, "wide_class_major": wide_class_major, "row_major_dw": row_major_dw,
+         "past_floor": past_floor}
 
 
 def main(argv: list[str] | None = None) -> int:

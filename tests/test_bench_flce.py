@@ -42,7 +42,7 @@ def test_registered_with_presets():
     spec = get_spec("fused_linear_cross_entropy")
     assert list(spec.providers) == [
         "kernels_lib", "kernels_lib[accurate=True]", "torch", "liger", "cce", "liger_sm90", "quack",
-        "torch_lce", "torch_lce[acc_policy=accurate]",
+        "torch_lce", "torch_lce[acc_policy=accurate]", "three_matmuls",
     ]
     assert spec.baseline == "torch"
     assert spec.published == {
@@ -118,9 +118,28 @@ def test_peers_skipped_on_cpu_naming_cuda():
     loaded, skipped = available_providers("fused_linear_cross_entropy")
     torch_lce = set(flce.TORCH_LCE_POLICIES)
     has_torch_lce = hasattr(torch.nn.functional, "linear_cross_entropy")
-    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch"} | (torch_lce if has_torch_lce else set())
+    assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch", flce.FLOOR} | (torch_lce if has_torch_lce else set())
     assert set(skipped) == {"liger", "cce", "liger_sm90", "quack"} | (set() if has_torch_lce else torch_lce)
     assert all("CUDA" in why for name, why in skipped.items() if name not in torch_lce)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_floor_provider_is_the_three_matmuls_alone(dtype):
+    """``three_matmuls``: forward the logits product (its scalar one logit), backward dx = z W and
+    dW = z^T x with the logits buffer as dz; nothing else, so its time is the floor of ``full``."""
+    fn = flce.PROVIDERS[flce.FLOOR].load()
+    inputs = flce.make_inputs({"N": 37, "H": 19, "V": 1031}, dtype, DEVICE, {"ignore_fraction": 0.1, "bias": True})
+    x, weight, target, bias = inputs.args
+    out = fn(*inputs.args, reduction="sum")
+    z = (x @ weight.T).detach()
+    assert out.dtype == torch.float32 and out.item() == z[0, 0].float().item()
+    out.backward()
+    assert torch.equal(x.grad, z @ weight.detach()) and torch.equal(weight.grad, z.T @ x.detach())
+    assert bias.grad is None  # the bias vector is not part of the floor
+    with torch.no_grad():
+        assert fn(x.reshape(1, 37, 19), weight, target.reshape(1, 37)).item() == out.item()
+    with pytest.raises(NotImplementedError, match="loss only"):
+        fn(*inputs.args, return_z_loss=True)
 
 
 needs_torch_lce = pytest.mark.skipif(
@@ -515,8 +534,13 @@ def test_frontier_script_cpu_paths(tmp_path):
     providers = set(rows.kernel_provider)
     torch_lce = set(flce.TORCH_LCE_POLICIES) if hasattr(torch.nn.functional, "linear_cross_entropy") else set()
     assert set(flce.TORCH_LCE_POLICIES) <= set(script.PEERS)
-    assert dial | {"kernels_lib", "torch"} | torch_lce <= providers
-    assert providers - dial - {"kernels_lib", "torch"} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})
+    assert dial | {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= providers
+    assert providers - dial - {"kernels_lib", "torch", flce.FLOOR} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})
+    # issue 30's part: the same peers and the floor, no dial, and its targets judged from that one run
+    past = pd.read_csv(tmp_path / script.FILES["past_floor"])
+    assert {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= set(past.kernel_provider) and not set(past.kernel_provider) & dial
+    judged = analysis.past_floor_targets(past)
+    assert judged["full / three matmuls"].notna().all() and judged["full / QuACK"].isna().all()
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
     assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
@@ -552,7 +576,7 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert (ours.samples == script.SIZES["small"]["pair_samples"]).all() and ours.ms_50.gt(0).all()
     ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
     liger = set() if kernels_lib.INTERPRETED else {"liger"}  # as the frontier's rows above
-    assert {"kernels_lib", script.LOGITS_ARM, "torch"} | torch_lce | liger == set(ab.kernel_provider)  # the frontier's peers
+    assert {"kernels_lib", script.LOGITS_ARM, "torch", flce.FLOOR} | torch_lce | liger == set(ab.kernel_provider)  # the frontier's peers
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
     wide = pd.read_csv(tmp_path / script.FILES["wide_class_major"])

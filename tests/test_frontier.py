@@ -157,3 +157,55 @@ def test_later_default_against_the_frontier_run():
     # QuACK's forward_no_grad missing from the frontier run: NaN, not an error
     assert pd.isna(table.loc[("forward_no_grad", 4096), "kernels_lib / quack"])
     assert table.loc[("forward_no_grad", 4096), "torch drift"] == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- issue 30: past the floor
+
+
+def test_the_measured_floor_is_no_peer():
+    """The three matmuls are faster than every loss; the fastest peer is still the fastest loss."""
+    rows = pd.concat([_full_run(), _rows({(analysis.FLOOR, "full", 4096): (5.0, 9000.0),
+                                          (analysis.FLOOR, "full", 8192): (9.0, 9000.0)})], ignore_index=True)
+    table = analysis.frontier_targets(rows)
+    assert list(table["fastest peer"]) == ["liger", "torch"]
+
+
+def _past_floor_run(**extra) -> pd.DataFrame:
+    points = {
+        ("kernels_lib", "full", 4096): (18.0, 1100.0), ("kernels_lib", "forward_no_grad", 4096): (6.0, 10.0),
+        (analysis.FLOOR, "full", 4096): (20.0, 5000.0),
+        ("quack", "full", 4096): (19.0, 2000.0), ("quack", "forward_no_grad", 4096): (6.5, 10.0),
+        ("torch_lce", "full", 4096): (100.0, 2000.0),
+        ("kernels_lib", "full", 8192): (37.0, 2200.0), ("kernels_lib", "forward_no_grad", 8192): (12.0, 10.0),
+        (analysis.FLOOR, "full", 8192): (37.0, 9000.0),
+        ("quack", "full", 8192): (38.0, 3000.0), ("quack", "forward_no_grad", 8192): (12.4, 10.0),
+        ("torch_lce", "full", 8192): (40.0, 2100.0),
+        **extra,
+    }
+    return _rows(points).assign(kernels_lib_commit="abc1234", timestamp="2026-12-02 19:00")
+
+
+def test_past_floor_ratios_and_verdicts():
+    table = analysis.past_floor_targets(_past_floor_run())
+    assert table.loc[4096, "full / three matmuls"] == pytest.approx(0.9)
+    assert table.loc[8192, "full / three matmuls"] == pytest.approx(1.0)
+    assert table.loc[4096, "full / QuACK"] == pytest.approx(18 / 19)
+    assert table.loc[8192, "memory / QuACK"] == pytest.approx(2200 / 3000)
+    assert table.loc[4096, "forward_no_grad / QuACK"] == pytest.approx(6 / 6.5)
+    assert table.loc[4096, "full / torch LCE"] == pytest.approx(0.18)
+    assert table.loc[8192, "memory / torch LCE"] == pytest.approx(2200 / 2100)
+    verdicts = analysis.target_verdicts(table, analysis.PAST_FLOOR_TARGETS)
+    assert verdicts.loc["full ≤ 0.92× three matmuls", "status"] == "missed"  # 1.0 at N = 8192
+    assert verdicts.loc["full ≤ 0.92× three matmuls", "worst at x"] == 8192
+    assert verdicts.loc["full ≤ 0.95× QuACK", "status"] == "missed"  # 18/19 = 0.947 met, 37/38 = 0.974 not
+    assert verdicts.loc["memory full ≤ 0.6× QuACK's", "status"] == "missed"
+    assert verdicts.loc["full ≤ 0.8× torch LCE", "status"] == "missed"  # 37/40 at N = 8192
+    assert verdicts.loc["memory full ≤ torch LCE's", "status"] == "missed"
+    # torch's accurate policy was not in this run: not measured, never borrowed from another run
+    assert verdicts.loc["full ≤ 0.8× torch LCE (accurate)", "status"] == "not measured"
+
+
+def test_past_floor_refuses_rows_of_two_runs():
+    rows = pd.concat([_past_floor_run(), _past_floor_run().assign(kernels_lib_commit="def5678")], ignore_index=True)
+    with pytest.raises(ValueError, match="abc1234.*def5678|def5678.*abc1234"):
+        analysis.past_floor_targets(rows)

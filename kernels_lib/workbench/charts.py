@@ -41,6 +41,8 @@ COLORS = {
     "megatron-fused": "#bcbd22",
     "megatron-unfused": "#dbdb8d",
     "torch_loss_parallel": "#aec7e8",
+    "torch_lce": "#c49c94",
+    "three_matmuls": "#7f7f7f",  # the floor measured in the run (not a loss)
 }
 #: Colours for a provider not in :data:`COLORS`, picked by a hash of its base name (the same in every figure).
 SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")

@@ -42,16 +42,19 @@ from .bench.analysis import (
     KL_DIV_TARGETS,
     KTO_TARGETS,
     ORPO_TARGETS,
+    PAST_FLOOR_TARGETS,
     ceiling,
     distillation_targets,
     frontier_targets,
     fused_linear_cross_entropy_targets,
     issue13_targets,
     medians,
+    past_floor_targets,
     preference_targets,
     row_divergence_targets,
     target_verdicts,
 )
+from .bench.fused_linear_cross_entropy import FLOOR
 from .bench.registry import get_spec
 from .charts import COLORS
 
@@ -208,9 +211,10 @@ def full_medians(chart: Chart, metric: str) -> pd.DataFrame:
 
 def peers(chart: Chart) -> list[str]:
     """The providers kernels_lib is compared with: every other provider measured in ``full`` in the run,
-    except points of a dial or other configurations (names with ``[``); on the tensor-parallel chart
+    except points of a dial or other configurations (names with ``[``) and the measured floor
+    (:data:`.bench.fused_linear_cross_entropy.FLOOR`); on the tensor-parallel chart
     the providers at kernels_lib's TP, and kernels_lib at TP = 1."""
-    providers = [p for p in full_medians(chart, "speed").columns if p != chart.ours and "[" not in p]
+    providers = [p for p in full_medians(chart, "speed").columns if p != chart.ours and "[" not in p and p != FLOOR]
     if chart.kernel_name == TENSOR_PARALLEL:
         same_tp = chart.ours.rsplit(" ", 1)[1]
         providers = [p for p in providers if p.endswith(f" {same_tp}") or p == "kernels_lib TP=1"]
@@ -236,9 +240,9 @@ def _targets(chart: Chart, ceilings: pd.DataFrame) -> list[tuple[dict, pd.DataFr
     rows, name = chart.rows, chart.kernel_name
     data.run_label(rows)
     if name == "fused_linear_cross_entropy":
-        # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier)
+        # issue 3's targets, issue 14's against the run's fastest peer (the speed-memory frontier), issue 30's past the floor
         table = fused_linear_cross_entropy_targets(rows, ceiling(ceilings, "matmul", chart.gpu, chart.commit))
-        return [(FLCE_TARGETS, table), (FRONTIER_TARGETS, frontier_targets(rows))]
+        return [(FLCE_TARGETS, table), (FRONTIER_TARGETS, frontier_targets(rows)), (PAST_FLOOR_TARGETS, past_floor_targets(rows))]
     if name in ("kl_div", "jsd", "tvd"):
         targets = KL_DIV_TARGETS if name == "kl_div" else DIVERGENCE_TARGETS
         return [(targets, row_divergence_targets(rows, name, ceiling(ceilings, "copy", chart.gpu, chart.commit), targets))]
@@ -284,7 +288,7 @@ def verdicts(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
 
 
 #: A target's ratio column's peer as the dashboard names the provider (``"full / Liger"`` → ``liger``).
-_PEER_OF_COLUMN = {"torch": "torch", "liger": "liger", "cce": "cce", "quack": "quack", "huggingface": "huggingface", "trl": "trl"}
+_PEER_OF_COLUMN = {"torch lce": "torch_lce", "torch lce (accurate)": "torch_lce[acc_policy=accurate]", "torch": "torch", "liger": "liger", "cce": "cce", "quack": "quack", "huggingface": "huggingface", "trl": "trl"}
 #: The tensor-parallel targets (:data:`.tensor_parallel.TARGETS`) that judge a cell at TP = 2: name → (peer, column).
 _TP_CELLS = {"tp2_time": ("kernels_lib TP=1", "time ratio"), "tp2_memory": ("kernels_lib TP=1", "memory ratio"),
              "vs_loss_parallel_time": ("torch_loss_parallel TP=2", "time ratio"), "vs_megatron_time": ("megatron-core TP=2", "time ratio"),

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from .. import data
-from .fused_linear_cross_entropy import flops
+from .fused_linear_cross_entropy import FLOOR, TORCH_LCE_POLICIES, flops
 from .registry import get_spec
 
 
@@ -205,8 +205,8 @@ def frontier_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.Da
     ``provider`` (the default, or a point of its dial).
 
     The peers are every provider measured in ``full`` that is not ``provider``'s own (so neither
-    ``provider`` nor the points of its dial, ``kernels_lib[…]``): torch, Liger, CCE, Liger's CuTe DSL
-    kernel, QuACK, whichever were measured. Per x: the fastest peer in ``full`` (its name, median time
+    ``provider`` nor the points of its dial, ``kernels_lib[…]``, nor the floor's three matmuls): torch,
+    Liger, CCE, Liger's CuTe DSL kernel, QuACK, torch's ``F.linear_cross_entropy``, whichever were measured. Per x: the fastest peer in ``full`` (its name, median time
     and ``full`` memory), ``provider``'s ``full`` time and memory and their ratios to that peer's,
     ``provider``'s ``forward_no_grad`` time and its ratio to QuACK's, and one True / False / NaN
     column per target (NaN where no peer, or QuACK, was measured at that x).
@@ -216,7 +216,7 @@ def frontier_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.Da
     memory_full = medians(rows, "memory", "full").reindex(index)
     speed_fwd = medians(rows, "speed", "forward_no_grad").reindex(index)
     own = _base_name(provider)
-    peers = speed_full[[c for c in speed_full.columns if _base_name(c) != own]]
+    peers = speed_full[[c for c in speed_full.columns if _base_name(c) != own and c != FLOOR]]  # the floor is no peer
     fastest = pd.Series([times.idxmin() if times.notna().any() else None for _, times in peers.iterrows()], index=index, dtype=object)
 
     def at_fastest(table: pd.DataFrame) -> pd.Series:
@@ -236,6 +236,49 @@ def frontier_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.Da
     table["QuACK forward_no_grad ms"] = _provider(speed_fwd, "quack")
     table["forward_no_grad / QuACK"] = table["forward_no_grad ms"] / table["QuACK forward_no_grad ms"]
     for label, (column, bound) in FRONTIER_TARGETS.items():
+        table[label] = (table[column] <= bound).where(table[column].notna())
+    return table
+
+
+#: Issue 30's targets (past the cuBLAS floor; one GPU, same run): label → (ratio column of
+#: :func:`past_floor_targets`, upper bound).
+TORCH_LCE, TORCH_LCE_ACCURATE = list(TORCH_LCE_POLICIES)
+PAST_FLOOR_TARGETS = {
+    "full ≤ 0.92× three matmuls": ("full / three matmuls", 0.92),
+    "full ≤ 0.95× QuACK": ("full / QuACK", 0.95),
+    "memory full ≤ 0.6× QuACK's": ("memory / QuACK", 0.6),
+    "forward_no_grad ≤ 0.9× QuACK": ("forward_no_grad / QuACK", 0.9),
+    "full ≤ 0.8× torch LCE": ("full / torch LCE", 0.8),
+    "memory full ≤ torch LCE's": ("memory / torch LCE", 1.0),
+    "full ≤ 0.8× torch LCE (accurate)": ("full / torch LCE (accurate)", 0.8),
+    "memory full ≤ torch LCE's (accurate)": ("memory / torch LCE (accurate)", 1.0),
+}
+
+
+def past_floor_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Issue 30's targets per number of tokens (:data:`PAST_FLOOR_TARGETS`), from rows of one run
+    (refused otherwise, :func:`_one_run`): ``provider``'s ``full`` time over the floor measured in the
+    run (:data:`~.fused_linear_cross_entropy.FLOOR`, the three matmuls alone) and over QuACK's and
+    torch's ``F.linear_cross_entropy`` (default options and ``acc_policy="accurate"``), its ``full``
+    memory over theirs, its ``forward_no_grad`` over QuACK's; one True / False / NaN column per target
+    (NaN where the run did not measure that provider: "not measured", never another run's)."""
+    rows = _one_run(rows)
+    speed_full = medians(rows, "speed", "full")
+    index = speed_full.index
+    memory_full = medians(rows, "memory", "full").reindex(index)
+    speed_fwd = medians(rows, "speed", "forward_no_grad").reindex(index)
+    table = pd.DataFrame(index=index)
+    table["full ms"] = _provider(speed_full, provider)
+    table["three matmuls ms"] = _provider(speed_full, FLOOR)
+    table["full / three matmuls"] = table["full ms"] / table["three matmuls ms"]
+    table["full / QuACK"] = table["full ms"] / _provider(speed_full, "quack")
+    table["memory MB"] = _provider(memory_full, provider)
+    table["memory / QuACK"] = table["memory MB"] / _provider(memory_full, "quack")
+    table["forward_no_grad / QuACK"] = _provider(speed_fwd, provider) / _provider(speed_fwd, "quack")
+    for name, label in ((TORCH_LCE, "torch LCE"), (TORCH_LCE_ACCURATE, "torch LCE (accurate)")):
+        table[f"full / {label}"] = table["full ms"] / _provider(speed_full, name)
+        table[f"memory / {label}"] = table["memory MB"] / _provider(memory_full, name)
+    for label, (column, bound) in PAST_FLOOR_TARGETS.items():
         table[label] = (table[column] <= bound).where(table[column].notna())
     return table
 

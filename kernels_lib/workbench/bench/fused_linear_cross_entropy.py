@@ -30,6 +30,13 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
   from the folder ``KERNELS_LIB_TORCH_LCE_FILES`` names (:mod:`.torch_lce`), else it is skipped, naming
   what is missing. Its chunked path has no label smoothing (torch falls back to the reference path), z-loss or
   softcap: refused.
+- ``three_matmuls`` (:data:`FLOOR`): not a loss but the floor measured in the same run, the three
+  products a fused loss cannot avoid and nothing else: the logits :math:`z = xW^\top` into an
+  ``N × V`` buffer of the input dtype, and in backward :math:`dx = z\,W` and :math:`dW = z^\top x`
+  with that buffer standing in for :math:`dz` (torch's matmuls: cuBLAS on a GPU). Its ``forward`` /
+  ``forward_no_grad`` is the logits product alone. Its memory is that buffer's, not a fused loss's:
+  only its time is a floor. Issue 30's "≤ 0.92× the three cuBLAS matmuls" is judged against it
+  (:func:`.analysis.past_floor_targets`), and no peer table counts it as a peer.
 
 A provider whose package or GPU is missing is skipped, and the sweep's rows say why.
 
@@ -191,6 +198,37 @@ def _load_torch_lce(acc_policy: str | None):
     return torch_lce
 
 
+#: The floor's provider name (:func:`_load_three_matmuls`).
+FLOOR = "three_matmuls"
+
+
+class _ThreeMatmuls(torch.autograd.Function):
+    """The logits product in forward, the two gradient products in backward (the logits buffer as
+    ``dz``); the returned scalar is one logit, so backward starts from it without another pass."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        logits = x @ weight.T
+        ctx.save_for_backward(x, weight, logits)
+        return logits[0, 0].float()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight, logits = ctx.saved_tensors
+        return logits @ weight, logits.T @ x
+
+
+def _load_three_matmuls():
+    def three_matmuls(x, weight, target, bias=None, *, chunk_size=None, accurate=True, return_z_loss=False, **options):
+        """The floor at ``x``'s and ``weight``'s shapes; the loss's options (and ``bias``, a vector)
+        do not change the three products, so they are accepted and unused."""
+        _peer_options("three matmuls", chunk_size, accurate, return_z_loss)
+        del target, bias, options
+        return _ThreeMatmuls.apply(x.reshape(-1, x.shape[-1]), weight)
+
+    return three_matmuls
+
+
 PROVIDERS = {
     "kernels_lib": kernels_lib_variant(),
     "kernels_lib[accurate=True]": kernels_lib_variant(accurate=True),
@@ -204,6 +242,7 @@ PROVIDERS = {
                        f"torch.nn.functional.linear_cross_entropy, LinearCrossEntropyOptions(acc_policy={policy or 'auto'!r})")
         for name, policy in TORCH_LCE_POLICIES.items()
     },
+    FLOOR: Provider(FLOOR, _load_three_matmuls, "the floor: logits, dx and dW as three torch matmuls (cuBLAS on a GPU), nothing else"),
 }
 
 
