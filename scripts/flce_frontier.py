@@ -427,10 +427,12 @@ def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None 
     """The A/B of the class-major route beyond H rows at the chart's N in ``(H, k·H]``, ``k`` =
     :data:`~kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` (the smallest N where
     none is, as at CPU size): torch, QuACK, the default (one class-major chunk of N rows) and
-    :data:`WIDE_ARM` (the chunked route) in the frontier's alternating rounds, no dial."""
+    :data:`WIDE_ARM` (the chunked route) in the frontier's alternating rounds, no dial; torch's
+    ``F.linear_cross_entropy`` beside them, whose memory issue 30 bounds ours by."""
     limit = flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN * size["H"]
     wide = [n for n in size["x_values"] if size["H"] < n <= limit] or size["x_values"][:1]
-    return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack"), arms=(WIDE_ARM,))
+    return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack", "torch_lce"),
+                    arms=(WIDE_ARM,))
 
 
 def class_major(size: dict, device: torch.device) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import torch
 
 import kernels_lib
 from kernels_lib import default_device, reference
-from kernels_lib.workbench import charts
+from kernels_lib.workbench import charts, data
 from kernels_lib.workbench.bench import analysis, cli
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
@@ -580,7 +580,7 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
     wide = pd.read_csv(tmp_path / script.FILES["wide_class_major"])
-    assert {"kernels_lib", script.WIDE_ARM, "torch"} == set(wide.kernel_provider)
+    assert {"kernels_lib", script.WIDE_ARM, "torch"} | torch_lce - {"torch_lce[acc_policy=accurate]"} == set(wide.kernel_provider)
     assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {16}
     assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 2, "the A/B puts the setting back"
@@ -617,3 +617,13 @@ def test_cce_paper_table_and_workload():
     assert pd.isna(table.loc[("kernels_lib", "full"), "A100 ms (paper)"])  # ours is not in the paper
     with pytest.raises(ValueError, match="one run"):
         flce.cce_paper_table(pd.concat([rows, rows.assign(kernels_lib_commit="fff0000")]))
+
+
+def test_published_and_cce_paper_workloads_are_told_apart():
+    """The CSV keeps the CCE paper's run beside the published chart's: each predicate picks its own rows."""
+    rows = data.load_measured(flce.KERNEL_NAME, latest=False)
+    published, cce = flce.is_published_workload(rows), flce.is_cce_paper_workload(rows)
+    assert published.any() and not (published & cce).any()
+    configs = rows[published].extra_benchmark_config_str.map(json.loads)
+    assert configs.map(lambda c: (c["H"], c["V"]) == (4096, 128256)).all()
+    assert flce.is_published_workload(rows.iloc[:0]).empty

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from kernels_lib.workbench import dashboard, data, report
+from kernels_lib.workbench.bench import get_spec
 
 H200 = "NVIDIA H200"
 
@@ -26,9 +27,13 @@ def board() -> pd.DataFrame:
 
 
 def _newest_run(kernel_name: str) -> pd.DataFrame:
-    """The H200 CUDA rows of the commit of the newest kernels_lib row, read from the CSV directly."""
-    rows = pd.read_csv(data.MEASURED_DIR / f"{kernel_name}.csv")
+    """The H200 CUDA rows of the commit of the newest kernels_lib row at the published workload's sizes
+    (another workload's rows, such as the CCE paper's, are another chart), read from the CSV directly."""
+    rows = pd.read_csv(data.MEASURED_DIR / f"{kernel_name}.csv", dtype={"kernels_lib_commit": str})
     rows = rows[(rows.gpu_name == H200) & (rows.device == "cuda")]
+    sizes = get_spec(kernel_name).published["sizes"]
+    config = rows.extra_benchmark_config_str.map(json.loads)
+    rows = rows[config.map(lambda c: all(c.get(k) == v for k, v in sizes.items()))]
     ours = rows[rows.kernel_provider == "kernels_lib"].sort_values("timestamp")
     return rows[rows.kernels_lib_commit == ours.kernels_lib_commit.iloc[-1]]
 
@@ -324,3 +329,32 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
         assert values[6] == dashboard.ratio_text(table.loc[name, "kernels_lib MB"] / table.loc[name, "liger MB"])
     assert card.count("× floor") == 1
     assert "0000000" not in card and "A100" not in card
+
+
+def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
+    """Issue 30's card: the newest past_floor run only, each ratio cell coloured by its target's verdict
+    over that run, a provider the run lacks written "not measured"; no file: "Not measured"."""
+    assert "Not measured" in dashboard.past_floor_card(tmp_path / "absent.csv")
+
+    def rows(commit, stamp, ours):
+        out = []
+        for n, (mine, floor, lce) in {4096: (ours, 20.0, 100.0), 8192: (2 * ours, 37.0, 110.0)}.items():
+            for provider, ms, mb in (("kernels_lib", mine, 1000.0), ("three_matmuls", floor, 3000.0), ("torch_lce", lce, 2000.0)):
+                for metric, value in (("speed", ms), ("memory", mb)):
+                    out.append({"kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider,
+                                "kernel_operation_mode": "full", "metric_name": metric, "x_value": n, "y_value_50": value,
+                                "gpu_name": "NVIDIA H200", "kernels_lib_commit": commit, "timestamp": stamp,
+                                "torch_version": "2.11.0", "note": "quack skipped (no module); median of 3 rounds"})
+        return out
+
+    path = tmp_path / "past_floor.csv"
+    pd.DataFrame(rows("0000001", "2026-12-01", 40.0) + rows("4375441", "2026-12-02", 18.0)).to_csv(path, index=False)
+    card = dashboard.past_floor_card(path)
+    assert "4375441" in card and "0000001" not in card  # the newest run alone
+    assert '<tr data-n="4096">' in card and "<td>18.00</td>" in card
+    # 18 / 20 = 0.90 met at 4096 but 36 / 37 = 0.97 at 8192 misses 0.92: both cells red (the target's verdict)
+    assert '<td class="missed">0.90</td>' in card and '<td class="missed">0.97</td>' in card
+    assert '<td class="met">0.18</td>' in card  # 18 / 100 against 0.8× torch LCE
+    assert '<td class="not-measured">not measured</td>' in card  # QuACK
+    assert "Not in this run: quack" in card
+    assert '<li class="missed">full ≤ 0.92× three matmuls: missed · worst 0.97 at N = 8192</li>' in card

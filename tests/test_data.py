@@ -277,3 +277,19 @@ def test_append_measured_extends_an_older_layout(measured_dir):
     assert list(rows.columns) == MEASURED_COLUMNS
     assert rows.x_value.tolist() == [64, 128]
     assert rows.quack_version.isna().tolist() == [True, False]
+
+
+def test_an_all_digit_or_float_looking_commit_stays_text(tmp_path):
+    """Short hashes such as ``4375441`` (all digits) or ``2950e31`` (a float to pandas) are read as the
+    text they are, so the newest run is found and a run label names the commit the run was given."""
+    path = tmp_path / "rows.csv"
+    rows = pd.DataFrame({"kernel_name": "k", "kernel_provider": "kernels_lib", "kernel_operation_mode": "full",
+                         "metric_name": "speed", "x_value": [1, 2, 1], "y_value_50": [1.0, 2.0, 3.0], "gpu_name": "G",
+                         "kernels_lib_commit": ["2950e31", "0012345", "4375441"],
+                         "timestamp": ["2026-12-01", "2026-12-01", "2026-12-02"]})
+    rows.to_csv(path, index=False)
+    read = data.read_rows(path)
+    assert list(read.kernels_lib_commit) == ["2950e31", "0012345", "4375441"]
+    newest = data.newest_run(read)
+    assert len(newest) == 1 and newest.y_value_50.item() == 3.0
+    assert "4375441" in data.run_label(newest)

@@ -19,13 +19,23 @@ MEASURED_DIR = DATA_DIR / "measured"
 _REQUIRED = ["kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "y_value_50", "gpu_name"]
 
 
+#: Columns that name a commit: always text, so an all-digit short hash (``4375441``) or one that reads as
+#: a float (``2950e31``) stays the commit it names and compares equal to the commit a run was given.
+TEXT_COLUMNS = {"kernels_lib_commit": str, "commit": str}
+
+
+def read_table(path: Path | str, **kwargs) -> pd.DataFrame:
+    """``pd.read_csv`` with :data:`TEXT_COLUMNS` read as text: every measured CSV is read through it."""
+    return pd.read_csv(path, dtype=TEXT_COLUMNS, **kwargs)
+
+
 def read_rows(path: Path | str, required: list[str] = _REQUIRED) -> pd.DataFrame:
     """Read one CSV of benchmark rows, checking it has the columns the charts need."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark data file {path} does not exist")
     try:
-        frame = pd.read_csv(path)
+        frame = read_table(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise ValueError(f"benchmark data file {path} is not a readable CSV: {error}") from error
     missing = [c for c in required if c not in frame.columns]

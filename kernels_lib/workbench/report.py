@@ -322,6 +322,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         "<code>full</code> time and memory over each peer&#39;s measured in the same run (below 1: kernels_lib is faster or "
         "smaller), and its targets.</p>"
         '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + dashboard.grpo_family_card()
+        + dashboard.past_floor_card()
         + "</body></html>"
     )
     index = out / "index.html"

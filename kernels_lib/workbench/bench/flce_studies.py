@@ -43,6 +43,7 @@ RUN_FILES = {
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
+    "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
 }
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).

@@ -346,6 +346,16 @@ def published_rows() -> pd.DataFrame:
     return rows.assign(kernel_provider=rows.kernel_provider.replace(PUBLISHED_ALIASES))
 
 
+def is_published_workload(rows: pd.DataFrame) -> pd.Series:
+    """Which measured rows are at the published chart's sizes (``H = 4096, V = 128256``, any N): the CSV
+    also keeps other workloads' runs (:func:`is_cce_paper_workload`), which are not the chart's."""
+    sizes = SPEC.published["sizes"]
+    if not len(rows):
+        return pd.Series(dtype=bool, index=rows.index)
+    config = rows.extra_benchmark_config_str.map(json.loads)
+    return config.map(lambda c: all(c.get(k) == v for k, v in sizes.items())).astype(bool)
+
+
 def is_cce_paper_workload(rows: pd.DataFrame) -> pd.Series:
     """Which measured rows are at the CCE paper's workload (8192 tokens, H = 2304, V = 256000)."""
     sizes = SPEC.preset("cce_gemma2")
