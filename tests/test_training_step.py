@@ -410,3 +410,28 @@ def test_curve_distances_script_at_the_cpu_shape(tmp_path):
     assert set(rows.provider) == {p for p in script.PROVIDERS if ts.provider_unavailable(p) is None} and ts.EXACT_HEAD not in set(rows.provider)
     assert (rows.loc[rows.provider == "huggingface", "max |Δ huggingface|"] == 0).all()
     assert rows[f"max |Δ {ts.EXACT_HEAD}|"].notna().all() and {"gpu_name", "kernels_lib_commit"} <= set(rows.columns)
+
+
+@pytest.mark.skipif(ts.provider_unavailable("torch_lce") is not None, reason="no torch F.linear_cross_entropy (2.13+) or its files")
+def test_torch_lce_provider_gives_the_models_loss_and_gradients():
+    """torch's ``F.linear_cross_entropy`` on the hidden states: Hugging Face's loss (shifted labels, -100
+    ignored) and every parameter's gradient, in float32 on the tiny Llama; named only when asked."""
+    assert "torch_lce" not in ts.PROVIDERS and ts.provider_base("torch_lce") == ("torch_lce", {})
+    vocab = ts.build_model("llama-tiny", "cpu", seed=0, dtype=torch.float32).config.vocab_size
+    ids = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    losses, grads = {}, {}
+    for provider in ("huggingface", "torch_lce"):
+        model = ts.build_model("llama-tiny", "cpu", seed=0, dtype=torch.float32)
+        loss = ts.prepare(provider, model)(ids, labels)
+        loss.backward()
+        losses[provider] = loss.detach()
+        grads[provider] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert torch.allclose(losses["torch_lce"], losses["huggingface"], rtol=1e-5)
+    assert grads["torch_lce"].keys() == grads["huggingface"].keys()
+    for name, grad in grads["huggingface"].items():
+        ours = grads["torch_lce"][name]
+        assert (ours - grad).norm() <= 1e-4 * grad.norm() + 1e-7, name
+    with pytest.raises(ValueError, match="torch_lce"):
+        ts.provider_base("torch_lc")

@@ -76,6 +76,9 @@ MODEL_SHAPES: dict[str, dict] = {
 MODEL_ALIASES = {"llama": ("llama-3.2-1b", "llama-tiny"), "qwen": ("qwen2.5-0.5b", "qwen-tiny")}
 
 PROVIDERS = ("huggingface", "trl", "kernels_lib", "liger")
+#: Providers a sweep runs only when asked (``--providers``): torch's ``F.linear_cross_entropy`` (torch 2.13, or
+#: its two files on an older torch, :mod:`.bench.torch_lce`) on the backbone's hidden states, default options.
+OPTIONAL_PROVIDERS = ("torch_lce",)
 #: Batches of the sweep (× ``SEQ`` tokens each); a provider stops at its first OOM.
 BATCHES = (4, 8, 16, 32, 64, 128, 256, 512)
 SEQ = 2048
@@ -142,8 +145,9 @@ def provider_base(provider: str) -> tuple[str, dict]:
     :data:`PROVIDERS`, optionally with options for :func:`kernels_lib.hf.patch` (the dial:
     ``chunk_size=N``, ``accurate=True``)."""
     name, _, rest = provider.partition("[")
-    if name not in PROVIDERS or (rest and (name != "kernels_lib" or not rest.endswith("]"))):
-        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)} or kernels_lib[chunk_size=N]; got {provider!r}")
+    known = PROVIDERS + OPTIONAL_PROVIDERS
+    if name not in known or (rest and (name != "kernels_lib" or not rest.endswith("]"))):
+        raise ValueError(f"provider must be one of {', '.join(known)} or kernels_lib[chunk_size=N]; got {provider!r}")
     options = {}
     for item in filter(None, rest[:-1].split()):
         key, _, value = item.partition("=")
@@ -159,6 +163,14 @@ def provider_base(provider: str) -> tuple[str, dict]:
 def provider_unavailable(provider: str, family: str = "llama") -> str | None:
     """Why ``provider`` cannot run here (its package missing or failing to import), or None."""
     provider, _ = provider_base(provider)
+    if provider == "torch_lce":
+        from .bench import torch_lce as torch_lce_files
+
+        try:
+            torch_lce_files.load()
+        except (ImportError, FileNotFoundError) as error:
+            return f"skipped: {str(error).splitlines()[0][:200]}"
+        return None
     module = {"huggingface": "transformers", "trl": "trl.trainer.utils", "kernels_lib": "kernels_lib.hf",
               "liger": "liger_kernel.transformers"}[provider]
     try:
@@ -204,7 +216,26 @@ def prepare(provider: str, model: torch.nn.Module) -> Callable[[torch.Tensor, to
         apply = {"llama": liger.apply_liger_kernel_to_llama, "qwen2": liger.apply_liger_kernel_to_qwen2}[family]
         apply(model=model, fused_linear_cross_entropy=True, rope=False, rms_norm=False, swiglu=False, cross_entropy=False)
         return lambda ids, labels: model(input_ids=ids, labels=labels).loss
-    raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+    if provider == "torch_lce":
+        return _torch_lce_loss(model)
+    raise ValueError(f"provider must be one of {', '.join(PROVIDERS + OPTIONAL_PROVIDERS)}; got {provider!r}")
+
+
+def _torch_lce_loss(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``loss_of`` through torch's ``F.linear_cross_entropy`` with ``LinearCrossEntropyOptions()`` (its chunked
+    path) on the backbone's hidden states, as Transformers' ``ForCausalLMLoss`` forms the loss: position t
+    predicts label t + 1, ``-100`` ignored, the mean over the counted tokens. No logits are built."""
+    from .bench import torch_lce as torch_lce_files
+
+    function, options_class, _ = torch_lce_files.load()
+    options, head = options_class(), model.get_output_embeddings()
+
+    def loss_of(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = model.base_model(input_ids=ids).last_hidden_state[:, :-1]
+        return function(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels[:, 1:].reshape(-1), linear_bias=head.bias,
+                        reduction="mean", ignore_index=-100, options=options)
+
+    return loss_of
 
 
 # --------------------------------------------------------------------------- one point
@@ -665,7 +696,8 @@ def step_ratios(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
         for tokens in time_.index[time_[provider].notna()]:
             entry = {"model": model, "checkpointing": bool(ckpt), "tokens": int(tokens),
                      f"{provider} ms": time_.at[tokens, provider], f"{provider} GiB": memory.at[tokens, provider]}
-            for peer in (p for p in PROVIDERS if p != provider):
+            optional = tuple(p for p in OPTIONAL_PROVIDERS if p in time_.columns)  # their columns only where measured
+            for peer in (p for p in PROVIDERS + optional if p != provider):
                 entry[f"time / {peer}"] = (time_.at[tokens, provider] / time_.at[tokens, peer]
                                            if peer in time_.columns else float("nan"))
                 entry[f"memory / {peer}"] = (memory.at[tokens, provider] / memory.at[tokens, peer]
