@@ -30,6 +30,9 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     The ``frontier`` part's peers, the floor's three matmuls among them, and the default in the same
     alternating rounds, no dial: issue 30's targets (torch's ``F.linear_cross_entropy`` on the H200's torch
     2.11 through ``KERNELS_LIB_TORCH_LCE_FILES``, :mod:`kernels_lib.workbench.bench.torch_lce`).
+``gluon``: ``gpu_runs/fused_linear_cross_entropy_gluon_ab.csv`` (rounds in ``..._gluon_ab_rounds.csv``).
+    The log-sum-exp stage in Gluon (:mod:`kernels_lib.kernels.gluon_logits_logsumexp`) beside the tl.*
+    one and cuBLAS's logits matmul, at each N, in alternating rounds, with their errors (:func:`gluon`).
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
     ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
@@ -99,6 +102,7 @@ parts are ordered so that the peers come first.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import time
@@ -153,6 +157,8 @@ FILES = {
     "row_major_dw": "gpu_runs/fused_linear_cross_entropy_row_major_dw.csv",
     "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
     "past_floor_rounds": "gpu_runs/fused_linear_cross_entropy_past_floor_rounds.csv",
+    "gluon": "gpu_runs/fused_linear_cross_entropy_gluon_ab.csv",
+    "gluon_rounds": "gpu_runs/fused_linear_cross_entropy_gluon_ab_rounds.csv",
 }
 
 
@@ -288,6 +294,63 @@ def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
                              "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
             if progress is not None:  # what is measured so far survives a candidate that hangs
                 progress(pd.DataFrame(rows).assign(**provenance(device)))
+    return pd.DataFrame(rows).assign(**provenance(device))
+
+
+#: The Gluon kernel's variants of the ``gluon`` part: its default, then one dial moved at a time.
+GLUON_VARIANTS = [dict(GLUON=True), dict(GLUON=True, num_stages=2), dict(GLUON=True, num_stages=4),
+                  dict(GLUON=True, GROUP_M=16), dict(GLUON=True, BLOCK_K=32, num_stages=6)]
+
+
+def gluon(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
+    """The Gluon stage against the tl.* one and the floor, at each N (issue 30's ``forward_no_grad``):
+    cuBLAS's logits matmul alone, :func:`~kernels_lib.kernels.logits_logsumexp.logits_logsumexp` with its
+    default (the tl.* TMA kernel) and with each of :data:`GLUON_VARIANTS`, in alternating rounds (order
+    reversed every other round); each row the median over rounds of do_bench's p50 (and of its p20, p80),
+    with the lse's and target logit's relative errors against the float32 logits of the same inputs. A
+    candidate that fails is a row with its error, the others still run."""
+    rows, per_round = [], []
+    for n in size["x_values"]:
+        inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        x, weight, target, _ = (t.detach() if isinstance(t, torch.Tensor) else t for t in inputs.args)
+        exact = x.float() @ weight.float().t()
+        ref_lse = torch.logsumexp(exact, -1)
+        ref_target = exact.gather(1, target.clamp(min=0)[:, None])[:, 0].where(target >= 0, 0.0)
+        del exact
+        logits = torch.empty(n, size["V"], dtype=DTYPE, device=device)
+        candidates = {"cuBLAS logits matmul alone": lambda: torch.matmul(x, weight.t(), out=logits)}
+        errors, failed = {}, {}
+        for config in [None] + (GLUON_VARIANTS if device.type == "cuda" else []):
+            name = f"logits_logsumexp {config}"
+            try:
+                print(f"gluon N={n}: {name}", flush=True)  # where a hang or a crash happened
+                lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
+                torch.cuda.synchronize() if device.type == "cuda" else None
+                errors[name] = (relative_error(lse, ref_lse), relative_error(t, ref_target))
+                candidates[name] = functools.partial(logits_lse.logits_logsumexp, x, weight, target=target, config=config)
+            except Exception as error:  # a variant that does not compile or run here is a recorded failure
+                failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        matmul_flops = 2.0 * n * size["H"] * size["V"]
+        names = list(candidates)
+        for round_ in range(size["rounds"]):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                timing = time_callable(candidates[name], device)
+                per_round.append({"BT": n, "candidate": name, "round": round_, "ms_50": timing.p50,
+                                  "ms_20": timing.p20, "ms_80": timing.p80})
+        measured = pd.DataFrame(per_round)
+        for name in names:
+            mine = measured[(measured["BT"] == n) & (measured["candidate"] == name)]
+            p50 = float(mine["ms_50"].median())
+            lse_err, t_err = errors.get(name, (float("nan"), float("nan")))
+            rows.append({"BT": n, "H": size["H"], "V": size["V"], "candidate": name, "ms_50": p50,
+                         "ms_20": float(mine["ms_20"].median()), "ms_80": float(mine["ms_80"].median()),
+                         "TFLOP/s": matmul_flops / (p50 * 1e-3) / 1e12, "lse_rel_err": lse_err,
+                         "target_logit_rel_err": t_err, "rounds": len(mine)})
+        rows.extend({"BT": n, "H": size["H"], "V": size["V"], "candidate": name, "error": why}
+                    for name, why in failed.items())
+        del logits
+    if rounds_path is not None:
+        pd.DataFrame(per_round).assign(**provenance(device)).to_csv(rounds_path, index=False)
     return pd.DataFrame(rows).assign(**provenance(device))
 
 
@@ -459,7 +522,7 @@ def row_major_dw(size: dict, device: torch.device) -> pd.DataFrame:
 PARTS = {"frontier": frontier, "exponentials": exponentials, "stages": stages, "forward": forward, "default": default,
          "profile": profile, "overhead": overhead, "class_major": class_major, "timeline": timeline, "quack_ab": quack_ab,
          "quack_pairs": quack_pairs, "wide_class_major": wide_class_major, "row_major_dw": row_major_dw,
-         "past_floor": past_floor}
+         "past_floor": past_floor, "gluon": gluon}
 
 
 def main(argv: list[str] | None = None) -> int:

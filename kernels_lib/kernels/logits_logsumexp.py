@@ -90,6 +90,9 @@ import triton.language as tl
 from .. import _validate as v
 from .._autocast import compute_dtype_for
 from .._runtime import INTERPRETED
+from .gluon_logits_logsumexp import DEFAULT_CONFIG as GLUON_DEFAULT_CONFIG
+from .gluon_logits_logsumexp import gluon_unsupported_reason
+from .gluon_logits_logsumexp import launch_partials as launch_gluon_partials
 from .shifted_exponentials import EXP_HEADROOM, launch_rescale_flagged_rows
 
 #: Hopper candidates for bf16/fp16 inputs, best guess first (shared memory per stage:
@@ -132,7 +135,9 @@ DEFAULT_CONFIG = CONFIGS[5]
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
 #: Boolean config keys, all False unless given: the Hopper path and its variants.
-FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")
+FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "GLUON")
+#: The config keys that set the Gluon kernel's tiles (``num_stages`` sets its ``STAGES``).
+GLUON_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 #: "SMs" of the interpreter: the persistent grid's size there (small, so programs take several tiles).
 INTERPRETED_NUM_SMS = 3
 #: Rows per program of the merge kernel, and the vocabulary blocks' partials it reads per step.
@@ -469,6 +474,11 @@ class TmaFallbackWarning(UserWarning):
     """A config asked for the TMA kernel and the inputs or the machine cannot take it: the pointer kernel ran."""
 
 
+class GluonFallbackWarning(UserWarning):
+    """A config asked for the Gluon kernel and the inputs, the machine or the call cannot take it: the
+    ``tl.*`` kernel the launch takes without a config ran."""
+
+
 def _config(config: dict | None, dtype: torch.dtype) -> dict:
     """The launch's tile sizes: the interpreter's, or the default (``BLOCK_K`` halved for 4-byte inputs,
     keeping shared memory per stage at 48 KiB), updated by ``config``; the flags of :data:`FLAG_KEYS`
@@ -501,6 +511,9 @@ def _config(config: dict | None, dtype: torch.dtype) -> dict:
         for key in ("PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE"):
             if chosen[key]:
                 raise ValueError(f"config[{key!r}] needs config['TMA'] = True (it applies to the TMA kernel only)")
+    if chosen["GLUON"] and any(chosen[key] for key in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")):
+        raise ValueError("config['GLUON'] takes the Gluon kernel (its own TMA loads and schedule); "
+                         "leave out config['TMA'], ['PERSISTENT'], ['WARP_SPECIALIZE'] and ['TMA_STORE']")
     if chosen["WARP_SPECIALIZE"] and "warp_specialize" not in inspect.signature(tl.range.__init__).parameters:
         raise ValueError(f"config['WARP_SPECIALIZE'] needs tl.range(warp_specialize=...), absent from triton {triton.__version__}")
     return chosen
@@ -633,9 +646,24 @@ def launch_logits_logsumexp(
     gradient of the plain loss is :math:`g\,u_i\,\tilde e_{ij}`. The target logit returned is then the
     shift's (the tiles form none)."""
     reason = tma_unsupported_reason(x, weight)
+    gluon_config = None
+    if config is not None and config.get("GLUON") is True:
+        _config(config, x.dtype)  # the same checks of its keys and values
+        why_not = gluon_unsupported_reason(x, weight, logits_out=logits_out is not None)
+        if why_not is None:
+            # The Gluon kernel's own tiles and stages, those the config gives replacing them.
+            gluon_config = dict(GLUON_DEFAULT_CONFIG, **{key: config[key] for key in GLUON_TILE_KEYS if key in config})
+            if "num_stages" in config:
+                gluon_config["STAGES"] = config["num_stages"]
+        else:
+            warnings.warn(f"logits_logsumexp: config {config!r} asks for the Gluon kernel, but {why_not}; "
+                          "running the tl.* kernel instead", GluonFallbackWarning, stacklevel=3)
+        config = None
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
     cfg = _config(config, x.dtype)
+    if gluon_config is not None:
+        cfg.update(BLOCK_N=gluon_config["BLOCK_N"])  # the partials' blocks are the Gluon kernel's
 
     n_rows, hidden = x.shape
     n_cols = weight.shape[0]
@@ -679,7 +707,10 @@ def launch_logits_logsumexp(
     itemsize = x.element_size()
     out_tma = (cfg["TMA_STORE"] and logits_out is not None and logits_out.data_ptr() % 16 == 0
                and stride_out * itemsize % 16 == 0 and inner * itemsize % 16 == 0)
-    if cfg["TMA"] and reason is None:
+    if gluon_config is not None:
+        launch_gluon_partials(x, weight, bias, target, m, s, target_logit, alpha=alpha, ignore_index=ignore_index,
+                              config=gluon_config)
+    elif cfg["TMA"] and reason is None:
         if not INTERPRETED:
             _ensure_allocator()
         num_sms = INTERPRETED_NUM_SMS if INTERPRETED else _num_sms(x.device.index)
