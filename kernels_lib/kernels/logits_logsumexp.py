@@ -586,7 +586,10 @@ def logits_logsumexp(
     ``None`` without ``target``. ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``,
     ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``,
     ``WARP_SPECIALIZE``, ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE``
-    stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned). When
+    stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned), and ``GLUON``:
+    the Gluon kernel of :mod:`~kernels_lib.kernels.gluon_logits_logsumexp` (Hopper, 16-bit inputs, no
+    ``logits_out``; its own tiles unless the config gives ``BLOCK_*``, ``GROUP_M``, ``num_stages``), where
+    it cannot run a :class:`GluonFallbackWarning` says why and the launch is the one without a config. When
     ``TMA`` is asked for and :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and
     a :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's matmuls do
     (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor of x's dtype
