@@ -153,9 +153,10 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
     expected = {}
     for _, row in board.iterrows():
         # A target badge names its worst ratio only where the target was measured (a peer missing from the run: none).
-        columns = ("time ratio", "memory ratio") if row.kind == "ratio" else ("worst ratio",) * (not pd.isna(row["worst ratio"]))
+        columns = {"ratio": ("time ratio", "memory ratio"), "floor": ("time ratio",)}.get(
+            row.kind, ("worst ratio",) * (not pd.isna(row["worst ratio"])))
         for column in columns:
-            bound = row.bound if column == "worst ratio" else row[column.replace("ratio", "bound")]
+            bound = row.bound if column == "worst ratio" else row.get(column.replace("ratio", "bound"))
             expected[(row.key, column)] = _shown(row[column], bound)
         if row.kind == "target" and not pd.isna(row["worst ratio"]):
             worst_at = row["worst at x"]
@@ -170,6 +171,48 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
         assert f'data-key="{html.escape(row.key)}" data-status="{html.escape(row.status)}"' in page
     assert page.count("<svg") == board.chart.nunique()
     assert 'data-card="gpu-test-runs"' in page
+
+
+@pytest.mark.parametrize("kernel_name", ["fused_linear_dpo_loss", "kto_loss", "kl_div"])
+def test_floor_row_is_the_runs_own_floor(board, kernel_name):
+    """Each chart's ratio to its floor, computed here from the CSVs: kernels_lib's ``full`` median at the
+    headline x over the longer of the loss's matmul FLOPs at the matmul ceiling and its minimal bytes at
+    the copy ceiling, both ceilings measured in the chart's own run (same commit, same GPU)."""
+    import importlib
+
+    import torch
+
+    spec = get_spec(kernel_name)
+    run = _newest_run(kernel_name)
+    commit = str(run.kernels_lib_commit.iloc[0])
+    row = board[(board.kernel_name == kernel_name) & (board.kind == "floor")]
+    assert len(row) == 1
+    row = row.iloc[0]
+    x = row.x
+    ours = _full(run, "speed").at[x, "kernels_lib"]
+    ceilings = pd.read_csv(data.MEASURED_DIR / "ceilings.csv", dtype={"kernels_lib_commit": str})
+    own = ceilings[(ceilings.gpu_name == H200) & (ceilings.kernels_lib_commit == commit)].sort_values("timestamp")
+    rate = {name: part.y_value_50.iloc[-1] for name, part in own.groupby("kernel_name")}
+    config = json.loads(run.extra_benchmark_config_str.iloc[0])
+    sizes = {**{k: v for k, v in config.items() if k[:1].isupper()}, run.x_name.iloc[0]: int(x)}
+    dtype = getattr(torch, config["dtype"].replace("torch.", ""))
+    candidates = [spec.bytes_moved(sizes, dtype, "full") / (rate["copy"] * 1e9) * 1e3]
+    flops = getattr(importlib.import_module(spec.make_inputs.__module__), "flops", None)
+    if flops is not None:
+        candidates.append(flops(sizes, "full") / (rate["matmul"] * 1e12) * 1e3)
+    assert row["peer ms"] == pytest.approx(max(candidates), rel=1e-9)
+    assert row["time ratio"] == pytest.approx(ours / max(candidates), rel=1e-9)
+    assert ("matmul FLOPs" in row.peer) == (flops is not None and candidates[-1] >= candidates[0])
+
+
+def test_a_floor_without_the_runs_ceilings_is_not_measured(board):
+    """A run that measured no ceilings has no floor ratio: never one from another run's ceilings."""
+    chart = next(c for c in dashboard.charts() if c.kernel_name == "fused_linear_dpo_loss")
+    ceilings = data.load_measured("ceilings", latest=False)
+    other = ceilings[ceilings.kernels_lib_commit.astype(str) != chart.commit]
+    row = dashboard.floor_row(chart, other, board[(board.kernel_name == chart.kernel_name) & (board.kind == "floor")].x.iloc[0])
+    assert pd.isna(row["time ratio"]) and "not measured" in row["peer"]
+    assert dashboard.ratio_text(row["time ratio"]) == "not measured"
 
 
 def test_a_ratio_cell_is_coloured_by_its_targets_verdict(board):

@@ -14,7 +14,9 @@ and names each.
 median time and memory and their ratios to the peer's at the headline x (the published chart's
 largest x when measured, else the largest measured), each with the verdict of the target that judges
 that ratio (``time status``, ``memory status``: a cell's colour on the index is its target's verdict,
-none where no target judges it), and one row per (chart, target) (``kind == "target"``): the verdict of
+none where no target judges it), one row per chart (``kind == "floor"``, :func:`floor_row`): kernels_lib's
+``full`` time over the loss's floor at that x from the ceilings its own run measured, and one row per
+(chart, target) (``kind == "target"``): the verdict of
 the target functions of :mod:`.bench.analysis` (or of :func:`.tensor_parallel.verdicts`, or
 :func:`.training_step.training_verdicts`) over every x of the run, with its bound and worst ratio.
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from . import data, overview
 from . import tensor_parallel as tp
@@ -372,10 +375,47 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
                     "memory ratio": m["ratio"] if m["peer value"] >= 1 else float("nan"),
                     "memory status": _cell_status(cells.get((peer, "memory ratio"), []), judged),
                     "memory bound": _cell_bound(cells.get((peer, "memory ratio"), []), judged)})
+    floor = floor_row(chart, ceilings, x)
+    if floor is not None:
+        out.append({**common, **floor})
     for target, row in judged.iterrows():
         out.append({**common, "key": f"{chart.key}/{target}", "kind": "target", "target": target, "bound": row["bound"],
                     "worst ratio": row["worst ratio"], "worst at x": row["worst at x"], "status": row["status"]})
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+#: How a floor row names what bounds the loss (:func:`.overview.floor_ms`).
+_FLOOR_BOUNDS = {"matmul": "matmul FLOPs at {matmul:.0f} TFLOP/s", "bytes": "minimal bytes at {copy:.0f} GB/s"}
+
+
+def floor_row(chart: Chart, ceilings: pd.DataFrame, x: float) -> dict | None:
+    """The chart's ratio to its loss's floor (issue 30: every loss's distance to its own floor, beside the
+    peers'): kernels_lib's ``full`` median at ``x`` over :func:`.overview.floor_ms` of the run's sizes
+    (the configuration of its rows with the swept size at ``x``), the longer of the matmul FLOPs at the
+    matmul rate and the minimal bytes at the copy bandwidth, both ceilings of the chart's **own** run
+    (``kernels_lib_commit`` and GPU; a run that measured none has its floor *not measured*, never
+    another run's). None for the tensor-parallel and training-step charts (their floors are their
+    notebooks'), and for a loss without a bench spec."""
+    if chart.kernel_name in (TENSOR_PARALLEL, TRAINING_STEP):
+        return None
+    try:
+        spec = get_spec(chart.kernel_name)
+    except ValueError:
+        return None
+    speed = full_medians(chart, "speed")
+    ours = float(speed.at[x, chart.ours]) if x in speed.index and chart.ours in speed.columns else float("nan")
+    own = ceilings[(ceilings.gpu_name == chart.gpu) & (ceilings.kernels_lib_commit.astype(str) == str(chart.commit))]
+    rates = {name: float(part.sort_values("timestamp").y_value_50.iloc[-1]) for name, part in own.groupby("kernel_name")}
+    row = {"key": f"{chart.key}/floor", "kind": "floor", "ours ms": ours, "ours MB": float("nan"), "peer MB": float("nan"),
+           "memory ratio": float("nan")}
+    if not {"copy", "matmul"} <= set(rates):
+        return {**row, "peer": f"floor ({NOT_MEASURED} in this run: no ceilings)", "peer ms": float("nan"), "time ratio": float("nan")}
+    config = json.loads(chart.rows.extra_benchmark_config_str.iloc[0])
+    sizes = {**{k: v for k, v in config.items() if k[:1].isupper()}, chart.x_name: int(x)}
+    dtype = getattr(torch, str(config.get("dtype", spec.published["dtype"] if spec.published else "torch.float32")).replace("torch.", ""))
+    floor, bound = overview.floor_ms(chart.kernel_name, sizes, dtype, "full", rates["copy"], rates["matmul"])
+    what = _FLOOR_BOUNDS[bound].format(matmul=rates["matmul"], copy=rates["copy"])
+    return {**row, "peer": f"floor ({what}, this run)", "peer ms": floor, "time ratio": ours / floor}
 
 
 def dashboard(chart_list: list[Chart] | None = None, gpu_name: str = overview.H200) -> pd.DataFrame:
@@ -511,6 +551,9 @@ def chart_section(chart: Chart, rows: pd.DataFrame) -> str:
             text = ratio_text(row[column], bound)
             out.append(f"<td{tone}>{num(row.key, column, text)}{'' if pd.isna(row[column]) else '×'}</td>")
         body.append("<tr>" + "".join(out) + "</tr>")
+    for _, row in rows[rows.kind == "floor"].iterrows():  # time only: a floor of memory is the inputs
+        body.append(f'<tr class="floor"><td>{html.escape(row.peer)}</td><td>{num(row.key, "time ratio", ratio_text(row["time ratio"]))}'
+                    f'{"" if pd.isna(row["time ratio"]) else "×"}</td><td>time only</td></tr>')
     table = ('<table class="ratios"><thead><tr><th>kernels_lib / peer</th><th>time</th><th>memory</th></tr></thead>'
              f"<tbody>{''.join(body)}</tbody></table>") if body else ""
     badges = []
