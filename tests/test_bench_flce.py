@@ -23,6 +23,7 @@ from kernels_lib.workbench import charts, data
 from kernels_lib.workbench.bench import analysis, cli
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_lib.workbench.bench import torch_lce as torch_lce_module
 from kernels_lib.workbench.bench.registry import get_spec, registered_losses
 from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
 from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
@@ -117,7 +118,7 @@ def test_variant_names_and_bound_options():
 def test_peers_skipped_on_cpu_naming_cuda():
     loaded, skipped = available_providers("fused_linear_cross_entropy")
     torch_lce = set(flce.TORCH_LCE_POLICIES)
-    has_torch_lce = hasattr(torch.nn.functional, "linear_cross_entropy")
+    has_torch_lce = _torch_lce_loads()
     assert set(loaded) == {"kernels_lib", "kernels_lib[accurate=True]", "torch", flce.FLOOR} | (torch_lce if has_torch_lce else set())
     assert set(skipped) == {"liger", "cce", "liger_sm90", "quack"} | (set() if has_torch_lce else torch_lce)
     assert all("CUDA" in why for name, why in skipped.items() if name not in torch_lce)
@@ -179,11 +180,22 @@ def test_torch_lce_provider_is_torchs_chunked_function(monkeypatch, name, policy
         fn(*inputs.args, label_smoothing=0.1)
 
 
+def _torch_lce_loads() -> bool:
+    """Whether torch's ``F.linear_cross_entropy`` is there to measure: torch's own, or torch 2.13's files."""
+    try:
+        torch_lce_module.load()
+    except (ImportError, FileNotFoundError):
+        return False
+    return True
+
+
 @pytest.mark.parametrize("missing", ["linear_cross_entropy", "LinearCrossEntropyOptions"])
 def test_torch_lce_skipped_naming_what_torch_lacks(monkeypatch, missing):
-    """On a torch without the function (the H200's 2.11) the providers are skipped, the note naming it."""
+    """On a torch without the function (the H200's 2.11) and without torch 2.13's files named by
+    ``KERNELS_LIB_TORCH_LCE_FILES`` the providers are skipped, the note naming it."""
     owner = torch.nn.functional if missing == "linear_cross_entropy" else torch.nn
     monkeypatch.delattr(owner, missing, raising=False)
+    monkeypatch.delenv(torch_lce_module.FILES_VARIABLE, raising=False)
     _, skipped = available_providers("fused_linear_cross_entropy", list(flce.TORCH_LCE_POLICIES))
     assert set(skipped) == set(flce.TORCH_LCE_POLICIES)
     assert all(why.startswith("ImportError") and missing in why and "2.13" in why for why in skipped.values())
@@ -532,7 +544,8 @@ def test_frontier_script_cpu_paths(tmp_path):
     # (the peers' CuTe and QuACK kernels need their wheels): in the interpreter it is skipped.
     # torch's own chunked linear_cross_entropy is pure torch: it runs wherever torch has it (>= 2.13).
     providers = set(rows.kernel_provider)
-    torch_lce = set(flce.TORCH_LCE_POLICIES) if hasattr(torch.nn.functional, "linear_cross_entropy") else set()
+    # ... and on an older torch from torch 2.13's files where KERNELS_LIB_TORCH_LCE_FILES names them (as on the H200).
+    torch_lce = set(flce.TORCH_LCE_POLICIES) if _torch_lce_loads() else set()
     assert set(flce.TORCH_LCE_POLICIES) <= set(script.PEERS)
     assert dial | {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= providers
     assert providers - dial - {"kernels_lib", "torch", flce.FLOOR} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})

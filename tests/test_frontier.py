@@ -209,3 +209,47 @@ def test_past_floor_refuses_rows_of_two_runs():
     rows = pd.concat([_past_floor_run(), _past_floor_run().assign(kernels_lib_commit="def5678")], ignore_index=True)
     with pytest.raises(ValueError, match="abc1234.*def5678|def5678.*abc1234"):
         analysis.past_floor_targets(rows)
+
+
+def _gluon_rows(commit: str = "abc1234") -> pd.DataFrame:
+    """A Gluon A/B run as ``scripts/flce_frontier.py --parts gluon`` writes it: two sizes, the three arms,
+    one more Gluon variant (faster at BT = 8192 only) and one that failed to compile (no time)."""
+    arms = {flce_studies.GLUON_AB_CUBLAS: (6.0, 12.0), flce_studies.GLUON_AB_TL: (6.3, 12.9),
+            flce_studies.GLUON_AB_GLUON: (7.0, 15.0), "logits_logsumexp {'GLUON': True, 'num_stages': 2}": (7.7, 14.0),
+            "logits_logsumexp {'GLUON': True, 'num_stages': 4}": (math.nan, math.nan)}
+    rows = []
+    for name, times in arms.items():
+        for bt, ms in zip((4096, 8192), times):
+            rows.append({"BT": bt, "candidate": name, "ms_50": ms, "lse_rel_err": math.nan if "cuBLAS" in name else 3e-7,
+                         "error": "OutOfResources: shared memory" if math.isnan(ms) else math.nan,
+                         "kernels_lib_commit": commit, "gpu_name": "NVIDIA H200", "timestamp": "2026-12-03 09:00:41"})
+    return pd.DataFrame(rows)
+
+
+def test_gluon_ab_table_ratios_and_best_variant():
+    table = flce_studies.gluon_ab_table(_gluon_rows())
+    assert table.loc[4096, "gluon / tl"] == pytest.approx(7.0 / 6.3)
+    assert table.loc[8192, "gluon / cuBLAS"] == pytest.approx(15.0 / 12.0)
+    assert table.loc[8192, "tl / cuBLAS"] == pytest.approx(12.9 / 12.0)
+    # the fastest Gluon variant that ran: the default at 4096, num_stages=2 at 8192; the failed one never
+    assert table.loc[4096, "best gluon variant"] == "{'GLUON': True}"
+    assert table.loc[8192, "best gluon variant"] == "{'GLUON': True, 'num_stages': 2}"
+    assert table.loc[8192, "best gluon / tl"] == pytest.approx(14.0 / 12.9)
+
+
+def test_gluon_ab_table_refuses_rows_of_two_runs():
+    rows = pd.concat([_gluon_rows("abc1234"), _gluon_rows("def5678")], ignore_index=True)
+    with pytest.raises(ValueError, match="abc1234.*def5678|def5678.*abc1234"):
+        flce_studies.gluon_ab_table(rows)
+
+
+def test_committed_gluon_run_is_checked_and_one_run():
+    """The committed H200 run: every arm at each N, the Gluon stage's error no larger than the tl.* stage's
+    beyond float32 rounding (both against the same float32 logits)."""
+    run = flce_studies.load_run("gluon")
+    if run is None:
+        pytest.fail("data/measured/gpu_runs/fused_linear_cross_entropy_gluon_ab.csv is missing")
+    table = flce_studies.gluon_ab_table(run)
+    assert list(table.index) == [4096, 8192, 16384]
+    assert table[["cuBLAS ms", "tl ms", "gluon ms"]].notna().all().all()
+    assert (table["gluon lse err"] <= 2 * table["tl lse err"] + 1e-7).all()

@@ -42,6 +42,15 @@ otherwise, and the launcher then takes the ``tl.*`` kernels. Gluon kernels do no
 interpreter ("0 active drivers"); CI compiles them for ``sm_90a`` on its CPU (:func:`compile_for_sm90`,
 ``tests/test_gluon_logits_logsumexp.py``) and the GPU target checks their numbers on the H200.
 
+What it measured
+----------------
+Not yet faster: on the H200 it takes 1.13–1.17× the ``tl.*`` stage's time at N = 4096 / 8192 / 16384
+(H = 4096, V = 128256, bf16), and no variant of ``num_stages`` (2, 3), ``GROUP_M`` (8, 16) or
+``BLOCK_K`` (32, 64) closes the gap (``num_stages = 4`` needs 256 KiB of shared memory and does not
+launch): ``data/measured/gpu_runs/fused_linear_cross_entropy_gluon_ab.csv``, notebook 01 §11b. So it
+stays opt-in (``config={"GLUON": True}``) and the ``tl.*`` kernel stays the default. Its errors are the
+``tl.*`` stage's.
+
 What it costs
 -------------
 As the ``tl.*`` stage: :math:`2 N H V` matmul FLOPs, ``x`` read once per vocabulary block and ``W``

@@ -44,7 +44,11 @@ RUN_FILES = {
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
     "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
+    "gluon": "gpu_runs/fused_linear_cross_entropy_gluon_ab.csv",
 }
+#: The candidates of the Gluon A/B (``scripts/flce_frontier.py --parts gluon``) as its CSV names them.
+GLUON_AB_CUBLAS, GLUON_AB_TL, GLUON_AB_GLUON = ("cuBLAS logits matmul alone", "logits_logsumexp None",
+                                                "logits_logsumexp {'GLUON': True}")
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
@@ -75,6 +79,31 @@ def load_runs(part: str, gpu_name: str | None = None) -> pd.DataFrame | None:
         return None
     rows = data.read_rows(path, required=[])
     return rows if gpu_name is None else rows[rows.gpu_name == gpu_name].reset_index(drop=True)
+
+
+def gluon_ab_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The Gluon A/B of one run, per ``BT``: the median ms of cuBLAS's logits matmul alone, of the tl.*
+    log-sum-exp stage (``logits_logsumexp``'s default, the TMA kernel), of the Gluon stage at its
+    defaults and of the fastest Gluon variant that ran, with ``gluon / tl`` (below 1: Gluon is faster),
+    ``gluon / cuBLAS``, ``tl / cuBLAS``, the best variant's name and ratio, and the worst log-sum-exp
+    error of each arm against float32 logits of the same inputs. Raises ValueError naming the rows'
+    runs when ``rows`` mix runs (:func:`data.run_label`)."""
+    data.run_label(rows)
+    ok = rows[rows.error.isna()] if "error" in rows.columns else rows
+    ms = ok.pivot_table(index="BT", columns="candidate", values="ms_50")
+    err = ok.pivot_table(index="BT", columns="candidate", values="lse_rel_err")
+    gluon = [c for c in ms.columns if c.startswith("logits_logsumexp {") and "'GLUON': True" in c]
+    table = pd.DataFrame({"cuBLAS ms": ms[GLUON_AB_CUBLAS], "tl ms": ms[GLUON_AB_TL], "gluon ms": ms[GLUON_AB_GLUON]})
+    best = ms[gluon].idxmin(axis=1)
+    table["best gluon variant"] = best.str.replace("logits_logsumexp ", "", regex=False)
+    table["best gluon ms"] = [ms.at[bt, name] for bt, name in best.items()]
+    table["gluon / tl"] = table["gluon ms"] / table["tl ms"]
+    table["best gluon / tl"] = table["best gluon ms"] / table["tl ms"]
+    table["gluon / cuBLAS"] = table["gluon ms"] / table["cuBLAS ms"]
+    table["tl / cuBLAS"] = table["tl ms"] / table["cuBLAS ms"]
+    table["tl lse err"] = err[GLUON_AB_TL]
+    table["gluon lse err"] = err[gluon].max(axis=1)
+    return table
 
 
 def deferred_share_needed(full_ms: float, forward_target_ms: float, n_rows: int, vocab: int, itemsize: int) -> dict:
