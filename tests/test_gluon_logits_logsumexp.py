@@ -40,7 +40,8 @@ for case in json.loads(sys.argv[1]):
     ptx = kernel.asm["ptx"]
     out.append(dict(shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
                     wgmma=ptx.count("wgmma.mma_async"), tma=ptx.count("cp.async.bulk.tensor"),
-                    setmaxnreg=ptx.count("setmaxnreg"), target=kernel.metadata.target.arch))
+                    setmaxnreg=ptx.count("setmaxnreg"), waits=ptx.count("mbarrier.try_wait"),
+                    target=kernel.metadata.target.arch))
 print("RESULT" + json.dumps(out))
 """
 
@@ -48,6 +49,8 @@ COMPILE_CASES = [
     dict(dtype="bfloat16", has_bias=True, has_target=True, even_n=False, alpha_positive=True),
     dict(dtype="float16", has_bias=False, has_target=False, even_n=True, alpha_positive=False),
     dict(dtype="bfloat16", has_bias=False, has_target=True, even_n=True, alpha_positive=True, target_dtype="int32"),
+    # the first case with the consumers taking turns (PINGPONG): two more barrier waits, one per consumer
+    dict(dtype="bfloat16", has_bias=True, has_target=True, even_n=False, alpha_positive=True, config={"PINGPONG": True}),
 ]
 
 
@@ -71,6 +74,7 @@ def test_compiles_for_sm90a():
         cfg = gluon_stage.DEFAULT_CONFIG
         ring = 2 * cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * 2
         assert ring <= result["shared"] <= 227 * 1024, result
+    assert results[3]["waits"] == results[0]["waits"] + 2, (results[0], results[3])
 
 
 def test_a_gluon_config_that_cannot_run_says_why_and_takes_the_tl_kernel():
@@ -93,6 +97,7 @@ def test_logits_out_is_not_the_gluon_kernels():
     (dict(GLUON=True, TMA=True), "leave out config\\['TMA'\\]"),
     (dict(GLUON=True, num_stages=0), "num_stages"),
     (dict(GLUON="yes"), "must be a bool"),
+    (dict(PINGPONG=True), "PINGPONG'\] needs config\['GLUON'\]"),
 ])
 def test_bad_gluon_configs_name_the_key(config, match):
     x, w, b, y = make(7, 40, 33, torch.bfloat16, seed=13)
@@ -128,6 +133,21 @@ def test_gluon_kernel_matches_float64(n, h, v, dtype, bias, alpha, monkeypatch, 
         warnings.simplefilter("error", GluonFallbackWarning)
         check(x, w, b, y, alpha=alpha, config=GLUON)
         check(x, w, b, None, alpha=alpha, config=GLUON)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,h,v,dtype,bias,alpha", [
+    (1, 264, 50257, torch.bfloat16, True, 1.0),  # one row block: some programs' second consumer has no tile
+    (333, 520, 50257, torch.float16, True, -0.7),
+    (4096, 4096, 128256, torch.bfloat16, False, 1.0),
+])
+def test_pingpong_gluon_kernel_matches_float64(n, h, v, dtype, bias, alpha, monkeypatch, poisoned_allocations):
+    """The consumers taking turns (``PINGPONG``) order the MMAs only: the same numbers."""
+    x, w, b, y = make(n, h, v, dtype, bias=bias, seed=n + 1)
+    _gluon_only(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GluonFallbackWarning)
+        check(x, w, b, y, alpha=alpha, config=dict(GLUON=True, PINGPONG=True))
 
 
 @pytest.mark.gpu

@@ -23,7 +23,10 @@ Triton, no new dependency) lets the kernel say which warps do what:
 - **two consumer warpgroups, two tiles at a time** (the "ping-pong" of CUTLASS's Hopper GEMMs, that
   QuACK's linear cross-entropy also uses): each warpgroup owns every other tile of its program and a
   ``128 × 128`` float32 accumulator (128 registers a thread). While one runs its epilogue the other's
-  ``wgmma`` keep the tensor cores busy; the warp scheduler interleaves them, no barrier orders them.
+  ``wgmma`` keep the tensor cores busy; the warp scheduler interleaves them, and by default no barrier
+  orders them. With ``PINGPONG`` a pair of *turn* barriers does, as CUTLASS's ping-pong schedule does:
+  a consumer issues a tile's MMAs only after the other has issued its previous tile's, so the two
+  epilogues never coincide with the tensor cores idle.
 - **one loader warp per consumer**: TMA copies of the ``x`` and ``W`` tiles into that consumer's ring
   of ``STAGES`` shared-memory slots, each with a *ready* barrier (the TMA's byte count) and an *empty*
   barrier (the consumer's arrive once the ``wgmma`` reading that slot has retired). The loader runs
@@ -88,7 +91,8 @@ from .._runtime import INTERPRETED
 #: The launch's tiles and schedule. ``BLOCK_N = 128`` keeps a consumer's accumulator at 128 registers
 #: a thread (a ``128 × 256`` one would need all 255, with nothing left for the epilogue); ``STAGES``
 #: slots per consumer; registers per thread of the second consumer and of each loader.
-DEFAULT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, STAGES=3, CONSUMER_REGS=232, LOADER_REGS=40)
+DEFAULT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, STAGES=3, CONSUMER_REGS=232, LOADER_REGS=40,
+                      PINGPONG=False)
 #: :math:`\log_2 e`, as in the ``tl.*`` epilogue.
 LOG2E = 1.4426950408889634
 
@@ -129,11 +133,15 @@ if GLUON_IMPORT_ERROR is None:
                 count += 1
 
     @gluon.jit
-    def _consumer(a_bufs, b_bufs, ready, empty, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
+    def _consumer(a_bufs, b_bufs, ready, empty, turn, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
                   n_cols, hidden, alpha, ignore_index, HAS_BIAS: gl.constexpr, HAS_TARGET: gl.constexpr,
                   EVEN_N: gl.constexpr, ALPHA_POSITIVE: gl.constexpr, NUM_SMS: gl.constexpr, GROUP_M: gl.constexpr,
-                  STAGES: gl.constexpr, WHICH: gl.constexpr):
-        """One warpgroup: the ``wgmma`` of its tiles from the ring, then each tile's epilogue."""
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr, WHICH: gl.constexpr):
+        """One warpgroup: the ``wgmma`` of its tiles from the ring, then each tile's epilogue. With
+        ``PINGPONG`` the two consumers take turns at the tensor cores: consumer ``WHICH`` issues a tile's
+        MMAs only once the other has issued its previous tile's (``turn[WHICH]``), and passes the turn on
+        (``turn[1 - WHICH]``) when its own are issued, so one's epilogue runs while the other's MMAs do,
+        never both epilogues at once."""
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
@@ -145,9 +153,15 @@ if GLUON_IMPORT_ERROR is None:
         n_tiles = gl.cdiv(n_rows, BLOCK_M) * gl.cdiv(n_cols, BLOCK_N)
         k_steps = gl.cdiv(hidden, BLOCK_K)
         count = 0
+        taken = 0  # tiles this consumer has taken
         for tile in range(gl.program_id(0) + WHICH * NUM_SMS, n_tiles, 2 * NUM_SMS):
             pid_m, pid_n = _tile_coordinates(tile, n_rows, n_cols, BLOCK_M, BLOCK_N, GROUP_M)
             acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
+            if PINGPONG:
+                # Consumer 0's first tile does not wait (a fresh barrier has completed the phase before its
+                # first); consumer 1's waits for consumer 0's first turn. Neither gets a phase ahead: each
+                # turn passed on needs the other's before it.
+                mbarrier.wait(turn.index(WHICH), (taken & 1) ^ (1 - WHICH))
             for k in range(k_steps):
                 slot = WHICH * STAGES + count % STAGES
                 mbarrier.wait(ready.index(slot), (count // STAGES) & 1)
@@ -157,6 +171,9 @@ if GLUON_IMPORT_ERROR is None:
                 previous = WHICH * STAGES + (count + STAGES - 1) % STAGES
                 mbarrier.arrive(empty.index(previous), pred=k > 0)
                 count += 1
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - WHICH))  # this tile's MMAs are issued: the other's turn
+            taken += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(WHICH * STAGES + (count + STAGES - 1) % STAGES))
 
@@ -216,6 +233,7 @@ if GLUON_IMPORT_ERROR is None:
         STAGES: gl.constexpr,  # shared-memory slots per consumer
         CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer warpgroup
         LOADER_REGS: gl.constexpr,  # registers per thread of each loader warp
+        PINGPONG: gl.constexpr,  # the consumers take turns at the tensor cores (ordered MMA phases)
     ):
         BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -225,17 +243,20 @@ if GLUON_IMPORT_ERROR is None:
         b_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's turns
         for i in gl.static_range(2 * STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
         # Partition 0 (the launch's 4 warps) and worker 0: the consumers; workers 1 and 2: their loaders.
         gl.warp_specialize(
-            [(_consumer, (a_bufs, b_bufs, ready, empty, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
+            [(_consumer, (a_bufs, b_bufs, ready, empty, turn, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
                           n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, EVEN_N, ALPHA_POSITIVE, NUM_SMS,
-                          GROUP_M, STAGES, 0)),
-             (_consumer, (a_bufs, b_bufs, ready, empty, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
+                          GROUP_M, STAGES, PINGPONG, 0)),
+             (_consumer, (a_bufs, b_bufs, ready, empty, turn, b_ptr, target_ptr, m_ptr, s_ptr, target_logit_ptr, n_rows,
                           n_cols, hidden, alpha, ignore_index, HAS_BIAS, HAS_TARGET, EVEN_N, ALPHA_POSITIVE, NUM_SMS,
-                          GROUP_M, STAGES, 1)),
+                          GROUP_M, STAGES, PINGPONG, 1)),
              (_loader, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_rows, n_cols, hidden, NUM_SMS, GROUP_M, STAGES,
                         0)),
              (_loader, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_rows, n_cols, hidden, NUM_SMS, GROUP_M, STAGES,
@@ -283,7 +304,7 @@ def _constexprs(cfg: dict, *, has_bias: bool, has_target: bool, even_n: bool, al
                 num_sms: int) -> dict:
     return dict(HAS_BIAS=has_bias, HAS_TARGET=has_target, EVEN_N=even_n, ALPHA_POSITIVE=alpha_positive,
                 NUM_SMS=num_sms, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
-                LOADER_REGS=cfg["LOADER_REGS"])
+                LOADER_REGS=cfg["LOADER_REGS"], PINGPONG=cfg["PINGPONG"])
 
 
 def launch_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor | None,

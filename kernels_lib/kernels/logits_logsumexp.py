@@ -135,7 +135,7 @@ DEFAULT_CONFIG = CONFIGS[5]
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
 #: Boolean config keys, all False unless given: the Hopper path and its variants.
-FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "GLUON")
+FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "GLUON", "PINGPONG")
 #: The config keys that set the Gluon kernel's tiles (``num_stages`` sets its ``STAGES``).
 GLUON_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 #: "SMs" of the interpreter: the persistent grid's size there (small, so programs take several tiles).
@@ -514,6 +514,8 @@ def _config(config: dict | None, dtype: torch.dtype) -> dict:
     if chosen["GLUON"] and any(chosen[key] for key in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")):
         raise ValueError("config['GLUON'] takes the Gluon kernel (its own TMA loads and schedule); "
                          "leave out config['TMA'], ['PERSISTENT'], ['WARP_SPECIALIZE'] and ['TMA_STORE']")
+    if chosen["PINGPONG"] and not chosen["GLUON"]:
+        raise ValueError("config['PINGPONG'] needs config['GLUON'] = True (it orders the Gluon kernel's two consumers)")
     if chosen["WARP_SPECIALIZE"] and "warp_specialize" not in inspect.signature(tl.range.__init__).parameters:
         raise ValueError(f"config['WARP_SPECIALIZE'] needs tl.range(warp_specialize=...), absent from triton {triton.__version__}")
     return chosen
@@ -588,7 +590,8 @@ def logits_logsumexp(
     ``WARP_SPECIALIZE``, ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE``
     stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned), and ``GLUON``:
     the Gluon kernel of :mod:`~kernels_lib.kernels.gluon_logits_logsumexp` (Hopper, 16-bit inputs, no
-    ``logits_out``; its own tiles unless the config gives ``BLOCK_*``, ``GROUP_M``, ``num_stages``), where
+    ``logits_out``; its own tiles unless the config gives ``BLOCK_*``, ``GROUP_M``, ``num_stages``; with
+    ``PINGPONG`` its two consumer warpgroups take turns at the tensor cores), where
     it cannot run a :class:`GluonFallbackWarning` says why and the launch is the one without a config. When
     ``TMA`` is asked for and :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and
     a :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's matmuls do
@@ -658,6 +661,7 @@ def launch_logits_logsumexp(
             gluon_config = dict(GLUON_DEFAULT_CONFIG, **{key: config[key] for key in GLUON_TILE_KEYS if key in config})
             if "num_stages" in config:
                 gluon_config["STAGES"] = config["num_stages"]
+            gluon_config["PINGPONG"] = bool(config.get("PINGPONG", False))
         else:
             warnings.warn(f"logits_logsumexp: config {config!r} asks for the Gluon kernel, but {why_not}; "
                           "running the tl.* kernel instead", GluonFallbackWarning, stacklevel=3)
