@@ -47,12 +47,13 @@ interpreter ("0 active drivers"); CI compiles them for ``sm_90a`` on its CPU (:f
 
 What it measured
 ----------------
-Not yet faster: on the H200 it takes 1.13–1.17× the ``tl.*`` stage's time at N = 4096 / 8192 / 16384
-(H = 4096, V = 128256, bf16), and no variant of ``num_stages`` (2, 3), ``GROUP_M`` (8, 16) or
-``BLOCK_K`` (32, 64) closes the gap (``num_stages = 4`` needs 256 KiB of shared memory and does not
-launch): ``data/measured/gpu_runs/fused_linear_cross_entropy_gluon_ab.csv``, notebook 01 §11b. So it
-stays opt-in (``config={"GLUON": True}``) and the ``tl.*`` kernel stays the default. Its errors are the
-``tl.*`` stage's.
+Not yet faster than the ``tl.*`` stage on the H200 (H = 4096, V = 128256, bf16, N = 4096 / 8192 /
+16384; ``data/measured/gpu_runs/fused_linear_cross_entropy_gluon_ab.csv``, notebook 01 §11b): at its
+defaults it takes 1.13–1.22× the ``tl.*`` stage's time; the consumers taking turns (``PINGPONG``) with
+``GROUP_M = 16`` is its best variant, at 1.02–1.08×; ``num_stages = 2``, ``BLOCK_K = 32`` and, with
+``PINGPONG``, two stages are slower, and four stages need 256 KiB of shared memory, which a block does
+not get. So it stays opt-in (``config={"GLUON": True}``) and the ``tl.*`` kernel stays the default. Its
+errors are the ``tl.*`` stage's.
 
 What it costs
 -------------
