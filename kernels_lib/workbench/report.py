@@ -320,7 +320,9 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         "file: figures embedded with plotly.js and formulas as MathML, readable offline. Under each report, the H200 "
         "measurements it judges (<code>data/measured/</code>, the newest run of each chart): kernels_lib&#39;s "
         "<code>full</code> time and memory over each peer&#39;s measured in the same run (below 1: kernels_lib is faster or "
-        "smaller), and its targets.</p>"
+        "smaller), its time over the loss&#39;s floor (the longer of its matmul FLOPs at the matmul ceiling and its minimal "
+        "bytes at the copy bandwidth, both measured in that run; a loss that mostly reads can run slightly under a copy&#39;s "
+        "read-and-write bandwidth, so a bytes floor may read just under 1×), and its targets.</p>"
         '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + dashboard.grpo_family_card()
         + dashboard.past_floor_card()
         + "</body></html>"
