@@ -7,7 +7,7 @@
   and without a stderr box; a screenshot is written next to it. In every figure no two text boxes
   overlap or are clipped, and a provider has one colour in every report.
 - The index: a card per report, with the H200 dashboard of :mod:`kernels_lib.workbench.dashboard`;
-  every number it shows must equal the dashboard's, offline.
+  every number it shows must equal the dashboard's, offline, and no sparkline label is clipped.
 - JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
   panel appears, a sweep runs, the swept axis is changed, a second sweep runs, and the chart and the
   table must have changed. The server is stopped whatever happens.
@@ -136,9 +136,14 @@ def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
         badges = page.eval_on_selector_all(".badge", "bs => bs.map(b => [b.dataset.key, b.dataset.status, b.getBoundingClientRect().width])")
         numbers = page.eval_on_selector_all(".num", "ns => ns.map(n => [n.dataset.key, n.dataset.col, n.innerText])")
         font = page.evaluate("getComputedStyle(document.body).fontFamily")
+        # Every label of every sparkline inside its picture: none clipped at an edge (a "1e+03 ms" once was).
+        clipped = page.eval_on_selector_all(
+            "figure.spark svg", "svgs => svgs.flatMap(svg => [...svg.querySelectorAll('text')].map(t => { const b = t.getBBox();"
+            " return [t.textContent, b.x, b.x + b.width, svg.viewBox.baseVal.width]; }).filter(([_, l, r, w]) => l < 0 || r > w))")
     finally:
         page.close()
     assert errors == []
+    assert clipped == [], f"sparkline labels outside their picture (text, left, right, width): {clipped[:5]}"
     assert cards == len(list(NOTEBOOKS.glob("*.ipynb")))
     assert len(sections) == board.chart.nunique() and all(lines >= 2 for _, lines in sections)
     targets = board[board.kind == "target"].set_index("key")

@@ -310,6 +310,12 @@ def test_sparkline_names_its_axes_and_draws_ours_on_top():
     assert svg.count("color:#d62728") == 1  # one red legend entry
     assert "over N (log₂ scale, 4096 to 16384)" in svg
     assert ">12 ms</text>" in svg and ">0</text>" in svg and ">4096</text>" in svg and ">16384</text>" in svg
+    # a top of 1002 ms reads as people write it, with the axis moved right to make room for it
+    wide = dashboard.sparkline(times * 83.5, "kernels_lib TP=2", "N")
+    assert ">1002 ms</text>" in wide and "e+" not in wide
+    assert ">1000 ms</text>" in dashboard.sparkline(times * 83.3, "kernels_lib TP=2", "N")  # 999.6: not 1e+03
+    axis = float(re.search(r'<line x1="([\d.]+)"', wide).group(1))
+    assert axis - 3 >= 6 * len("1002 ms")
 
 
 def test_the_training_step_has_a_card(board):

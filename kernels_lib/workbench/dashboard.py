@@ -495,11 +495,13 @@ def sparkline(times: pd.DataFrame, ours: str, x_name: str = "x", width: int = 28
     axis, labelled at its ends), y linear from 0 ms to the largest time (labelled). ``ours`` is drawn last
     and thickest, in kernels_lib's red, so no peer hides it; the legend below it as text, so no label overlaps."""
     times = times.sort_index()
-    left, right, top_pad, bottom = 40, 8, 6, 18
+    top = float(times.max().max())
+    top_label = f"{top:.3g} ms" if top < 100 else f"{top:.0f} ms"  # never 1e+03: people read 1002
+    # The y labels end 3 px left of the axis, in 9 px type (under 6 px a character): room for the longest.
+    left, right, top_pad, bottom = max(40, 6 * len(top_label) + 6), 8, 6, 18
     span_x, span_y = width - left - right, height - top_pad - bottom
     index = [float(x) for x in times.index]
     xs = {x: left + i * span_x / max(len(index) - 1, 1) for i, x in enumerate(times.index)}
-    top = float(times.max().max())
     others = iter(_OTHER_COLORS)
     order = [p for p in times.columns if p != ours] + ([ours] if ours in times.columns else [])
     lines, legend = [], []
@@ -516,7 +518,7 @@ def sparkline(times: pd.DataFrame, ours: str, x_name: str = "x", width: int = 28
     x0, y0 = left, top_pad + span_y
     axes = (f'<line x1="{x0}" y1="{top_pad}" x2="{x0}" y2="{y0}" stroke="#8c959f"/>'
             f'<line x1="{x0}" y1="{y0}" x2="{width - right}" y2="{y0}" stroke="#8c959f"/>'
-            f'<text x="{x0 - 3}" y="{top_pad + 8}" text-anchor="end">{top:.3g} ms</text>'
+            f'<text x="{x0 - 3}" y="{top_pad + 8}" text-anchor="end">{top_label}</text>'
             f'<text x="{x0 - 3}" y="{y0}" text-anchor="end">0</text>'
             f'<text x="{x0}" y="{height - 4}" text-anchor="start">{x_text(index[0])}</text>'
             f'<text x="{width - right}" y="{height - 4}" text-anchor="end">{x_text(index[-1])}</text>'
