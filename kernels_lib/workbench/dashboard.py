@@ -48,6 +48,7 @@ from .bench.analysis import (
     ORPO_TARGETS,
     PAST_FLOOR_TARGETS,
     ceiling,
+    ceiling_run,
     distillation_targets,
     frontier_targets,
     fused_linear_cross_entropy_targets,
@@ -404,8 +405,14 @@ def floor_row(chart: Chart, ceilings: pd.DataFrame, x: float) -> dict | None:
         return None
     speed = full_medians(chart, "speed")
     ours = float(speed.at[x, chart.ours]) if x in speed.index and chart.ours in speed.columns else float("nan")
-    own = ceilings[(ceilings.gpu_name == chart.gpu) & (ceilings.kernels_lib_commit.astype(str) == str(chart.commit))]
-    rates = {name: float(part.sort_values("timestamp").y_value_50.iloc[-1]) for name, part in own.groupby("kernel_name")}
+    rates = {}
+    for name in ("copy", "matmul"):
+        try:
+            rate, measured_in = ceiling_run(ceilings, name, chart.gpu, chart.commit)
+        except ValueError:  # none on this GPU
+            continue
+        if measured_in == str(chart.commit):  # ceiling_run falls back to the newest run: not this chart's
+            rates[name] = rate
     row = {"key": f"{chart.key}/floor", "kind": "floor", "ours ms": ours, "ours MB": float("nan"), "peer MB": float("nan"),
            "memory ratio": float("nan")}
     if not {"copy", "matmul"} <= set(rates):
