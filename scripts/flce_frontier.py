@@ -129,7 +129,7 @@ SIZES = {
              "timeline_n": [4096, 8192, 16384], "profile_providers": ["kernels_lib", "quack"],
              "slab_rows": [4096, 8192, 8448, 12288, 16384, 16896, 1 << 20],
              "pair_samples": 30},
-    "small": {"x_values": [16, 32], "H": 64, "V": 1031, "chunks": [8, 16], "stage_n": 32, "stage_chunks": [8],
+    "small": {"x_values": [8, 16], "H": 48, "V": 263, "chunks": [4, 8], "stage_n": 16, "stage_chunks": [8],
               "rounds": 2, "profile_n": [16], "timeline_n": [16], "profile_providers": ["kernels_lib", "quack"], "slab_rows": [256, 1 << 20], "pair_samples": 2},
 }
 PEERS = ["torch", "liger", "liger_sm90", "quack", "cce", "torch_lce", "torch_lce[acc_policy=accurate]", flce.FLOOR]
