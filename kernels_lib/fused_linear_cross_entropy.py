@@ -35,8 +35,8 @@ read by :class:`_FusedLinearCrossEntropyFunction`); each route and stage is a fi
 * no gradient, a plain ``mean``/``sum`` (no smoothing, z-loss, softcap, statistics or class weights),
   compiled: the loss from the logits GEMM's epilogue, no logits buffer at all
   (:func:`_loss_in_epilogue`, :mod:`kernels_lib._flce.epilogue`);
-* class-major: the plain loss with a gradient, one chunk of ``N ≤ H`` rows, or with the default
-  ``chunk_size`` of ``N ≤ 2H`` rows whose logits fit in memory (:data:`CLASS_MAJOR_ROWS_PER_HIDDEN`),
+* class-major: the plain loss with a gradient, one chunk of ``N ≤ H`` rows (of up to ``k·H`` rows
+  with the default ``chunk_size`` where :data:`CLASS_MAJOR_ROWS_PER_HIDDEN` ``= k`` is raised above 1),
   ``dW`` in the inputs' dtype, on Hopper: forward writes the logits transposed into the weight
   gradient's own buffer, backward forms the gradients there (:func:`_class_major_route_takes`,
   :mod:`kernels_lib._flce.class_major`);
@@ -124,17 +124,20 @@ EPILOGUE_GEMM_WHEN_INTERPRETED = False
 STORE_EXPONENTIALS = True
 
 #: With ``chunk_size`` left to the default, the class-major route also takes one chunk of ``H < N ≤ k·H``
-#: rows (``k`` this constant) where its ``V × N`` logits fit the default chunk's share of free memory
-#: (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds
-#: ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H``
-#: instead of forming them chunk by chunk. On the H200 at N = 8192 (H = 4096, V = 128256, bf16; ``scripts/flce_frontier.py --parts
-#: wide_class_major``, ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three
-#: alternating rounds) ``k = 2`` took ``forward``
-#: with a gradient from 37.67 ms to 12.91 (torch's 17.62) and ``full`` from 37.50 to 37.12 ms (QuACK's
-#: 37.35) at 2198 MB against 2100 (QuACK's 4072; MB as the CSVs count them, 2^20 bytes). Beyond ``2H``
-#: the logits outgrow the memory target (``≤ 0.6×`` QuACK's peak): at N = 16384 they alone take 4008 MB,
-#: 0.97× QuACK's 4136, so 2.
-CLASS_MAJOR_ROWS_PER_HIDDEN = 2
+#: rows (``k`` this constant, when it is above 1) where its ``V × N`` logits fit the default chunk's share
+#: of free memory (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then
+#: holds ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at
+#: ``N ≤ H`` instead of forming them chunk by chunk. 1 (off) by default, for two reasons. ``dW`` is a
+#: view of that buffer, so ``weight.grad`` keeps all of it alive until the optimizer clears it: at
+#: ``N = 2H`` twice the gradient's size, through the rest of a training step's backward. And its peak is
+#: above the chunked route's and torch's ``F.linear_cross_entropy``'s: on the H200 at N = 8192 (H = 4096,
+#: V = 128256, bf16; ``scripts/flce_frontier.py --parts wide_class_major``,
+#: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three alternating rounds,
+#: the run of ad36021) ``k = 2`` took ``full`` in 36.96 ms at 2262 MB, the chunked route 37.85 ms at 2132
+#: MB, torch's 108.47 ms at 2132 MB (QuACK's peak at that N: 4072 MB; MB as the CSVs count them, 2^20
+#: bytes), and ``forward`` with a gradient 12.84 ms against 37.98. Set it to 2 for that forward (the A/B's
+#: other arm); beyond ``2H`` the logits alone outgrow the memory target (``≤ 0.6×`` QuACK's peak).
+CLASS_MAJOR_ROWS_PER_HIDDEN = 1
 
 
 class CrossEntropyOutput(NamedTuple):

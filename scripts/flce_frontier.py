@@ -83,10 +83,10 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``wide_class_major``: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv`` (rounds in
     ``..._wide_class_major_ab_rounds.csv``). The A/B of
     :data:`kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN`: at the N of the chart
-    with ``H < N ≤ 2H`` (8192), torch, QuACK and the default (2: one class-major chunk of N rows, the
-    gradients deferred to backward) beside ``kernels_lib[class_major_rows_per_hidden=1]`` (the chunked
-    route, the gradients formed in forward) in alternating rounds, no dial. The run of 29f4f42, when
-    the default was 1, had the arm at 2.
+    with ``H < N ≤ 2H`` (8192), torch, QuACK, torch's ``F.linear_cross_entropy`` and the default (1: the
+    chunked route, the gradients formed in forward) beside ``kernels_lib[class_major_rows_per_hidden=2]``
+    (one class-major chunk of N rows, the gradients deferred to backward) in alternating rounds, no
+    dial. The runs from 29f4f42 to 9e3752a, when the default was 2, had the arm at 1.
 ``row_major_dw``: ``gpu_runs/fused_linear_cross_entropy_row_major_dw.csv``. The chunked route's ``dx`` and
     ``dW`` for one chunk at the smallest N, each timed alone, ``dW`` in slabs of each size of ``slab_rows``
     (one matmul at ``S ≥ V``, the route's way), written and added to: whether the class-major route's
@@ -165,7 +165,7 @@ FILES = {
 LOGITS_ARM = flce_studies.LOGITS_ARM
 WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
 #: The A/B arms: kernels_lib's default with these module constants set for its calls.
-ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 1}}
+ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}}
 
 
 def _arm(name: str, **sweep) -> pd.DataFrame:
@@ -490,12 +490,12 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
 
 
 def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
-    """The A/B of the class-major route beyond H rows at the chart's N in ``(H, k·H]``, ``k`` =
-    :data:`~kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` (the smallest N where
-    none is, as at CPU size): torch, QuACK, the default (one class-major chunk of N rows) and
-    :data:`WIDE_ARM` (the chunked route) in the frontier's alternating rounds, no dial; torch's
-    ``F.linear_cross_entropy`` beside them, whose memory issue 30 bounds ours by."""
-    limit = flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN * size["H"]
+    """The A/B of the class-major route beyond H rows at the chart's N in ``(H, k·H]``, ``k`` = the
+    :data:`WIDE_ARM`'s :data:`~kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` (the
+    smallest N where none is, as at CPU size): torch, QuACK, the default (the chunked route) and
+    :data:`WIDE_ARM` (one class-major chunk of N rows) in the frontier's alternating rounds, no dial;
+    torch's ``F.linear_cross_entropy`` beside them, whose memory issue 30 bounds ours by."""
+    limit = ARMS[WIDE_ARM]["CLASS_MAJOR_ROWS_PER_HIDDEN"] * size["H"]
     wide = [n for n in size["x_values"] if size["H"] < n <= limit] or size["x_values"][:1]
     return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack", "torch_lce"),
                     arms=(WIDE_ARM,))

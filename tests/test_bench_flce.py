@@ -596,7 +596,7 @@ def test_frontier_script_cpu_paths(tmp_path):
     assert {"kernels_lib", script.WIDE_ARM, "torch"} | torch_lce - {"torch_lce[acc_policy=accurate]"} == set(wide.kernel_provider)
     assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {min(script.SIZES["small"]["x_values"])}
-    assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 2, "the A/B puts the setting back"
+    assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "the A/B puts the setting back"
     row_major = pd.read_csv(tmp_path / script.FILES["row_major_dw"])
     assert set(row_major.stage) == {"dx", "dW"} and row_major.ms.gt(0).all() and "kernels_lib_commit" in row_major
     assert len(row_major[row_major.stage == "dW"]) == 2 * len(script.SIZES["small"]["slab_rows"]), "written and added to"
@@ -640,3 +640,18 @@ def test_published_and_cce_paper_workloads_are_told_apart():
     configs = rows[published].extra_benchmark_config_str.map(json.loads)
     assert configs.map(lambda c: (c["H"], c["V"]) == (4096, 128256)).all()
     assert flce.is_published_workload(rows.iloc[:0]).empty
+
+
+def test_wide_class_major_arms_follow_the_default_of_the_run():
+    """The wide class-major A/B's arm is the class-major chunk since the default went back to 1, the chunked
+    route in the runs made while it was 2: each run's routes are told by the arm it has, and the recorded
+    runs of the old kind still read."""
+    new = pd.DataFrame({"kernel_provider": ["kernels_lib", flce_studies.WIDE_CLASS_MAJOR_ARM, "torch"]})
+    old = pd.DataFrame({"kernel_provider": ["kernels_lib", flce_studies.WIDE_CLASS_MAJOR_ARM_BEFORE, "torch"]})
+    assert flce_studies.wide_class_major_arms(new) == {"chunked": "kernels_lib", "class-major": flce_studies.WIDE_CLASS_MAJOR_ARM}
+    assert flce_studies.wide_class_major_arms(old) == {"chunked": flce_studies.WIDE_CLASS_MAJOR_ARM_BEFORE, "class-major": "kernels_lib"}
+    with pytest.raises(ValueError, match="no arm of the wide class-major A/B"):
+        flce_studies.wide_class_major_arms(pd.DataFrame({"kernel_provider": ["kernels_lib"]}))
+    recorded = flce_studies.load_run("wide_class_major")
+    if recorded is not None:  # the newest recorded run names one of the two arms
+        assert set(flce_studies.wide_class_major_arms(recorded).values()) <= set(recorded.kernel_provider)

@@ -1,13 +1,17 @@
 r"""The class-major route of the fused linear cross-entropy: the logits inside the weight gradient's buffer.
 
-For a plain loss with a gradient in one chunk (``N ≤ H`` rows, or with the default ``chunk_size``
-``N ≤ 2H`` whose logits fit in memory; ``dW`` in the inputs' dtype: the published N = 4096 and 8192 at
-H = 4096; the choice is :func:`kernels_lib.fused_linear_cross_entropy._class_major_route_takes`),
+For a plain loss with a gradient in one chunk (``N ≤ H`` rows, or with the default ``chunk_size`` up
+to ``k·H`` whose logits fit in memory where ``CLASS_MAJOR_ROWS_PER_HIDDEN = k`` is raised above its
+default 1; ``dW`` in the inputs' dtype: the published N = 4096 at H = 4096; the choice is
+:func:`kernels_lib.fused_linear_cross_entropy._class_major_route_takes`),
 forward's epilogue GEMM (:mod:`kernels_lib._flce.epilogue`) writes the logits transposed into the
 weight gradient's own buffer and gives the loss (:func:`_class_major_logits`); backward forms ``dz``
 there in place with the upstream gradient in its factor (:mod:`kernels_lib.kernels.class_major_gradient`),
 then ``dx`` and ``dW``, ``dW`` slab by slab over the logits already read (:func:`_class_major_gradients`).
-Forward holds nothing the gradients would not hold anyway, so the work waits for backward.
+Forward holds nothing the gradients would not hold anyway, so the work waits for backward. ``dW`` is
+a view of the buffer, so ``weight.grad`` keeps the whole buffer alive: ``S·H`` elements beyond ``dW``
+while ``N ≤ H`` (``S`` = :data:`CLASS_MAJOR_SLAB_ROWS`: 66 MiB at H = 4096 in bf16, 6.6% of ``dW``),
+``V·(N - H) + S·H`` beyond it for ``N > H`` (why the wide chunk is off by default).
 
 Up to ``H`` rows the logits take no memory of their own: on the H200 at N = 4096 (bf16, H = 4096,
 V = 128256) this route about halves the peak of ``full`` (about 1.1 GB against 2.1 GB for the chunked

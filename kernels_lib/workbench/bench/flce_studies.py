@@ -52,11 +52,27 @@ GLUON_AB_CUBLAS, GLUON_AB_TL, GLUON_AB_GLUON = ("cuBLAS logits matmul alone", "l
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
 #: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
-#: The other arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 1``, the
-#: chunked route at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``; the first run
-#: in ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, made before the default became 2,
-#: has the arm ``kernels_lib[class_major_rows_per_hidden=2]``).
-WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=1]"
+#: The other arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 2``, one
+#: class-major chunk at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``). The
+#: default was 1 at the first run in ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, 2
+#: from 29f4f42 to 9e3752a (those runs' arm: :data:`WIDE_CLASS_MAJOR_ARM_BEFORE`), 1 again since.
+WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
+#: The arm's name in the runs made while the default was 2: the chunked route.
+WIDE_CLASS_MAJOR_ARM_BEFORE = "kernels_lib[class_major_rows_per_hidden=1]"
+
+
+def wide_class_major_arms(rows: pd.DataFrame) -> dict[str, str]:
+    """Which provider of a wide class-major A/B run (``rows``: one run's) is which route:
+    ``{"chunked": name, "class-major": name}``. The default is ``kernels_lib``; the arm is
+    :data:`WIDE_CLASS_MAJOR_ARM` (the class-major chunk) in runs made while the default was 1, and
+    :data:`WIDE_CLASS_MAJOR_ARM_BEFORE` (the chunked route) in those made while it was 2."""
+    providers = set(rows.kernel_provider)
+    if WIDE_CLASS_MAJOR_ARM in providers:
+        return {"chunked": "kernels_lib", "class-major": WIDE_CLASS_MAJOR_ARM}
+    if WIDE_CLASS_MAJOR_ARM_BEFORE in providers:
+        return {"chunked": WIDE_CLASS_MAJOR_ARM_BEFORE, "class-major": "kernels_lib"}
+    raise ValueError(f"rows: no arm of the wide class-major A/B ({WIDE_CLASS_MAJOR_ARM} or "
+                     f"{WIDE_CLASS_MAJOR_ARM_BEFORE}) among {sorted(providers)}")
 
 
 def load_run(part: str) -> pd.DataFrame | None:
