@@ -234,6 +234,20 @@ def test_a_ratio_cell_is_coloured_by_its_targets_verdict(board):
                 assert cell.group(2) == (status.replace(" ", "-") if isinstance(status, str) else None), (row.key, column)
 
 
+def test_a_cell_without_a_ratio_is_not_measured_whatever_its_target_says(board):
+    """A peer not measured at the card's x (Hugging Face's ORPO head at B = 16 did not fit) shows
+    "not measured" in grey, not the colour of its target's verdict over the x where it was measured."""
+    ratios = board[board.kind == "ratio"]
+    for column in ("time", "memory"):
+        judged = ratios[ratios[f"{column} status"].notna()]
+        empty = judged[judged[f"{column} ratio"].isna()]
+        assert (empty[f"{column} status"] == "not measured").all(), empty[["key", f"{column} status"]]
+    orpo = ratios[(ratios.kernel_name == "fused_linear_orpo_loss") & (ratios.peer == "huggingface")]
+    assert (orpo["time ratio"].isna() <= (orpo["time status"] == "not measured")).all()
+    targets = board[(board.kernel_name == "fused_linear_orpo_loss") & (board.kind == "target")]
+    assert (targets.target.str.contains("huggingface") & (targets.status == "met")).any(), "judged where measured"
+
+
 def test_ratio_text_shows_which_side_of_the_bound():
     assert dashboard.ratio_text(1.000418, 1.0) == "1.0004"
     assert dashboard.ratio_text(0.551077, 0.55) == "0.551"

@@ -337,12 +337,15 @@ def _cell_bound(labels: list[str], judged: pd.DataFrame) -> float:
     return bounds.pop() if len(bounds) == 1 else float("nan")
 
 
-def _cell_status(labels: list[str], judged: pd.DataFrame) -> str | None:
+def _cell_status(labels: list[str], judged: pd.DataFrame, ratio: float = 0.0) -> str | None:
     """The verdict a ratio cell shows: ``missed`` if any of its targets missed, ``met`` if every one was
-    met, ``not measured`` if none was measured; None where no target judges the cell."""
+    met, ``not measured`` if none was measured or the cell has no ``ratio`` (NaN: the peer was not
+    measured at the cell's x, though its target is judged at other x); None where no target judges the cell."""
     statuses = [judged.at[label, "status"] for label in labels if label in judged.index]
     if not statuses:
         return None
+    if pd.isna(ratio):
+        return NOT_MEASURED
     if "missed" in statuses:
         return "missed"
     return "met" if all(s == "met" for s in statuses) else NOT_MEASURED
@@ -369,12 +372,13 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     for peer in peer_list:
         t = speed.loc[(peer, x)] if (peer, x) in speed.index else pd.Series(nan)
         m = memory.loc[(peer, x)] if (peer, x) in memory.index else pd.Series(nan)
+        memory_ratio = m["ratio"] if m["peer value"] >= 1 else float("nan")
         out.append({**common, "key": f"{chart.key}/{peer}", "kind": "ratio", "peer": peer, "ours ms": t["ours"], "peer ms": t["peer value"],
-                    "time ratio": t["ratio"], "time status": _cell_status(cells.get((peer, "time ratio"), []), judged),
+                    "time ratio": t["ratio"], "time status": _cell_status(cells.get((peer, "time ratio"), []), judged, t["ratio"]),
                     "time bound": _cell_bound(cells.get((peer, "time ratio"), []), judged),
                     "ours MB": m["ours"], "peer MB": m["peer value"],
-                    "memory ratio": m["ratio"] if m["peer value"] >= 1 else float("nan"),
-                    "memory status": _cell_status(cells.get((peer, "memory ratio"), []), judged),
+                    "memory ratio": memory_ratio,
+                    "memory status": _cell_status(cells.get((peer, "memory ratio"), []), judged, memory_ratio),
                     "memory bound": _cell_bound(cells.get((peer, "memory ratio"), []), judged)})
     floor = floor_row(chart, ceilings, x)
     if floor is not None:
