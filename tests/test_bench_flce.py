@@ -528,36 +528,28 @@ def test_h200_script_cpu_paths(tmp_path):
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns
 
 
-def test_frontier_script_cpu_paths(tmp_path):
-    """The frontier run at CPU size: every peer named (skipped here, with the reason), kernels_lib's
-    default and each dial point in both modes, and the stage table with its provenance."""
-    path = SCRIPT.with_name("flce_frontier.py")
-    spec = importlib.util.spec_from_file_location("flce_frontier", path)
+def _frontier_script():
+    """``scripts/flce_frontier.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("flce_frontier", SCRIPT.with_name("flce_frontier.py"))
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert {"liger_sm90", "quack"} <= set(script.PEERS)
-    assert script.main(["--out", str(tmp_path), "--size", "small"]) == 0
-    rows = pd.read_csv(tmp_path / script.FILES["frontier"])
+    return script
+
+
+def _check_frontier(script, out: Path, torch_lce: set) -> None:
+    rows = pd.read_csv(out / script.FILES["frontier"])
     assert list(rows.columns) == MEASURED_COLUMNS
     dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
     # Liger's Triton kernel runs only where the kernels are compiled (CUDA) and liger-kernel is installed
     # (the peers' CuTe and QuACK kernels need their wheels): in the interpreter it is skipped.
     # torch's own chunked linear_cross_entropy is pure torch: it runs wherever torch has it (>= 2.13).
     providers = set(rows.kernel_provider)
-    # ... and on an older torch from torch 2.13's files where KERNELS_LIB_TORCH_LCE_FILES names them (as on the H200).
-    torch_lce = set(flce.TORCH_LCE_POLICIES) if _torch_lce_loads() else set()
-    assert set(flce.TORCH_LCE_POLICIES) <= set(script.PEERS)
     assert dial | {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= providers
     assert providers - dial - {"kernels_lib", "torch", flce.FLOOR} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})
-    # issue 30's part: the same peers and the floor, no dial, and its targets judged from that one run
-    past = pd.read_csv(tmp_path / script.FILES["past_floor"])
-    assert {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= set(past.kernel_provider) and not set(past.kernel_provider) & dial
-    judged = analysis.past_floor_targets(past)
-    assert judged["full / three matmuls"].notna().all() and judged["full / QuACK"].isna().all()
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
     assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
-    rounds = pd.read_csv(tmp_path / script.FILES["frontier_rounds"])
+    rounds = pd.read_csv(out / script.FILES["frontier_rounds"])
     n_rounds = script.SIZES["small"]["rounds"]
     assert sorted(rounds["round"].unique()) == list(range(1, n_rounds + 1)) and script.SIZES["full"]["rounds"] == 3
     first_provider = rounds.groupby("round").kernel_provider.first()
@@ -565,41 +557,111 @@ def test_frontier_script_cpu_paths(tmp_path):
     main = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])]
     assert main.note.str.contains(f"median of {n_rounds} rounds").all()
     assert len(main) == len(rounds[rounds.kernel_provider.isin(["kernels_lib", "torch"])]) / n_rounds
-    stages = pd.read_csv(tmp_path / script.FILES["stages"])
+
+
+def _check_past_floor(script, out: Path, torch_lce: set) -> None:
+    # issue 30's part: the same peers and the floor, no dial, and its targets judged from that one run
+    dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
+    past = pd.read_csv(out / script.FILES["past_floor"])
+    assert {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= set(past.kernel_provider) and not set(past.kernel_provider) & dial
+    judged = analysis.past_floor_targets(past)
+    assert judged["full / three matmuls"].notna().all() and judged["full / QuACK"].isna().all()
+
+
+def _check_stages(script, out: Path, torch_lce: set) -> None:
+    stages = pd.read_csv(out / script.FILES["stages"])
     assert set(stages.chunk_size) == set(script.SIZES["small"]["stage_chunks"]) and "kernels_lib_commit" in stages.columns
     assert set(stages.route) == {"cuBLAS logits", "epilogue GEMM", "epilogue GEMM, logits_out configs"}
-    major = pd.read_csv(tmp_path / script.FILES["class_major"])
+
+
+def _check_class_major(script, out: Path, torch_lce: set) -> None:
+    major = pd.read_csv(out / script.FILES["class_major"])
     assert set(major.stage) == {"shift", "exponentials GEMM", "dx", "dW", "scale rows"}
     # Every stage timed; a GEMM config the GPU cannot hold (shared memory) is a recorded failure with its reason.
     gemm = major.stage == "exponentials GEMM"
     assert major[~gemm].ms.notna().all() and major[gemm].ms.notna().any()
     assert (major[gemm & major.ms.isna()].error.astype(str).str.contains("out of resource")).all()
     assert major[major.stage == "dW"].variant.str.contains(r"\(1 matmuls\)").any(), "one slab of all V classes"
-    profile = pd.read_csv(tmp_path / script.FILES["profile"])
+
+
+def _check_profile(script, out: Path, torch_lce: set) -> None:
+    profile = pd.read_csv(out / script.FILES["profile"])
     assert set(profile.kernel_provider) == {"kernels_lib", "quack"}
     assert profile[profile.kernel_provider == "quack"].name.str.contains("skipped").all()
-    timeline = pd.read_csv(tmp_path / script.FILES["timeline"])
+
+
+def _check_timeline(script, out: Path, torch_lce: set) -> None:
+    timeline = pd.read_csv(out / script.FILES["timeline"])
     assert set(timeline.kernel_provider) == {"kernels_lib", "quack"} and timeline.ms_50.notna().sum() == 1
-    quack_ab = pd.read_csv(tmp_path / script.FILES["quack_ab"])
+
+
+def _check_quack_ab(script, out: Path, torch_lce: set) -> None:
+    quack_ab = pd.read_csv(out / script.FILES["quack_ab"])
     assert set(quack_ab.kernel_provider) == {"kernels_lib"} and quack_ab.note.str.contains("quack skipped").all()
-    pairs = pd.read_csv(tmp_path / script.FILES["quack_pairs"])
+
+
+def _check_quack_pairs(script, out: Path, torch_lce: set) -> None:
+    pairs = pd.read_csv(out / script.FILES["quack_pairs"])
     ours = pairs[pairs.kernel_provider == "kernels_lib"]
     assert pairs[pairs.kernel_provider == "quack"].error.str.contains("skipped").all()
     assert set(ours.kernel_operation_mode) == {"full", "forward_no_grad"} and set(ours.BT) == set(script.SIZES["small"]["x_values"])
     assert (ours.samples == script.SIZES["small"]["pair_samples"]).all() and ours.ms_50.gt(0).all()
-    ab = pd.read_csv(tmp_path / script.FILES["exponentials"])
-    liger = set() if kernels_lib.INTERPRETED else {"liger"}  # as the frontier's rows above
+
+
+def _check_exponentials(script, out: Path, torch_lce: set) -> None:
+    n_rounds = script.SIZES["small"]["rounds"]
+    ab = pd.read_csv(out / script.FILES["exponentials"])
+    liger = set() if kernels_lib.INTERPRETED else {"liger"}  # as the frontier's rows
     assert {"kernels_lib", script.LOGITS_ARM, "torch", flce.FLOOR} | torch_lce | liger == set(ab.kernel_provider)  # the frontier's peers
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
-    wide = pd.read_csv(tmp_path / script.FILES["wide_class_major"])
+
+
+def _check_wide_class_major(script, out: Path, torch_lce: set) -> None:
+    n_rounds = script.SIZES["small"]["rounds"]
+    wide = pd.read_csv(out / script.FILES["wide_class_major"])
     assert {"kernels_lib", script.WIDE_ARM, "torch"} | torch_lce - {"torch_lce[acc_policy=accurate]"} == set(wide.kernel_provider)
     assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {min(script.SIZES["small"]["x_values"])}
     assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "the A/B puts the setting back"
-    row_major = pd.read_csv(tmp_path / script.FILES["row_major_dw"])
+
+
+def _check_row_major_dw(script, out: Path, torch_lce: set) -> None:
+    row_major = pd.read_csv(out / script.FILES["row_major_dw"])
     assert set(row_major.stage) == {"dx", "dW"} and row_major.ms.gt(0).all() and "kernels_lib_commit" in row_major
     assert len(row_major[row_major.stage == "dW"]) == 2 * len(script.SIZES["small"]["slab_rows"]), "written and added to"
+
+
+#: The frontier script's parts, a test each (so the workers share them out; the GPU target is as long as its
+#: longest test): the part, and the check of the files it writes (None: its exit code alone; its rows are
+#: checked by the studies' own tests).
+FRONTIER_PART_CHECKS = {
+    "frontier": _check_frontier, "past_floor": _check_past_floor, "stages": _check_stages,
+    "class_major": _check_class_major, "profile": _check_profile, "timeline": _check_timeline,
+    "quack_ab": _check_quack_ab, "quack_pairs": _check_quack_pairs, "exponentials": _check_exponentials,
+    "wide_class_major": _check_wide_class_major, "row_major_dw": _check_row_major_dw,
+    "forward": None, "default": None, "overhead": None, "gluon": None,
+}
+
+
+def test_frontier_script_parts_each_have_a_test():
+    """Every part of the frontier script runs in :func:`test_frontier_script_cpu_paths`, and its peers are named."""
+    script = _frontier_script()
+    assert set(FRONTIER_PART_CHECKS) == set(script.PARTS)
+    assert {"liger_sm90", "quack"} <= set(script.PEERS)
+    assert set(flce.TORCH_LCE_POLICIES) <= set(script.PEERS)
+
+
+@pytest.mark.parametrize("part", list(FRONTIER_PART_CHECKS))
+def test_frontier_script_cpu_paths(part, tmp_path):
+    """The frontier run at CPU size, one part: every peer named (skipped here, with the reason), kernels_lib's
+    default and each dial point in both modes, and the stage tables with their provenance."""
+    script = _frontier_script()
+    assert script.main(["--out", str(tmp_path), "--size", "small", "--parts", part]) == 0
+    # ... and on an older torch from torch 2.13's files where KERNELS_LIB_TORCH_LCE_FILES names them (as on the H200).
+    torch_lce = set(flce.TORCH_LCE_POLICIES) if _torch_lce_loads() else set()
+    if FRONTIER_PART_CHECKS[part] is not None:
+        FRONTIER_PART_CHECKS[part](script, tmp_path, torch_lce)
 
 
 def test_cce_paper_table_and_workload():

@@ -337,7 +337,7 @@ def _cell_bound(labels: list[str], judged: pd.DataFrame) -> float:
     return bounds.pop() if len(bounds) == 1 else float("nan")
 
 
-def _cell_status(labels: list[str], judged: pd.DataFrame, ratio: float = 0.0) -> str | None:
+def _cell_status(labels: list[str], judged: pd.DataFrame, ratio: float) -> str | None:
     """The verdict a ratio cell shows: ``missed`` if any of its targets missed, ``met`` if every one was
     met, ``not measured`` if none was measured or the cell has no ``ratio`` (NaN: the peer was not
     measured at the cell's x, though its target is judged at other x); None where no target judges the cell."""
