@@ -164,20 +164,25 @@ FILES = {
 
 LOGITS_ARM = flce_studies.LOGITS_ARM
 WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
+DX_ARM = flce_studies.DX_BLOCK_ROWS_ARM
 #: The A/B arms: kernels_lib's default with these module constants set for its calls.
-ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}}
+ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2},
+        DX_ARM: {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}
+#: Where an arm's constant lives, when not in :mod:`kernels_lib.fused_linear_cross_entropy`.
+_CONSTANT_MODULES = {"DX_BLOCK_ROWS": importlib.import_module("kernels_lib._flce.matmuls")}
 
 
 def _arm(name: str, **sweep) -> pd.DataFrame:
     """kernels_lib's default with the module constants of ``ARMS[name]`` set for its calls, put back after."""
-    saved = {key: getattr(flce_module, key) for key in ARMS[name]}
+    modules = {key: _CONSTANT_MODULES.get(key, flce_module) for key in ARMS[name]}
+    saved = {key: getattr(modules[key], key) for key in ARMS[name]}
     for key, value in ARMS[name].items():
-        setattr(flce_module, key, value)
+        setattr(modules[key], key, value)
     try:
         return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], **sweep).assign(kernel_provider=name)
     finally:
         for key, value in saved.items():
-            setattr(flce_module, key, value)
+            setattr(modules[key], key, value)
 
 
 def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, *, dial: bool = True,
@@ -462,8 +467,10 @@ def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None
     """Issue 30's run: every peer that loads (torch's ``F.linear_cross_entropy`` with its default and
     accurate policies among them) and the floor (:data:`~kernels_lib.workbench.bench.fused_linear_cross_entropy.FLOOR`,
     the three matmuls alone) beside kernels_lib's default, in the frontier's alternating rounds, no dial:
-    what :func:`kernels_lib.workbench.bench.analysis.past_floor_targets` judges."""
-    return frontier(size, device, rounds_path, dial=False)
+    what :func:`kernels_lib.workbench.bench.analysis.past_floor_targets` judges. Beside them the arm
+    :data:`DX_ARM` (the stored exponentials' ``dx`` in blocks of the rows of before, 2048), the A/B of
+    :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`."""
+    return frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
 
 
 def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:

@@ -402,7 +402,8 @@ def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
     def rows(commit, stamp, ours):
         out = []
         for n, (mine, floor, lce) in {4096: (ours, 20.0, 100.0), 8192: (2 * ours, 37.0, 110.0)}.items():
-            for provider, ms, mb in (("kernels_lib", mine, 1000.0), ("three_matmuls", floor, 3000.0), ("torch_lce", lce, 2000.0)):
+            for provider, ms, mb in (("kernels_lib", mine, 1000.0), ("three_matmuls", floor, 3000.0), ("torch_lce", lce, 2000.0),
+                                     ("liger_sm90", 4 * mine, 2500.0)):
                 for metric, value in (("speed", ms), ("memory", mb)):
                     out.append({"kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider,
                                 "kernel_operation_mode": "full", "metric_name": metric, "x_value": n, "y_value_50": value,
@@ -419,5 +420,6 @@ def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
     assert '<td class="missed">0.90</td>' in card and '<td class="missed">0.97</td>' in card
     assert '<td class="met">0.18</td>' in card  # 18 / 100 against 0.8× torch LCE
     assert '<td class="not-measured">not measured</td>' in card  # QuACK
+    assert '<td class="peer">0.25</td>' in card  # Liger's CuTe kernel: shown, no target to colour it
     assert "Not in this run: quack" in card
     assert '<li class="missed">full ≤ 0.92× three matmuls: missed · worst 0.97 at N = 8192</li>' in card

@@ -180,6 +180,7 @@ def _past_floor_run(**extra) -> pd.DataFrame:
         (analysis.FLOOR, "full", 8192): (37.0, 9000.0),
         ("quack", "full", 8192): (38.0, 3000.0), ("quack", "forward_no_grad", 8192): (12.4, 10.0),
         ("torch_lce", "full", 8192): (40.0, 2100.0),
+        ("liger_sm90", "full", 8192): (39.5, 3100.0),
         **extra,
     }
     return _rows(points).assign(kernels_lib_commit="abc1234", timestamp="2026-12-02 19:00")
@@ -194,6 +195,10 @@ def test_past_floor_ratios_and_verdicts():
     assert table.loc[4096, "forward_no_grad / QuACK"] == pytest.approx(6 / 6.5)
     assert table.loc[4096, "full / torch LCE"] == pytest.approx(0.18)
     assert table.loc[8192, "memory / torch LCE"] == pytest.approx(2200 / 2100)
+    # Liger's CuTe kernel beside, without a target; CCE not in this run
+    assert table.loc[8192, "full / Liger CuTe"] == pytest.approx(37 / 39.5)
+    assert table.loc[8192, "memory / Liger CuTe"] == pytest.approx(2200 / 3100)
+    assert pd.isna(table.loc[4096, "full / Liger CuTe"]) and table["full / CCE"].isna().all()
     verdicts = analysis.target_verdicts(table, analysis.PAST_FLOOR_TARGETS)
     assert verdicts.loc["full ≤ 0.92× three matmuls", "status"] == "missed"  # 1.0 at N = 8192
     assert verdicts.loc["full ≤ 0.92× three matmuls", "worst at x"] == 8192

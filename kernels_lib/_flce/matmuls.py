@@ -33,8 +33,12 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 #: Rows of ``dx`` formed per float32 product on the stored-exponentials routes (:func:`_scaled_product_into`):
-#: at ``H = 4096`` a 32 MiB temporary, against ``N × H × 4`` bytes for the whole product at once.
-DX_BLOCK_ROWS = 2048
+#: at ``H = 4096`` a 16 MiB temporary, against ``N × H × 4`` bytes for the whole product at once. The
+#: temporary is alive at ``full``'s peak (the chunk's exponentials, ``dx`` and ``dW`` beside it): at 2048
+#: rows (32 MiB) that peak was 0.11 MB above torch's ``F.linear_cross_entropy``'s at N = 8192 on the H200
+#: (``data/measured/gpu_runs/fused_linear_cross_entropy_past_floor.csv``, whose runs since carry the
+#: arm ``kernels_lib[dx_block_rows=2048]``); each product still has ``K = V`` and 1024 rows to fill the GPU.
+DX_BLOCK_ROWS = 1024
 
 
 def _scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, factors: torch.Tensor,

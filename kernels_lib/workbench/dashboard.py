@@ -663,6 +663,7 @@ PAST_FLOOR = data.MEASURED_DIR / "gpu_runs" / "fused_linear_cross_entropy_past_f
 #: The card's columns: header → ratio column of :func:`.bench.analysis.past_floor_targets`.
 _PAST_FLOOR_COLUMNS = {"× three matmuls": "full / three matmuls", "× QuACK": "full / QuACK",
                        "× torch LCE": "full / torch LCE", "× torch LCE (accurate)": "full / torch LCE (accurate)",
+                       "× Liger CuTe": "full / Liger CuTe", "× CCE": "full / CCE",
                        "memory × QuACK": "memory / QuACK", "memory × torch LCE": "memory / torch LCE"}
 
 
@@ -689,7 +690,8 @@ def past_floor_card(path: Path | str = PAST_FLOOR, gpu_name: str = overview.H200
     for n, row in table.iterrows():
         cells = [f"<td>{x_text(n)}</td>", f"<td>{row['full ms']:.2f}</td>"]
         for column in _PAST_FLOOR_COLUMNS.values():
-            status = status_of.get(column, NOT_MEASURED) if not pd.isna(row[column]) else NOT_MEASURED
+            # a peer without a target (Liger's CuTe kernel, CCE) is shown, not judged: no verdict colour
+            status = NOT_MEASURED if pd.isna(row[column]) else status_of.get(column, "peer")
             cells.append(f'<td class="{status.replace(" ", "-")}">{ratio_text(row[column], bound_of.get(column))}</td>')
         body.append(f'<tr data-n="{x_text(n)}">' + "".join(cells) + "</tr>")
     verdict_items = "".join(

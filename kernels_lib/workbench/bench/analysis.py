@@ -259,8 +259,9 @@ def past_floor_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.
     """Issue 30's targets per number of tokens (:data:`PAST_FLOOR_TARGETS`), from rows of one run
     (refused otherwise, :func:`_one_run`): ``provider``'s ``full`` time over the floor measured in the
     run (:data:`~.fused_linear_cross_entropy.FLOOR`, the three matmuls alone) and over QuACK's and
-    torch's ``F.linear_cross_entropy`` (default options and ``acc_policy="accurate"``), its ``full``
-    memory over theirs, its ``forward_no_grad`` over QuACK's; one True / False / NaN column per target
+    torch's ``F.linear_cross_entropy`` (default options and ``acc_policy="accurate"``), and, shown
+    without a target, over Liger's CuTe DSL kernel's and CCE's; its ``full`` memory over theirs, its
+    ``forward_no_grad`` over QuACK's; one True / False / NaN column per target
     (NaN where the run did not measure that provider: "not measured", never another run's)."""
     rows = _one_run(rows)
     speed_full = medians(rows, "speed", "full")
@@ -275,7 +276,8 @@ def past_floor_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.
     table["memory MB"] = _provider(memory_full, provider)
     table["memory / QuACK"] = table["memory MB"] / _provider(memory_full, "quack")
     table["forward_no_grad / QuACK"] = _provider(speed_fwd, provider) / _provider(speed_fwd, "quack")
-    for name, label in ((TORCH_LCE, "torch LCE"), (TORCH_LCE_ACCURATE, "torch LCE (accurate)")):
+    for name, label in ((TORCH_LCE, "torch LCE"), (TORCH_LCE_ACCURATE, "torch LCE (accurate)"),
+                        ("liger_sm90", "Liger CuTe"), ("cce", "CCE")):
         table[f"full / {label}"] = table["full ms"] / _provider(speed_full, name)
         table[f"memory / {label}"] = table["memory MB"] / _provider(memory_full, name)
     for label, (column, bound) in PAST_FLOOR_TARGETS.items():

@@ -59,6 +59,11 @@ LOGITS_ARM = "kernels_lib[store_exponentials=False]"
 WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
 #: The arm's name in the runs made while the default was 2: the chunked route.
 WIDE_CLASS_MAJOR_ARM_BEFORE = "kernels_lib[class_major_rows_per_hidden=1]"
+#: The other arm of the ``dx`` block A/B (``scripts/flce_frontier.py --parts past_floor``): the default with
+#: :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS` at its value of before, each float32 ``dx`` product
+#: twice the rows (and bytes) of today's.
+DX_BLOCK_ROWS_BEFORE = 2048
+DX_BLOCK_ROWS_ARM = f"kernels_lib[dx_block_rows={DX_BLOCK_ROWS_BEFORE}]"
 
 
 def wide_class_major_arms(rows: pd.DataFrame) -> dict[str, str]:
