@@ -328,6 +328,9 @@ def test_profile_kernels_sums_device_kernels_per_provider_and_n():
     assert list(table.index) == [("kernels_lib", 4096), ("kernels_lib", 8192)]
     assert table.loc[("kernels_lib", 4096), "kernels ms per step"] == 9.25
     assert table.loc[("kernels_lib", 4096), "kernels"] == 3
+    # "gemm" and "mm kernel"... only names of GEMM kernels count as GEMMs: "mm kernel" and "merge" are the rest
+    assert table.loc[("kernels_lib", 4096), "GEMM ms per step"] == 5.0
+    assert table.loc[("kernels_lib", 4096), "other ms per step"] == 4.25
     assert table.loc[("kernels_lib", 4096), "longest"] == "gemm 5.00; mm kernel 4.00"
     assert table.loc[("kernels_lib", 8192), "kernels ms per step"] == 6.0
     without_column = flce_studies.profile_kernels(profile.drop(columns="kernel_provider").iloc[:5])

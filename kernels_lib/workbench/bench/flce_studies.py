@@ -142,10 +142,16 @@ def deferred_share_needed(full_ms: float, forward_target_ms: float, n_rows: int,
     return {"share": share, "bytes": share * n_rows * vocab * itemsize}
 
 
+#: The GEMM kernels of a profile, by name: cuBLAS's (``nvjet``, ``sm90_xmma``, ``cutlass``), the CuTe DSL's
+#: (``quackgemm``, ``gemm``) and kernels_lib's logits GEMMs with their epilogue (``logits_lse``).
+GEMM_KERNEL_NAMES = r"nvjet|xmma|cutlass|gemm|logits_lse"
+
+
 def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
     """Per provider and N of a ``profile`` run (``scripts/flce_frontier.py --parts profile``): the device
     time per step of its GPU kernels (the rows with no CPU time: not the torch ops that launch them),
-    their number, and the ``top`` longest with their ms per step. Rows without ``kernel_provider`` (runs
+    of those that are GEMMs (:data:`GEMM_KERNEL_NAMES`) and of the rest, their number, and the ``top``
+    longest with their ms per step. Rows without ``kernel_provider`` (runs
     before it was recorded) are kernels_lib's; a provider skipped in the run has no kernels and is left out."""
     provider = profile["kernel_provider"] if "kernel_provider" in profile else pd.Series("kernels_lib", index=profile.index)
     rows = profile.assign(kernel_provider=provider.fillna("kernels_lib"))
@@ -153,10 +159,13 @@ def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
     out = []
     for (name, n), group in kernels.groupby(["kernel_provider", "BT"], sort=True):
         longest = group.sort_values("device ms per step", ascending=False).head(top)
+        gemm = group.name.str.contains(GEMM_KERNEL_NAMES, case=False, regex=True)
         out.append({"kernel_provider": name, "N": int(n), "kernels ms per step": group["device ms per step"].sum(),
-                    "kernels": len(group),
+                    "GEMM ms per step": group.loc[gemm, "device ms per step"].sum(),
+                    "other ms per step": group.loc[~gemm, "device ms per step"].sum(), "kernels": len(group),
                     "longest": "; ".join(f"{k[:48]} {ms:.2f}" for k, ms in zip(longest.name, longest["device ms per step"]))})
-    return pd.DataFrame(out, columns=["kernel_provider", "N", "kernels ms per step", "kernels", "longest"])
+    return pd.DataFrame(out, columns=["kernel_provider", "N", "kernels ms per step", "GEMM ms per step", "other ms per step",
+                                      "kernels", "longest"])
 
 
 def dial_sweep(
