@@ -362,16 +362,34 @@ def gluon(size: dict, device: torch.device, rounds_path: Path | None = None) -> 
     return pd.DataFrame(rows).assign(**provenance(device))
 
 
+def _running(loaded: dict, inputs) -> tuple[dict, dict]:
+    """The providers of ``loaded`` that run one ``full`` step on ``inputs``, and the others with their error:
+    a peer that loads may still fail at a shape (QuACK 0.6.4's CuTe DSL compiler at H = 48, V = 263 on the
+    H200: "ICE IR Verification Failed"), and a part records that as a row and goes on."""
+    running, failed = {}, {}
+    for name, fn in loaded.items():
+        try:
+            mode_callable(lambda fn=fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")()
+        except Exception as error:  # anything a peer raises is its failure at this shape, recorded
+            failed[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        else:
+            running[name] = fn
+    return running, failed
+
+
 def profile(size: dict, device: torch.device) -> pd.DataFrame:
     """Per-kernel CUDA time of ``full`` (forward + backward), averaged over a few steps, for each provider
     of ``size["profile_providers"]`` (kernels_lib's default and the fastest peer) at each N of
-    ``size["profile_n"]``; a provider that does not load here gives one row with the reason."""
+    ``size["profile_n"]``; a provider that does not load here, or fails at a size, gives one row with the reason."""
     steps = 5
     loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
     frames = [pd.DataFrame([{"name": f"{name} skipped: {why}", "kernel_provider": name}]) for name, why in skipped.items()]
     for n in size["profile_n"]:
         inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
-        for name, loss_fn in loaded.items():
+        running, failed = _running(loaded, inputs)
+        frames += [pd.DataFrame([{"name": f"{name} failed: {why}", "kernel_provider": name, "BT": n}])
+                   for name, why in failed.items()]
+        for name, loss_fn in running.items():
             step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
             for _ in range(3):
                 step()
@@ -440,7 +458,9 @@ def timeline(size: dict, device: torch.device) -> pd.DataFrame:
     for n in size["timeline_n"]:
         inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
         rows += [{"kernel_provider": name, "BT": n, "error": f"skipped: {why}"} for name, why in skipped.items()]
-        for name, loss_fn in loaded.items():
+        running, failed = _running(loaded, inputs)
+        rows += [{"kernel_provider": name, "BT": n, "error": f"failed: {why}"} for name, why in failed.items()]
+        for name, loss_fn in running.items():
             step = mode_callable(lambda fn=loss_fn: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
             timing = time_callable(step, device, grad_to_none=inputs.grad_inputs)
             line = busy_timeline(step, device)
@@ -477,19 +497,22 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
     """kernels_lib's default and QuACK's, ``full`` and ``forward_no_grad`` at each N, timed in adjacent pairs
     (:func:`~kernels_lib.workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
     alternating, each call alone after an L2 flush): the median and p20/p80 of the per-pair ratio, which
-    a drift of the GPU over the run does not move. A provider that does not load gives a row with the reason."""
+    a drift of the GPU over the run does not move. A provider that does not load, or fails at a size, gives a row
+    with the reason."""
     loaded, skipped = available_providers(flce.KERNEL_NAME, ["kernels_lib", "quack"])
     rows = [{"kernel_provider": name, "error": f"skipped: {why}"} for name, why in skipped.items()]
     for n in size["x_values"]:
         inputs = flce.make_inputs({"BT": n, "H": size["H"], "V": size["V"]}, DTYPE, device, {})
+        running, failed = _running(loaded, inputs)
+        rows += [{"kernel_provider": name, "BT": n, "error": f"failed: {why}"} for name, why in failed.items()]
         for mode in ("full", "forward_no_grad"):
-            fns = [mode_callable(lambda fn=loaded[name]: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, mode)
-                   for name in loaded]
+            fns = [mode_callable(lambda fn=running[name]: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, mode)
+                   for name in running]
             for fn in fns:  # compile and warm up (``full`` clears the gradients itself)
                 for _ in range(3):
                     fn()
             times = paired_times(fns, device, samples=size["pair_samples"], grad_to_none=inputs.grad_inputs)
-            for row in paired_summary(times, list(loaded), against=list(loaded)[-1]):
+            for row in paired_summary(times, list(running), against=list(running)[-1]):
                 rows.append({**row, "kernel_operation_mode": mode, "BT": n})
                 print(rows[-1], flush=True)
         inputs = None

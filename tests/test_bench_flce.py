@@ -356,7 +356,11 @@ def test_tiny_sweep_rows():
     speed = rows[rows.metric_name == "speed"]
     assert {"kernels_lib", "kernels_lib[accurate=True]", "torch"} <= set(speed.kernel_provider)
     assert len(speed) == 2 * 2 * len(set(speed.kernel_provider))
-    assert (speed.y_value_50 > 0).all()
+    ours = speed.kernel_provider.str.startswith("kernels_lib") | (speed.kernel_provider == "torch")
+    assert (speed[ours].y_value_50 > 0).all()
+    # a peer that loads here may fail at these sizes (QuACK's CuTe DSL compiler on the H200): a NaN row with its error
+    peers = speed[~ours]
+    assert ((peers.y_value_50 > 0) | (peers.y_value_50.isna() & peers.note.fillna("").str.contains("Error"))).all()
     config = json.loads(rows.extra_benchmark_config_str.iloc[0])
     assert config["H"] == 16 and config["V"] == 67 and config["reduction"] == "mean" and config["ignore_fraction"] == 0.05
     if ON_CPU:
@@ -531,6 +535,17 @@ def test_h200_script_cpu_paths(tmp_path):
     assert set(stages.accurate) == {True, False} and "kernels_lib_commit" in stages.columns
 
 
+def _peers_here(names) -> set:
+    """The providers of ``names`` that load on this machine (a peer's wheel installed, CUDA where it needs it):
+    what a sweep of them measures here, whatever else is installed."""
+    return set(available_providers(flce.KERNEL_NAME, list(names))[0])
+
+
+def _errors(rows: pd.DataFrame) -> pd.Series:
+    """The ``error`` column of a part's rows as text ("" where a row has none, or the part wrote no such column)."""
+    return rows["error"].fillna("").astype(str) if "error" in rows else pd.Series("", index=rows.index)
+
+
 def _frontier_script():
     """``scripts/flce_frontier.py`` as a module."""
     spec = importlib.util.spec_from_file_location("flce_frontier", SCRIPT.with_name("flce_frontier.py"))
@@ -548,10 +563,11 @@ def _check_frontier(script, out: Path, torch_lce: set) -> None:
     # torch's own chunked linear_cross_entropy is pure torch: it runs wherever torch has it (>= 2.13).
     providers = set(rows.kernel_provider)
     assert dial | {"kernels_lib", "torch", flce.FLOOR} | torch_lce <= providers
-    assert providers - dial - {"kernels_lib", "torch", flce.FLOOR} - torch_lce <= (set() if kernels_lib.INTERPRETED else {"liger"})
+    assert providers - dial - {"kernels_lib"} == _peers_here(script.PEERS)  # every peer that loads here, no other
     assert set(rows.kernel_operation_mode) == {"forward", *script.MODES}
     peer_run = rows[rows.kernel_provider.isin(["kernels_lib", "torch"])].note
-    assert peer_run.str.contains("quack skipped").all() and peer_run.str.contains("liger_sm90 skipped").all()
+    for peer in {"quack", "liger_sm90"} - _peers_here(script.PEERS):
+        assert peer_run.str.contains(f"{peer} skipped").all()
     rounds = pd.read_csv(out / script.FILES["frontier_rounds"])
     n_rounds = script.SIZES["small"]["rounds"]
     assert sorted(rounds["round"].unique()) == list(range(1, n_rounds + 1)) and script.SIZES["full"]["rounds"] == 3
@@ -593,23 +609,31 @@ def _check_class_major(script, out: Path, torch_lce: set) -> None:
 def _check_profile(script, out: Path, torch_lce: set) -> None:
     profile = pd.read_csv(out / script.FILES["profile"])
     assert set(profile.kernel_provider) == {"kernels_lib", "quack"}
-    assert profile[profile.kernel_provider == "quack"].name.str.contains("skipped").all()
+    if "quack" not in _peers_here(["quack"]):
+        assert profile[profile.kernel_provider == "quack"].name.str.contains("skipped").all()
+    assert not profile[profile.kernel_provider == "kernels_lib"].name.str.contains("skipped|failed").any()
 
 
 def _check_timeline(script, out: Path, torch_lce: set) -> None:
     timeline = pd.read_csv(out / script.FILES["timeline"])
-    assert set(timeline.kernel_provider) == {"kernels_lib", "quack"} and timeline.ms_50.notna().sum() == 1
+    assert set(timeline.kernel_provider) == {"kernels_lib", "quack"}
+    assert timeline[timeline.kernel_provider == "kernels_lib"].ms_50.notna().sum() == 1
+    quack = timeline[timeline.kernel_provider == "quack"]
+    assert (quack.ms_50.notna() | _errors(quack).str.contains("skipped|failed")).all()  # timed, or why not
 
 
 def _check_quack_ab(script, out: Path, torch_lce: set) -> None:
     quack_ab = pd.read_csv(out / script.FILES["quack_ab"])
-    assert set(quack_ab.kernel_provider) == {"kernels_lib"} and quack_ab.note.str.contains("quack skipped").all()
+    assert set(quack_ab.kernel_provider) == {"kernels_lib"} | _peers_here(["quack"])
+    if "quack" not in _peers_here(["quack"]):
+        assert quack_ab.note.str.contains("quack skipped").all()
 
 
 def _check_quack_pairs(script, out: Path, torch_lce: set) -> None:
     pairs = pd.read_csv(out / script.FILES["quack_pairs"])
     ours = pairs[pairs.kernel_provider == "kernels_lib"]
-    assert pairs[pairs.kernel_provider == "quack"].error.str.contains("skipped").all()
+    quack = pairs[pairs.kernel_provider == "quack"]
+    assert len(quack) and (quack.ms_50.notna() | _errors(quack).str.contains("skipped|failed")).all()  # timed, or why not
     assert set(ours.kernel_operation_mode) == {"full", "forward_no_grad"} and set(ours.BT) == set(script.SIZES["small"]["x_values"])
     assert (ours.samples == script.SIZES["small"]["pair_samples"]).all() and ours.ms_50.gt(0).all()
 
@@ -617,8 +641,7 @@ def _check_quack_pairs(script, out: Path, torch_lce: set) -> None:
 def _check_exponentials(script, out: Path, torch_lce: set) -> None:
     n_rounds = script.SIZES["small"]["rounds"]
     ab = pd.read_csv(out / script.FILES["exponentials"])
-    liger = set() if kernels_lib.INTERPRETED else {"liger"}  # as the frontier's rows
-    assert {"kernels_lib", script.LOGITS_ARM, "torch", flce.FLOOR} | torch_lce | liger == set(ab.kernel_provider)  # the frontier's peers
+    assert {"kernels_lib", script.LOGITS_ARM} | _peers_here(script.PEERS) == set(ab.kernel_provider)  # the frontier's peers
     assert ab.note.str.contains(f"median of {n_rounds} rounds").all()
     assert script.flce_module.STORE_EXPONENTIALS, "the A/B puts the setting back"
 
@@ -626,8 +649,9 @@ def _check_exponentials(script, out: Path, torch_lce: set) -> None:
 def _check_wide_class_major(script, out: Path, torch_lce: set) -> None:
     n_rounds = script.SIZES["small"]["rounds"]
     wide = pd.read_csv(out / script.FILES["wide_class_major"])
-    assert {"kernels_lib", script.WIDE_ARM, "torch"} | torch_lce - {"torch_lce[acc_policy=accurate]"} == set(wide.kernel_provider)
-    assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
+    assert {"kernels_lib", script.WIDE_ARM} | _peers_here(["torch", "quack", "torch_lce"]) == set(wide.kernel_provider)
+    if "quack" not in _peers_here(["quack"]):
+        assert wide[wide.kernel_provider != script.WIDE_ARM].note.str.contains("quack skipped").all()
     assert wide.note.str.contains(f"median of {n_rounds} rounds").all() and set(wide.x_value) == {min(script.SIZES["small"]["x_values"])}
     assert script.flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "the A/B puts the setting back"
 

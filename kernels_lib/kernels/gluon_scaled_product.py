@@ -58,25 +58,16 @@ any view with unit column stride (a row slice of ``dx``).
 
 What it measured
 ----------------
-One run on the H200 (triton 3.6.0, torch 2.11; :func:`~kernels_lib.workbench.bench.gluon_scaled_product_ab.scaled_product_ab`
-at H = 4096, V = 128256, bf16, three alternating rounds, ``DX_BLOCK_ROWS = 1024``; the working tree
-when the default had ``STAGES = 4``, not yet in ``data/measured/``), do_bench medians:
-
-========  ==========  ===========  ==============  ==============  =======================
-C         baseline    cuBLAS bare  ``STAGES=4``    ``STAGES=3``    ``BLOCK_K=128 STAGES=2``
-========  ==========  ===========  ==============  ==============  =======================
-1024      1.542 ms    1.541 ms     1.490 ms        1.489 ms        1.932 ms
-2048      3.138 ms    2.982 ms     3.125 ms        3.012 ms        3.853 ms
-4096      6.005 ms    6.014 ms     6.477 ms        6.410 ms        7.739 ms
-========  ==========  ===========  ==============  ==============  =======================
-
-So, with three slots (the default since): 3% faster than the baseline (and cuBLAS's bare product) at
-C = 1024 (722 TFLOP/s), 4% faster at 2048, 7% slower at 4096, where 512 tiles make four waves over 132
-SMs and a tile runs ~8% slower than in the one wave of C = 1024 (cause not settled: the
-``MAX_PROGRAMS=128`` variant, and launching 1024 rows at a time, are the next A/B). ``BLOCK_M=256
-BLOCK_N=128`` and ``GROUP_M=16`` (with four slots) were within ±4% of four slots; two slots of
-``BLOCK_K = 128`` lose 20%. Its error against float64 was the
-baseline's (1.665e-3 at every C: the one bf16 rounding dominates).
+On the H200 (triton 3.6.0, torch 2.11; ``data/measured/gpu_runs/gluon_scaled_product_ab.csv``, from
+:func:`~kernels_lib.workbench.bench.gluon_scaled_product_ab.scaled_product_ab`: H = 4096, V = 128256, bf16,
+three alternating rounds, ``DX_BLOCK_ROWS = 1024``), against the route's path (cuBLAS's float32 product
+in blocks of 1024 rows, then the scaling kernel): 0.94× its time at C = 1024, 1.00× at 2048, 1.07× at
+4096, the chunk the route takes at the published sizes, where 512 tiles make four waves over 132 SMs
+and a tile runs slower than in the one wave of C = 1024 (cause not settled; of the variants,
+``MAX_PROGRAMS=128`` comes closest there, 1.04×, and is the slowest at C = 1024). ``STAGES=4``,
+``BLOCK_M=256 BLOCK_N=128`` and ``GROUP_M=32`` are within ±3% of the default. Its error against float64
+is the route's (1.665e-3 at every C: the one bf16 rounding dominates). So it is not on a route: launched
+1024 rows at a time it would save about 1% of ``dx`` at C = 4096, and ``dx`` is a third of ``full``.
 
 What it costs
 -------------

@@ -45,6 +45,8 @@ RUN_FILES = {
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
     "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
     "gluon": "gpu_runs/fused_linear_cross_entropy_gluon_ab.csv",
+    # python -m kernels_lib.workbench.bench.gluon_scaled_product_ab (the Gluon dx GEMM's A/B)
+    "gluon_scaled_product": "gpu_runs/gluon_scaled_product_ab.csv",
 }
 #: The candidates of the Gluon A/B (``scripts/flce_frontier.py --parts gluon``) as its CSV names them.
 GLUON_AB_CUBLAS, GLUON_AB_TL, GLUON_AB_GLUON = ("cuBLAS logits matmul alone", "logits_logsumexp None",
