@@ -7,6 +7,11 @@ and ``-libs-cu13``, ``apache-tvm-ffi`` and ``torch-c-dlpack-ext``):
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/flce_frontier.py --out $OUT
 
+The CuTe DSL's wheels (libs-base and libs-cu13 both fill the folder ``nvidia_cutlass_dsl/``, which ``pip
+--target`` installs once, and its ``.pth`` file is not read from a ``PYTHONPATH`` folder) go into an
+environment of their own (a virtual environment), or are unzipped into one folder ``D`` with
+``D/nvidia_cutlass_dsl/dsl_packages`` and ``D`` on ``PYTHONPATH`` (what the ``.pth`` file adds).
+
 Parts, each written under ``--out`` in the layout of ``data/measured/`` as soon as it is done (a
 failing part is reported, the others still run, the exit code is 1 if any failed):
 
