@@ -40,6 +40,20 @@ def test_rows_are_appended_with_one_header_and_checked(tmp_path):
         gpu_tests.append_rows([{"passed": 1}], path)
 
 
+def test_named_test_files_run_instead_of_the_whole_suite(tmp_path):
+    """``-- tests/test_x.py`` selects that file: a selection ran the whole suite beside it once (6f1fc79 on the H200)."""
+    junit = tmp_path / "junit.xml"
+    whole = gpu_tests.pytest_command(["-x"], junit, 0)
+    assert str(gpu_tests.ROOT / "tests") in whole and whole[-1] == "-x"
+    some = gpu_tests.pytest_command(["tests/test_gpu_tests.py", "tests/test_project.py::test_committed_notebooks_are_clean",
+                                     "-k", "tests"], junit, 0)
+    assert str(gpu_tests.ROOT / "tests") not in some
+    assert some[-4:] == ["tests/test_gpu_tests.py", "tests/test_project.py::test_committed_notebooks_are_clean", "-k", "tests"]
+    assert f"--junitxml={junit}" in some and "-m" in some  # the target's markers and report either way
+    # an option's value that happens to name a folder ("-k tests") is no selection
+    assert str(gpu_tests.ROOT / "tests") in gpu_tests.pytest_command(["-k", "tests"], junit, 0)
+
+
 def test_refused_without_cuda_naming_what_to_run(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):

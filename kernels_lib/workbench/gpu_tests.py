@@ -98,24 +98,34 @@ def append_rows(rows: list[dict], path: Path = RUNS_CSV) -> None:
         writer.writerows(rows)
 
 
+def pytest_command(pytest_args: list[str], junit: Path, workers: int) -> list[str]:
+    """The pytest command line of a run: over ``tests/``, or over the test files and node ids that
+    ``pytest_args`` name (files: ``tests/test_x.py``, ``tests/test_x.py::test_y``) in its place; the other
+    arguments (``-k``, ``-x``, ...) are passed on. Without the replacement a named file would run beside
+    the whole suite, not instead of it."""
+    named = [a for a in pytest_args if not a.startswith("-") and (ROOT / a.split("::")[0]).is_file()]
+    command = [sys.executable, "-m", "pytest", *([] if named else [str(ROOT / "tests")]), "-m", MARKERS, "-q", "-rfE",
+               "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    if workers > 0 and importlib.util.find_spec("xdist") is not None:
+        command += ["-n", str(workers), "--dist", "loadgroup"]
+    return command + list(pytest_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./workbench test --gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gpu_tests", help="where the run's files go")
     parser.add_argument("--record", action="store_true", help=f"append the run's row to {RUNS_CSV.relative_to(ROOT)}")
     parser.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1),
                         help="pytest-xdist workers (when installed; 0: one process)")
-    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    parser.add_argument("pytest_args", nargs="*",
+                        help="more pytest arguments (after --); test files or node ids among them run instead of tests/")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("the GPU test target needs a CUDA GPU, and torch sees none here; "
                      "on this machine run ./workbench test (the CPU suite, through Triton's interpreter)")
     args.out.mkdir(parents=True, exist_ok=True)
     junit, log = args.out / "junit.xml", args.out / "pytest.log"
-    command = [sys.executable, "-m", "pytest", str(ROOT / "tests"), "-m", MARKERS, "-q", "-rfE", "-p", "no:cacheprovider",
-               f"--junitxml={junit}"]
-    if args.workers > 0 and importlib.util.find_spec("xdist") is not None:
-        command += ["-n", str(args.workers), "--dist", "loadgroup"]
-    command += args.pytest_args
+    command = pytest_command(args.pytest_args, junit, args.workers)
     env = dict(os.environ, KERNELS_LIB_ROUTE_ERRORS=str(args.out / "gpu_route_errors.csv"), PYTHONUNBUFFERED="1")
     (args.out / "gpu_route_errors.csv").unlink(missing_ok=True)
     print(f"gpu_tests: {shlex.join(command)}", flush=True)
