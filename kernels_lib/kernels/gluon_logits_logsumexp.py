@@ -64,28 +64,15 @@ BLOCK_N)`` bytes of partials written (twice the ``BLOCK_N = 256`` stage's: 1/16 
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 
-try:  # Triton >= 3.4 ships Gluon; older Triton (or a build without it) takes the tl.* kernels
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from ._gluon import GLUON_IMPORT_ERROR, num_sms as _num_sms
 
-    # The TMA load's name: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load``
-    # since (3.9 refuses the old name).
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    GLUON_IMPORT_ERROR: str | None = None
-except ImportError as exc:  # pragma: no cover - depends on the installed Triton
-    GLUON_IMPORT_ERROR = f"triton {triton.__version__} has no usable Gluon ({exc})"
+if GLUON_IMPORT_ERROR is None:  # Triton >= 3.4 ships Gluon; without it the launcher takes its fallback
+    from ._gluon import TensorDescriptor, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from ._gluon import tma_load as _tma_load
 
 from .._runtime import INTERPRETED
 
@@ -288,10 +275,6 @@ def gluon_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, *, logits_ou
 
     return tma_unsupported_reason(x, weight)
 
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int | None) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _layouts(dtype, cfg: dict):

@@ -92,28 +92,15 @@ and cuBLAS is :func:`kernels_lib.workbench.bench.gluon_scaled_product_ab.scaled_
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 
-try:  # Triton >= 3.4 ships Gluon; older Triton (or a build without it) keeps the cuBLAS path
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from ._gluon import GLUON_IMPORT_ERROR, num_sms as _num_sms
 
-    # The TMA load's name: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load``
-    # since (3.9 refuses the old name).
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    GLUON_IMPORT_ERROR: str | None = None
-except ImportError as exc:  # pragma: no cover - depends on the installed Triton
-    GLUON_IMPORT_ERROR = f"triton {triton.__version__} has no usable Gluon ({exc})"
+if GLUON_IMPORT_ERROR is None:  # Triton >= 3.4 ships Gluon; without it the launcher takes its fallback
+    from ._gluon import TensorDescriptor, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from ._gluon import tma_load as _tma_load
 
 from .._runtime import INTERPRETED
 
@@ -357,10 +344,6 @@ def shared_bytes(cfg: dict, element_size: int = 2) -> int:
     elements."""
     return cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * element_size
 
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int | None) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _layouts(dtype: torch.dtype, cfg: dict):

@@ -79,7 +79,6 @@ where ``N·V`` or ``V·H`` may exceed 2**31.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import warnings
 
@@ -90,6 +89,7 @@ import triton.language as tl
 from .. import _validate as v
 from .._autocast import compute_dtype_for
 from .._runtime import INTERPRETED
+from ._gluon import num_sms as _num_sms
 from .gluon_logits_logsumexp import DEFAULT_CONFIG as GLUON_DEFAULT_CONFIG
 from .gluon_logits_logsumexp import gluon_unsupported_reason
 from .gluon_logits_logsumexp import launch_partials as launch_gluon_partials
@@ -543,10 +543,6 @@ def tma_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
                     f"(H = {t.shape[1]} must be a multiple of {16 // t.element_size()} for {t.dtype})")
     return None
 
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int | None) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
