@@ -229,18 +229,21 @@ def test_each_variant_matches_float64(variant):
 
 @pytest.mark.gpu
 def test_float32_out_rounds_nothing():
-    """fp16 inputs whose dx stays float32 (kernels_lib._flce.gradient_sums): the tensor cores' float32
-    accumulation is the only error, as in cuBLAS's float32 product scaled in float32, at a shape with
-    more output tiles than the H200 has SMs. With few tiles cuBLAS splits K and sums the parts, while
-    the kernel runs one chain over K per tile: at C = 300, H = 520, V = 32768 the kernel's error was
-    3.9e-5 against cuBLAS's 5.7e-6 on the H200 (both far under fp16's rounding, 4.9e-4)."""
-    e, w, factors, scale = _operands(1100, 2056, 32768, torch.float16, seed=4)
-    out = torch.full((1100, 2056), float("nan"), dtype=torch.float32, device="cuda")
+    """fp16 inputs whose dx stays float32 (kernels_lib._flce.gradient_sums): the only error is the tensor
+    cores' float32 accumulation over K = V, as in cuBLAS's float32 product scaled in float32, at a shape
+    where cuBLAS runs one chain over K per tile as the kernel does (on the H200 at C = 2048, H = 4096,
+    V = 32768 both had 3.85e-5). With few output tiles cuBLAS splits K and adds the parts: at
+    C = 300, H = 520 its error was 5.7e-6 and the kernel's 3.9e-5, at C = 1100, H = 2056 1.9e-5 and 3.9e-5.
+    The chain's error grows with K (1.5e-4 for both at C = H = 4096, V = 128256; cuBLAS's products over
+    K slices of 4096 added in float32: 4.8e-6): the wgmma accumulator's, which a kernel promoting its
+    sum every few K blocks would shed (data/measured/README.md, GPU runs of 2026-12-04)."""
+    e, w, factors, scale = _operands(2048, 4096, 32768, torch.float16, seed=4)
+    out = torch.full((2048, 4096), float("nan"), dtype=torch.float32, device="cuda")
     g.launch_scaled_product(out, e, w, factors, scale)
     _, ref = ab.float64_references(e, w, factors, scale)
     cublas = torch.mm(e, w, out_dtype=torch.float32) * (factors * scale)[:, None]
     mine, theirs = relative_error(out, ref), relative_error(cublas, ref)
-    assert mine <= 2 * theirs + 1e-7 and mine < 1e-4, (mine, theirs)
+    assert mine <= 1.05 * theirs + 1e-7 and mine < 1e-4, (mine, theirs)
 
 
 @pytest.mark.gpu
