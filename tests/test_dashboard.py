@@ -348,6 +348,7 @@ GPU_RUNS = """timestamp,kernels_lib_commit,gpu_name,torch_version,triton_version
 2026-12-01 10:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,900,2,10,0,12.5,./workbench test --gpu
 2026-12-03 09:00,2222222,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,905,0,8,1,11.0,./workbench test --gpu
 2026-12-02 08:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,reports,10,0,0,0,5.0,./workbench reports --device cuda
+2026-12-04 18:59,3333333,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu selection,49,0,0,0,0.9,./workbench test --gpu tests/test_x.py
 """
 
 
@@ -355,10 +356,13 @@ def test_gpu_test_runs_card_shows_the_newest_run_per_target(tmp_path):
     path = tmp_path / "gpu_test_runs.csv"
     path.write_text(GPU_RUNS)
     newest = dashboard.gpu_test_runs(path)
-    assert dict(zip(newest.target, newest.kernels_lib_commit.astype(str))) == {"gpu": "2222222", "reports": "1111111"}
+    assert dict(zip(newest.target, newest.kernels_lib_commit.astype(str))) == {"gpu": "2222222", "reports": "1111111",
+                                                                               "gpu selection": "3333333"}
     card = dashboard.gpu_test_runs_card(path)
     assert "GPU test runs" in card and "2222222" in card and "905 passed · 0 failed · 8 skipped · 1 deselected" in card
     assert "900 passed" not in card and "./workbench reports --device cuda" in card and "11.0 min" in card
+    # a newer run of one file is shown as a selection, beside the whole target's run, not in its place
+    assert "GPU tests, a selection" in card and "49 passed" in card and card.index("2222222") > card.index("3333333")
     assert "No run recorded" in dashboard.gpu_test_runs_card(tmp_path / "absent.csv")
     (tmp_path / "bad.csv").write_text("timestamp,target\n2026-12-01,gpu\n")
     with pytest.raises(ValueError, match="bad.csv lacks the column"):

@@ -54,6 +54,24 @@ def test_named_test_files_run_instead_of_the_whole_suite(tmp_path):
     assert str(gpu_tests.ROOT / "tests") in gpu_tests.pytest_command(["-k", "tests"], junit, 0)
 
 
+@pytest.mark.parametrize("args, target", [
+    ([], "gpu"),
+    (["-x", "-v", "--durations=30"], "gpu"),
+    (["tests/test_gpu_tests.py"], "gpu selection"),
+    (["tests/test_project.py::test_committed_notebooks_are_clean"], "gpu selection"),
+    (["-k", "gluon"], "gpu selection"),
+    (["-kgluon"], "gpu selection"),
+    (["-m", "gpu"], "gpu selection"),
+    (["--deselect=tests/test_gpu_tests.py::test_x"], "gpu selection"),
+])
+def test_a_selection_is_recorded_apart_from_the_whole_target(args, target):
+    """A run of one test file (49 tests) recorded as target "gpu" became the dashboard's GPU test run,
+    over the whole suite's 2276 (965a1c5 on the H200)."""
+    assert gpu_tests.run_target(args) == target
+    row = gpu_tests.run_row({"passed": 1, "failed": 0, "skipped": 0}, 0, 0.1, "cmd", target=gpu_tests.run_target(args))
+    assert row["target"] == target
+
+
 def test_refused_without_cuda_naming_what_to_run(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):

@@ -92,8 +92,8 @@ COLUMNS = ["key", "kind", "report", "chart", "kernel_name", "x_name", "x", "publ
            "worst ratio", "worst at x", "status", "commit", "gpu", "date", "run"]
 #: What a target's verdict reads where its peer is missing from the run, on every card alike.
 NOT_MEASURED = "not measured"
-#: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu") or of
-#: the full-size notebooks (``target`` "reports") on a CUDA machine.
+#: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu"; "gpu
+#: selection" where it ran only some tests) or of the full-size notebooks (``target`` "reports") on a CUDA machine.
 GPU_TEST_RUNS = data.MEASURED_DIR / "gpu_test_runs.csv"
 GPU_TEST_RUN_COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
                         "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
@@ -606,7 +606,7 @@ def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
     if not len(rows):
         return head + "<p>No run recorded (<code>data/measured/gpu_test_runs.csv</code>: <code>./workbench test --gpu</code> " \
                       "on a CUDA machine records one).</p></div>"
-    what = {"gpu": "GPU test target", "reports": "full-size notebooks"}
+    what = {"gpu": "GPU test target", "gpu selection": "GPU tests, a selection", "reports": "full-size notebooks"}
     cells = []
     for _, row in rows.iterrows():
         versions = ", ".join(f"{name} {row[f'{name}_version']}" for name in ("torch", "triton", "transformers", "trl")

@@ -16,7 +16,9 @@ worker processes (``--workers``; each holds its own CUDA context on the one GPU)
 Each run writes, under ``--out``: ``junit.xml``, ``pytest.log``, ``gpu_route_errors.csv`` (every
 route's errors beside the baseline's) and ``gpu_test_runs.csv`` (one row: commit, GPU, versions,
 passed / failed / skipped / deselected, minutes, the command); ``--record`` appends that row to
-``data/measured/gpu_test_runs.csv``, which the dashboard reads (its newest row per target).
+``data/measured/gpu_test_runs.csv``, which the dashboard reads (its newest row per target). A run that
+selects tests (files, node ids, ``-k``) is recorded as the target ``gpu selection``, apart from the
+whole suite's ``gpu``.
 """
 
 from __future__ import annotations
@@ -98,12 +100,29 @@ def append_rows(rows: list[dict], path: Path = RUNS_CSV) -> None:
         writer.writerows(rows)
 
 
+#: The ``target`` of a run that selected tests (files, node ids, ``-k``, ``-m``, ``--deselect``): its row
+#: is kept apart from the whole target's, whose newest row the dashboard shows as *the* GPU test run.
+SELECTION = "gpu selection"
+_SELECTING_OPTIONS = ("-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise")
+
+
+def _named_tests(pytest_args: list[str]) -> list[str]:
+    """The test files and node ids among ``pytest_args`` (``tests/test_x.py``, ``tests/test_x.py::test_y``)."""
+    return [a for a in pytest_args if not a.startswith("-") and (ROOT / a.split("::")[0]).is_file()]
+
+
+def run_target(pytest_args: list[str]) -> str:
+    """``"gpu"`` for the whole suite, :data:`SELECTION` when ``pytest_args`` select part of it."""
+    selecting = any(a.split("=")[0] in _SELECTING_OPTIONS or (a.startswith("-k") and len(a) > 2) for a in pytest_args)
+    return SELECTION if _named_tests(pytest_args) or selecting else "gpu"
+
+
 def pytest_command(pytest_args: list[str], junit: Path, workers: int) -> list[str]:
     """The pytest command line of a run: over ``tests/``, or over the test files and node ids that
     ``pytest_args`` name (files: ``tests/test_x.py``, ``tests/test_x.py::test_y``) in its place; the other
     arguments (``-k``, ``-x``, ...) are passed on. Without the replacement a named file would run beside
     the whole suite, not instead of it."""
-    named = [a for a in pytest_args if not a.startswith("-") and (ROOT / a.split("::")[0]).is_file()]
+    named = _named_tests(pytest_args)
     command = [sys.executable, "-m", "pytest", *([] if named else [str(ROOT / "tests")]), "-m", MARKERS, "-q", "-rfE",
                "-p", "no:cacheprovider", f"--junitxml={junit}"]
     if workers > 0 and importlib.util.find_spec("xdist") is not None:
@@ -142,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return code or 1
     counts = counts_from_junit(junit)
     row = run_row(counts, deselected_from_log(log.read_text()), minutes,
-                  "./workbench test --gpu " + shlex.join(args.pytest_args) if args.pytest_args else "./workbench test --gpu")
+                  "./workbench test --gpu " + shlex.join(args.pytest_args) if args.pytest_args else "./workbench test --gpu",
+                  target=run_target(args.pytest_args))
     (args.out / "gpu_test_runs.csv").unlink(missing_ok=True)
     append_rows([row], args.out / "gpu_test_runs.csv")
     if args.record:
