@@ -334,10 +334,22 @@ def test_sparkline_names_its_axes_and_draws_ours_on_top():
 
 def test_the_training_step_has_a_card(board):
     rows = pd.read_csv(data.MEASURED_DIR / "training_step.csv")
-    shown = board[board.kernel_name == "training_step"]
-    assert set(shown.report) == {"05_training_step"}
+    lce = pd.read_csv(dashboard.TRAINING_STEP_TORCH_LCE) if dashboard.TRAINING_STEP_TORCH_LCE.exists() else rows.iloc[:0]
+    every = board[board.kernel_name == "training_step"]
+    assert set(every.report) == {"05_training_step"}
+    beside = every.chart.str.startswith("training step, beside torch's F.linear_cross_entropy")
+    shown = every[~beside]
     assert shown.chart.nunique() == rows.groupby(["model", "checkpointing"]).ngroups
     assert set(shown.commit) == set(rows.kernels_lib_commit)
+    # torch's function's run (notebook 05 §4d) has its own charts, its ratios from its own file
+    assert every[beside].chart.nunique() == lce.groupby(["model", "checkpointing"]).ngroups
+    if len(lce):
+        cell = every[beside & (every.kind == "ratio") & (every.peer == "torch_lce")].iloc[0]
+        ckpt = "checkpointing on" in cell.chart
+        ok = lce[(lce.checkpointing.astype(bool) == ckpt) & lce.note.isna() & lce.step_ms_50.notna()]
+        at = ok[ok.tokens == cell.x].set_index("provider").step_ms_50
+        assert cell["time ratio"] == pytest.approx(at["kernels_lib"] / at["torch_lce"], rel=1e-12)
+        assert set(every[beside].commit) == set(lce.kernels_lib_commit)
     one = shown[(shown.kind == "ratio") & (shown.peer == "huggingface")].iloc[0]
     ok = rows[(rows.model == "llama-3.2-1b") & (~rows.checkpointing.astype(bool)) & rows.note.isna() & rows.step_ms_50.notna()]
     at = ok[ok.tokens == one.x].set_index("provider").step_ms_50

@@ -170,14 +170,22 @@ def charts(gpu_name: str = overview.H200) -> list[Chart]:
         result.append(Chart(TENSOR_PARALLEL, title, "N", runs.reset_index(drop=True), f"kernels_lib TP={max(flce.tp)}", None,
                             str(flce.kernels_lib_commit.iloc[0]), gpu_name))
     result += training_step_charts(gpu_name)
+    result += training_step_charts(gpu_name, TRAINING_STEP_TORCH_LCE, "beside torch's F.linear_cross_entropy, ")
     return result
 
 
-def training_step_charts(gpu_name: str = overview.H200) -> list[Chart]:
+#: The training step's run beside torch's ``F.linear_cross_entropy`` (issue 30: ``torch_lce`` with Hugging Face
+#: and kernels_lib only, kept apart from the sweep with every peer; notebook 05 §4d).
+TRAINING_STEP_TORCH_LCE = data.MEASURED_DIR / "gpu_runs" / "training_step_torch_lce.csv"
+
+
+def training_step_charts(gpu_name: str = overview.H200, path: Path | None = None, label: str = "") -> list[Chart]:
     """The training step's charts: per (model, checkpointing) of the newest run of each model
     (:func:`.training_step.latest_run`) on ``gpu_name``, its rows in the measured CSVs' columns (``speed``:
-    the median step time in ms, ``memory``: the peak in MB, both as mode ``full``, x = tokens per step)."""
-    path = data.measured_path(TRAINING_STEP)
+    the median step time in ms, ``memory``: the peak in MB, both as mode ``full``, x = tokens per step).
+    ``path``: another file of training-step rows (default ``training_step.csv``), its charts' titles
+    starting ``training step {label}``."""
+    path = data.measured_path(TRAINING_STEP) if path is None else Path(path)
     if not path.exists():
         return []
     raw = data.read_table(path)
@@ -192,7 +200,7 @@ def training_step_charts(gpu_name: str = overview.H200) -> list[Chart]:
                   "timestamp": ok.timestamp, "extra_benchmark_config_str": "{}"}
         rows = pd.concat([pd.DataFrame({**common, "metric_name": "speed", "y_value_50": ok.step_ms_50}),
                           pd.DataFrame({**common, "metric_name": "memory", "y_value_50": ok.peak_gib * 1024})], ignore_index=True)
-        title = f"training step, {model}, checkpointing {'on' if bool(ckpt) else 'off'}"
+        title = f"training step, {label}{model}, checkpointing {'on' if bool(ckpt) else 'off'}"
         out.append(Chart(TRAINING_STEP, title, "tokens", rows, "kernels_lib", None, str(rows.kernels_lib_commit.iloc[0]), gpu_name,
                          group.reset_index(drop=True)))
     return out
