@@ -142,29 +142,8 @@ MODES = ("forward_no_grad", "full")
 DTYPE = torch.bfloat16
 #: The module (its name is shadowed by the function on the package).
 flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-FILES = {
-    "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
-    "frontier_rounds": "gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv",
-    "exponentials": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
-    "exponentials_rounds": "gpu_runs/fused_linear_cross_entropy_exponentials_ab_rounds.csv",
-    "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
-    "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
-    "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
-    "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
-    "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
-    "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
-    "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
-    "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
-    "quack_ab_rounds": "gpu_runs/fused_linear_cross_entropy_quack_ab_rounds.csv",
-    "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
-    "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
-    "wide_class_major_rounds": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab_rounds.csv",
-    "row_major_dw": "gpu_runs/fused_linear_cross_entropy_row_major_dw.csv",
-    "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
-    "past_floor_rounds": "gpu_runs/fused_linear_cross_entropy_past_floor_rounds.csv",
-    "gluon": "gpu_runs/fused_linear_cross_entropy_gluon_ab.csv",
-    "gluon_rounds": "gpu_runs/fused_linear_cross_entropy_gluon_ab_rounds.csv",
-}
+#: What each part writes under ``--out`` (the layout of ``data/measured/``; the notebooks read the same map).
+FILES = flce_studies.FRONTIER_FILES
 
 
 LOGITS_ARM = flce_studies.LOGITS_ARM

@@ -24,27 +24,46 @@ from .sweep import run_sweep
 from .timing import time_callable
 
 
-#: Where the one-off GPU runs put each part, relative to ``data/measured/`` (each script writes the
-#: same layout under its ``--out``): ``scripts/flce_dial_precision_stages.py`` the dial, precision and
-#: stages; ``scripts/flce_frontier.py`` the ``frontier*`` parts (every peer and the chunk-size dial at
-#: the published sizes, the no-grad forward candidates, the stages at the chunks around the default).
-RUN_FILES = {
-    "dial": "gpu_runs/fused_linear_cross_entropy_dial.csv",
-    "precision": "gpu_runs/fused_linear_cross_entropy_precision.csv",
-    "stages": "gpu_runs/fused_linear_cross_entropy_stages.csv",
+#: What each part of ``scripts/flce_frontier.py`` writes under its ``--out``, in the layout of
+#: ``data/measured/`` (every peer and the chunk-size dial at the published sizes, the no-grad forward
+#: candidates, the stages at the chunks around the default, the A/Bs, the profile): part → file, each
+#: alternating-rounds part's rounds beside it as ``<part>_rounds``. The one map: the script writes by it
+#: and :data:`RUN_FILES` reads by it.
+FRONTIER_FILES = {
     "frontier": "gpu_runs/fused_linear_cross_entropy_frontier.csv",
-    "frontier_forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
-    "frontier_stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
-    "frontier_default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
-    "frontier_profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
-    "exponentials_ab": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
+    "frontier_rounds": "gpu_runs/fused_linear_cross_entropy_frontier_rounds.csv",
+    "exponentials": "gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv",
+    "exponentials_rounds": "gpu_runs/fused_linear_cross_entropy_exponentials_ab_rounds.csv",
+    "stages": "gpu_runs/fused_linear_cross_entropy_frontier_stages.csv",
+    "forward": "gpu_runs/fused_linear_cross_entropy_frontier_forward.csv",
+    "profile": "gpu_runs/fused_linear_cross_entropy_frontier_profile.csv",
+    "default": "gpu_runs/fused_linear_cross_entropy_frontier_default.csv",
+    "overhead": "gpu_runs/fused_linear_cross_entropy_frontier_overhead.csv",
     "class_major": "gpu_runs/fused_linear_cross_entropy_class_major_stages.csv",
     "timeline": "gpu_runs/fused_linear_cross_entropy_timeline.csv",
     "quack_ab": "gpu_runs/fused_linear_cross_entropy_quack_ab.csv",
+    "quack_ab_rounds": "gpu_runs/fused_linear_cross_entropy_quack_ab_rounds.csv",
     "quack_pairs": "gpu_runs/fused_linear_cross_entropy_quack_pairs.csv",
     "wide_class_major": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv",
+    "wide_class_major_rounds": "gpu_runs/fused_linear_cross_entropy_wide_class_major_ab_rounds.csv",
+    "row_major_dw": "gpu_runs/fused_linear_cross_entropy_row_major_dw.csv",
     "past_floor": "gpu_runs/fused_linear_cross_entropy_past_floor.csv",
+    "past_floor_rounds": "gpu_runs/fused_linear_cross_entropy_past_floor_rounds.csv",
     "gluon": "gpu_runs/fused_linear_cross_entropy_gluon_ab.csv",
+    "gluon_rounds": "gpu_runs/fused_linear_cross_entropy_gluon_ab_rounds.csv",
+}
+#: The committed GPU runs the notebooks read (:func:`load_run`): key → file under ``data/measured/``.
+RUN_FILES = {
+    # scripts/flce_dial_precision_stages.py
+    "dial": "gpu_runs/fused_linear_cross_entropy_dial.csv",
+    "precision": "gpu_runs/fused_linear_cross_entropy_precision.csv",
+    "stages": "gpu_runs/fused_linear_cross_entropy_stages.csv",
+    # scripts/flce_frontier.py: its parts' files (FRONTIER_FILES), some under a key of their own
+    **{key: FRONTIER_FILES[part] for key, part in {
+        "frontier": "frontier", "frontier_forward": "forward", "frontier_stages": "stages", "frontier_default": "default",
+        "frontier_profile": "profile", "exponentials_ab": "exponentials", "class_major": "class_major",
+        "timeline": "timeline", "quack_ab": "quack_ab", "quack_pairs": "quack_pairs", "wide_class_major": "wide_class_major",
+        "past_floor": "past_floor", "gluon": "gluon"}.items()},
     # python -m kernels_lib.workbench.bench.gluon_scaled_product_ab (the Gluon dx GEMM's A/B)
     "gluon_scaled_product": "gpu_runs/gluon_scaled_product_ab.csv",
 }
