@@ -337,6 +337,26 @@ def test_profile_kernels_sums_device_kernels_per_provider_and_n():
     assert without_column.kernel_provider.tolist() == ["kernels_lib"]
 
 
+def _round_rows(provider, n, round_, mb, commit="abc1234", mode="full", metric="memory"):
+    return {"kernel_provider": provider, "x_value": n, "round": round_, "y_value_50": mb, "metric_name": metric,
+            "kernel_operation_mode": mode, "kernels_lib_commit": commit, "gpu_name": "NVIDIA H200", "timestamp": "2026-12-04"}
+
+
+def test_memory_by_round_shows_a_first_round_peak():
+    """QuACK's round 1 held 10180 MB at N = 4096 and rounds 2 and 3 2036 (0f2fe95 on the H200)."""
+    rows = pd.DataFrame([_round_rows("quack", 4096, 1, 10180.0), _round_rows("quack", 4096, 2, 2036.0),
+                         _round_rows("quack", 4096, 3, 2036.0), _round_rows("kernels_lib", 4096, 1, 1164.0),
+                         _round_rows("kernels_lib", 4096, 2, 1164.0), _round_rows("kernels_lib", 4096, 3, 1164.0),
+                         _round_rows("quack", 4096, 1, 7.0, metric="speed"), _round_rows("quack", 4096, 1, 1.0, mode="forward")])
+    table = flce_studies.memory_by_round(rows)
+    assert list(table.columns) == ["round 1", "round 2", "round 3", "first round over the rest"]
+    assert table.loc[("quack", 4096), "first round over the rest"] == pytest.approx(10180 / 2036)
+    assert table.loc[("kernels_lib", 4096), "first round over the rest"] == 1.0
+    assert table.loc[("quack", 4096), "round 1"] == 10180.0  # the speed and forward rows are not memory of full
+    with pytest.raises(ValueError):
+        flce_studies.memory_by_round(pd.concat([rows, pd.DataFrame([_round_rows("quack", 8192, 1, 1.0, commit="def5678")])]))
+
+
 def test_published_rows_use_our_names():
     rows = flce.published_rows()
     assert set(rows.kernel_provider) == {"liger", "torch"}

@@ -363,6 +363,10 @@ def test_training_step_notebook_runs_its_checks():
     measured = ROOT / "data" / "measured" / "training_step.csv"
     if not measured.exists():
         assert "Not measured yet" in html and "scripts/training_step_bench.py" in html
+    # §4d: the run beside torch's F.linear_cross_entropy, read and said, where it was measured
+    if (ROOT / "data" / "measured" / "gpu_runs" / "training_step_torch_lce.csv").exists():
+        assert "kernels_lib's step, checkpointing off: " in html  # the said line (the cell's source spells it otherwise)
+        assert html.index("4c. Does training follow?") < html.index("4d. torch")  # the sections in their order
 
 
 @pytest.mark.notebook

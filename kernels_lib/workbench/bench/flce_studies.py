@@ -63,7 +63,7 @@ RUN_FILES = {
         "frontier": "frontier", "frontier_forward": "forward", "frontier_stages": "stages", "frontier_default": "default",
         "frontier_profile": "profile", "exponentials_ab": "exponentials", "class_major": "class_major",
         "timeline": "timeline", "quack_ab": "quack_ab", "quack_pairs": "quack_pairs", "wide_class_major": "wide_class_major",
-        "past_floor": "past_floor", "gluon": "gluon"}.items()},
+        "past_floor": "past_floor", "past_floor_rounds": "past_floor_rounds", "gluon": "gluon"}.items()},
     # python -m kernels_lib.workbench.bench.gluon_scaled_product_ab (the Gluon dx GEMM's A/B)
     "gluon_scaled_product": "gpu_runs/gluon_scaled_product_ab.csv",
 }
@@ -166,6 +166,22 @@ def deferred_share_needed(full_ms: float, forward_target_ms: float, n_rows: int,
 #: The GEMM kernels of a profile, by name: cuBLAS's (``nvjet``, ``sm90_xmma``, ``cutlass``), the CuTe DSL's
 #: (``quackgemm``, ``gemm``) and kernels_lib's logits GEMMs with their epilogue (``logits_lse``).
 GEMM_KERNEL_NAMES = r"nvjet|xmma|cutlass|gemm|logits_lse"
+
+
+def memory_by_round(rounds: pd.DataFrame, mode: str = "full") -> pd.DataFrame:
+    """Each provider's peak memory (MB) in ``mode`` per N and round of one alternating-rounds run (its
+    ``*_rounds.csv``): index ``(kernel_provider, N)``, one column per round, and ``first round over the
+    rest`` (round 1's peak over the largest of the later rounds'; 1 where every round agrees). A
+    provider whose first calls at a size hold more than its steady state (compilation, tuning: QuACK's
+    round 1 at N = 4096 / 8192, ``data/measured/README.md``) shows above 1, which a one-round run would
+    have taken for its memory. Raises ValueError when ``rounds`` mix runs (:func:`data.run_label`)."""
+    data.run_label(rounds)
+    memory = rounds[(rounds.metric_name == "memory") & (rounds.kernel_operation_mode == mode)]
+    table = memory.pivot_table(index=["kernel_provider", "x_value"], columns="round", values="y_value_50", aggfunc="median")
+    table.index = table.index.set_names(["kernel_provider", "N"])
+    table.columns = [f"round {int(r)}" for r in table.columns]
+    later = table[table.columns[1:]].max(axis=1) if len(table.columns) > 1 else table[table.columns[0]]
+    return table.assign(**{"first round over the rest": table[table.columns[0]] / later})
 
 
 def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
