@@ -1,0 +1,121 @@
+"""The sequence losses' stored-exponentials route (kernels_lib._sequence_logprobs.STORE_EXPONENTIALS).
+
+Opt-in: each loss's own checks against its float64 reference, run again with the route on, and a spy
+that fails the test where the route was not taken (so a check that passes through the two-pass route
+proves nothing about this one). On a CPU the epilogue GEMM runs in Triton's interpreter when
+``EPILOGUE_GEMM_WHEN_INTERPRETED`` asks, on float32 operands; on a GPU it is taken for bf16 on Hopper,
+so there the half-precision checks run (float16 keeps the two passes: its ``dz`` is formed at a
+scale). Losses with a second target (ORPO's and CPO's NLL target) or the token entropy (GRPO's
+``return_entropy``) keep the two passes, and are checked to do so.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import kernels_lib
+import test_fused_linear_cpo as cpo
+import test_fused_linear_dpo as dpo
+import test_fused_linear_grpo as grpo
+import test_fused_linear_kto as kto
+from kernels_lib import _sequence_logprobs as seq
+from kernels_lib._flce import epilogue
+
+flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
+CUDA = kernels_lib.default_device().type == "cuda"
+HOPPER = CUDA and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.fixture
+def route(monkeypatch):
+    """The route on; returns the list its spy appends to at every chunk that takes it."""
+    monkeypatch.setattr(seq, "STORE_EXPONENTIALS", True)
+    monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
+    taken = []
+
+    def spy(*args, **kwargs):
+        taken.append(kwargs.get("exponentials", False))
+        return epilogue._logits_with_loss(*args, **kwargs)
+
+    monkeypatch.setattr(seq, "_logits_with_loss", spy)
+    return taken
+
+
+# (test, arguments): each loss's float64 checks, at the dtype the route takes on this machine
+if CUDA:
+    CASES = [
+        (dpo.test_matches_reference_half, (torch.bfloat16,)),
+        (kto.test_matches_reference_half, (torch.bfloat16,)),
+        (cpo.test_matches_reference_half, (torch.bfloat16, False)),
+        (cpo.test_matches_reference_half, (torch.bfloat16, True)),
+        (grpo.test_half_precision, (torch.bfloat16, "token")),
+        (grpo.test_half_precision, (torch.bfloat16, "sequence")),
+    ]
+else:
+    CASES = [
+        (dpo.test_matches_reference_float32_chunks, (1,)),
+        (dpo.test_options, (dict(average_log_prob=True, loss_type=["sigmoid", "bco_pair", "apo_down"], beta=3.0),)),
+        (dpo.test_one_pair_one_token_odd_sizes_no_bias, ()),
+        (kto.test_no_bias_odd_shapes_and_unit_grad_output, ()),
+        (cpo.test_one_pair_one_token_odd_sizes_no_bias, ()),
+        (grpo.test_per_token_advantages_and_accurate, ("token",)),
+        (grpo.test_odd_sizes_no_bias, (1, 1, "sequence")),
+    ]
+
+
+@pytest.mark.skipif(CUDA and not HOPPER, reason="the epilogue GEMM (TMA) runs on Hopper only; elsewhere the route is not taken")
+@pytest.mark.parametrize("check, args", CASES, ids=lambda c: getattr(c, "__module__", "") + "." + getattr(c, "__name__", str(c)))
+def test_each_loss_matches_float64_through_the_route(route, check, args):
+    check(*args)
+    assert route and all(route), f"the route was not taken ({route})"
+
+
+def test_nan_in_gives_nan_out_through_the_route(route):
+    dpo.test_nan_propagates("x")
+    assert route and all(route)
+
+
+def _cpo_with_nll_target():
+    x, w, b, target = cpo.make_inputs()
+    nll_target = target.clone()
+    nll_target[1, 0] = -100
+    cpo.check_against_reference(x, w, b, target, cpo.TOL[torch.float32], nll_target=nll_target, chunk_size=14)
+
+
+@pytest.mark.parametrize("check, args", [(_cpo_with_nll_target, ()), (grpo.test_reference_model_and_chunks, (12,)),
+                                         (kto.test_matches_reference_float32_chunks, (14,))],
+                         ids=["cpo-nll-target", "grpo-entropy", "kto-float32"])
+def test_a_second_target_entropy_or_float32_on_a_gpu_keeps_the_two_passes(route, check, args):
+    """CPO's NLL target is a second target, GRPO's ``return_entropy`` needs each row's entropy (the
+    epilogue forms no ``Σ p z``): never the route. float32 operands on a GPU: not the epilogue GEMM's."""
+    if check is kto.test_matches_reference_float32_chunks and not CUDA:
+        pytest.skip("the interpreter takes the route for float32 (test_each_loss_matches_float64_through_the_route)")
+    check(*args)
+    assert not any(route), route
+
+
+def test_off_by_default():
+    """Opt-in until an H200 run measures it against the two passes (kernels_lib._sequence_logprobs)."""
+    assert seq.STORE_EXPONENTIALS is False
+
+
+def test_the_ab_measures_both_arms_in_alternating_rounds(capsys):
+    """kernels_lib.workbench.bench.sequence_exponentials_ab at the CPU preset: both arms at every B, the
+    medians of two rounds, the arms' loss and gradients close, the floor where ceilings were measured."""
+    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+
+    table = ab.sequence_exponentials_ab(("kto_loss",), size="small", rounds=2, device=kernels_lib.default_device(), x_values=(2, 4))
+    speed = table[table.metric_name == "speed"]
+    assert set(speed.kernel_provider) == {"kernels_lib", ab.ARM}
+    assert speed.groupby("kernel_provider").x_value.apply(sorted).tolist() == [[2, 4]] * 2
+    assert speed.y_value_50.notna().all() and (speed.y_value_50 > 0).all()
+    assert speed.note.str.contains("median of 2 rounds").all() and (table["rounds"] == 2).all()
+    assert table.rel_diff.between(0, 1e-2).all(), table.rel_diff.unique()
+    assert speed.floor_ms.notna().all() == CUDA  # the matmul rate is measured on a GPU only
+    out = capsys.readouterr().out
+    assert out.index("round 1 of 2, route off") < out.index("round 1 of 2, route on") < out.index("round 2 of 2, route on")
+    assert out.index("round 2 of 2, route on") < out.index("round 2 of 2, route off")  # the order reversed
+    assert seq.STORE_EXPONENTIALS is False  # restored
