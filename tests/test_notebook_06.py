@@ -61,3 +61,8 @@ def test_preference_notebook_runs_checks_and_exports_the_published_charts():
         else:
             assert f"./workbench bench {name} --preset published" in html, name
     assert html.count("<code>full</code> over B = 2 … 16 is") == judged  # one verdict line per judged chart
+    # the stored-exponentials route's A/B: its table where measured, else the command that measures it
+    if (data.MEASURED_DIR / "gpu_runs" / "sequence_exponentials_ab.csv").exists():
+        assert "alternating rounds (ms, MB):" in html and "on / floor" in html
+    else:
+        assert "<strong>Not measured on the H200 yet</strong>: on a GPU, <code>python3 -m kernels_lib.workbench.bench." in html

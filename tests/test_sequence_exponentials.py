@@ -119,3 +119,32 @@ def test_the_ab_measures_both_arms_in_alternating_rounds(capsys):
     assert out.index("round 1 of 2, route off") < out.index("round 1 of 2, route on") < out.index("round 2 of 2, route on")
     assert out.index("round 2 of 2, route on") < out.index("round 2 of 2, route off")  # the order reversed
     assert seq.STORE_EXPONENTIALS is False  # restored
+
+
+def test_the_ab_ratios_pair_the_arms_and_the_floor_of_one_run():
+    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+
+    def row(provider, metric, y, commit="abc1234"):
+        return dict(kernel_name="fused_linear_dpo_loss", kernel_provider=provider, metric_name=metric, x_value=16, y_value_50=y,
+                    floor_ms=90.0, rel_diff=1e-3, kernels_lib_commit=commit, gpu_name="NVIDIA H200", timestamp="2026-12-05")
+
+    import pandas as pd
+
+    rows = pd.DataFrame([row("kernels_lib", "speed", 124.0), row(ab.ARM, "speed", 105.0), row(ab.FLOOR, "speed", 100.0),
+                         row("kernels_lib", "memory", 3000.0), row(ab.ARM, "memory", 2900.0)])
+    table = ab.ratios(rows).loc[("fused_linear_dpo_loss", 16)]
+    assert table["off / floor"] == pytest.approx(1.24) and table["on / floor"] == pytest.approx(1.05)
+    assert table["on / off"] == pytest.approx(105 / 124) and table["short-matmul floor ms"] == 90.0
+    assert table["on MB"] == 2900.0 and table["rel_diff"] == 1e-3
+    with pytest.raises(ValueError):
+        ab.ratios(pd.concat([rows, pd.DataFrame([row(ab.ARM, "speed", 1.0, commit="def5678")])]))
+
+
+def test_the_floor_runs_the_losses_products_at_their_shapes():
+    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+
+    sizes = {"B": 2, "T": 8, "H": 32, "V": 257}
+    assert ab.products("fused_linear_dpo_loss", sizes) == 4  # the reference's logits, the policy's, dx, dW
+    assert ab.products("fused_linear_cpo_loss", sizes) == 3  # no reference model
+    dx, dw = ab.matmuls_alone("fused_linear_dpo_loss", sizes, torch.float32, torch.device("cpu"))()
+    assert dx.shape == (16, 32) and dw.shape == (257, 32) and torch.isfinite(dx).all()

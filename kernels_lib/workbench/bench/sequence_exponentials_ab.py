@@ -9,9 +9,10 @@ For each loss (``fused_linear_dpo_loss``, ``fused_linear_cpo_loss``, ``fused_lin
 ``fused_linear_grpo_loss_token``, ``fused_linear_grpo_loss_sequence``, ``kto_loss``) at its published
 sizes, ``full`` (forward and backward) of kernels_lib with the route off (``kernels_lib``) and on
 (:data:`ARM`), in ``rounds`` alternating rounds (the arms' order reversed every other round: the GPU
-drifts over a run), speed and memory, each row the median over the rounds; the matmul floor of each
-point from the matmul rate measured in the same run (:func:`kernels_lib.workbench.overview.floor_ms`),
-as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
+drifts over a run), speed and memory, each row the median over the rounds; the loss's matmuls alone
+at its shapes (:data:`FLOOR`, :func:`matmuls_alone`: the floor measured in each round, on a GPU) as a
+provider of its own; the floor from the matmul rate of a short 8192³ product measured in the same run
+(:func:`kernels_lib.workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
 other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradient, the largest).
 
 On a GPU (one call, about five minutes on an H200):
@@ -39,7 +40,7 @@ from .. import overview
 from .ceilings import measure_ceilings
 from . import get_spec
 from .sweep import available_providers, median_of_rounds, run_sweep
-from .timing import _loss
+from .timing import _loss, time_callable
 
 #: The losses on the sequence log-prob pipeline whose published workload has no second target.
 LOSSES = ("fused_linear_dpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
@@ -68,6 +69,38 @@ def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: t
     loss = _loss(fn(*inputs.args, **inputs.kwargs))
     grads = torch.autograd.grad(loss, inputs.grad_inputs)
     return [loss.detach().float(), *(g.float() for g in grads)]
+
+
+#: The measured floor's provider name: the loss's matmuls alone at its shapes (:func:`matmuls_alone`).
+FLOOR = "matmuls alone"
+
+
+def products(kernel_name: str, sizes: dict) -> int:
+    """How many ``(B·T) × H × V`` products a ``full`` call of the loss makes (its spec's ``flops``):
+    the reference model's logits where it has one, the policy's logits, ``dx`` and ``dW``."""
+    flops = importlib.import_module(get_spec(kernel_name).make_inputs.__module__).flops
+    rows, hidden, vocab = int(sizes["B"]) * int(sizes["T"]), int(sizes["H"]), int(sizes["V"])
+    return round(flops(sizes, "full") / (2.0 * rows * hidden * vocab))
+
+
+def matmuls_alone(kernel_name: str, sizes: dict, dtype: torch.dtype, device: torch.device):
+    """The floor measured at the loss's own shapes, as the fused CE's ``three_matmuls``: with
+    ``R = B·T`` rows, the logits ``x Wᵀ`` into an ``R × V`` buffer once per logits product of the loss
+    (:func:`products` − 2), then ``dx = G W`` and ``dW = Gᵀ x`` from that buffer; cuBLAS on a GPU, the
+    whole ``R`` at once, nothing else. Returns the callable to time."""
+    rows, hidden, vocab = int(sizes["B"]) * int(sizes["T"]), int(sizes["H"]), int(sizes["V"])
+    logits_products = products(kernel_name, sizes) - 2
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, hidden, generator=gen, device=device).to(dtype)
+    w = (torch.randn(vocab, hidden, generator=gen, device=device) * hidden**-0.5).to(dtype)
+    buffer = torch.empty(rows, vocab, dtype=dtype, device=device)
+
+    def run():
+        for _ in range(logits_products):
+            torch.matmul(x, w.t(), out=buffer)
+        return buffer @ w, buffer.t() @ x
+
+    return run
 
 
 def arms_difference(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> float:
@@ -100,6 +133,15 @@ def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int
                     rows = run_sweep(kernel_name, x_name=preset["x_name"], x_values=preset["x_values"], sizes=preset["sizes"],
                                      dtype=preset["dtype"], device=device, providers=["kernels_lib"], modes=("full",))
                 per_round.append(rows.assign(kernel_provider=ARM if on else "kernels_lib", round=round_ + 1))
+            arm_rows = per_round[-1]
+            for x in preset["x_values"] if device.type == "cuda" else ():  # the floor in the same round (on a GPU:
+                # the interpreter's time says nothing about it)
+                timing = time_callable(matmuls_alone(kernel_name, {**preset["sizes"], preset["x_name"]: int(x)},
+                                                     preset["dtype"], device), device)
+                torch.cuda.empty_cache()
+                per_round.append(arm_rows[arm_rows.x_value == x].head(1).assign(
+                    kernel_provider=FLOOR, metric_name="speed", metric_unit="ms", y_value_50=timing.p50, y_value_20=timing.p20,
+                    y_value_80=timing.p80, timer=timing.timer, round=round_ + 1))
         table = median_of_rounds(pd.concat(per_round, ignore_index=True))
         smallest = {**preset["sizes"], preset["x_name"]: int(min(preset["x_values"]))}
         table["rel_diff"] = arms_difference(kernel_name, smallest, preset["dtype"], device)
@@ -110,6 +152,28 @@ def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int
         table["rounds"] = rounds
         out.append(table)
     return pd.concat(out, ignore_index=True)
+
+
+def ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per loss and ``x`` of one A/B run: the ``full`` medians (ms) of the two arms and of the matmuls
+    alone, ``off / floor``, ``on / floor`` (issue 30's target: ≤ 1.05), ``on / off`` (below 1: the route
+    is faster), the short-matmul floor's ``floor_ms``, the memory of each arm (MB) and ``rel_diff``.
+    Raises ValueError naming the runs when ``rows`` mix runs (:func:`kernels_lib.workbench.data.run_label`)."""
+    from .. import data
+
+    data.run_label(rows)
+    speed = rows[rows.metric_name == "speed"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
+                                                         values="y_value_50")
+    memory = rows[rows.metric_name == "memory"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
+                                                           values="y_value_50")
+    out = pd.DataFrame({"off ms": speed["kernels_lib"], "on ms": speed[ARM]})
+    out["floor ms"] = speed[FLOOR] if FLOOR in speed else float("nan")
+    out["off / floor"], out["on / floor"] = out["off ms"] / out["floor ms"], out["on ms"] / out["floor ms"]
+    out["on / off"] = out["on ms"] / out["off ms"]
+    out["short-matmul floor ms"] = rows[rows.metric_name == "speed"].groupby(["kernel_name", "x_value"]).floor_ms.first()
+    out["off MB"], out["on MB"] = memory["kernels_lib"], memory[ARM]
+    out["rel_diff"] = rows.groupby(["kernel_name", "x_value"]).rel_diff.first()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     table = sequence_exponentials_ab(args.losses.split(","), size=args.size, rounds=args.rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
-    speed = table[table.metric_name == "speed"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
-                                                          values="y_value_50")
-    floor = table[table.metric_name == "speed"].groupby(["kernel_name", "x_value"]).floor_ms.first()
-    print((speed.div(floor, axis=0) if floor.notna().any() else speed).round(3).to_string())
+    print(ratios(table).round(3).to_string())
     return 0
 
 
