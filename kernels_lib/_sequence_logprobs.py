@@ -88,7 +88,7 @@ MIN_SEQUENCE_CHUNK_ROWS = 1024
 #: target, no entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that
 #: the epilogue GEMM takes (Hopper; in Triton's interpreter when
 #: :data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). The DPO, GRPO,
-#: CPO and SimPO heads ran at 1.06–1.25× their matmul floors on the H200 through the two passes
+#: ORPO, CPO and SimPO heads ran at 1.06–1.25× their matmul floors on the H200 through the two passes
 #: (the dashboard's floor rows), the fused cross-entropy at 1.00–1.03× this way.
 STORE_EXPONENTIALS = False
 

@@ -5,7 +5,7 @@ that fails the test where the route was not taken (so a check that passes throug
 proves nothing about this one). On a CPU the epilogue GEMM runs in Triton's interpreter when
 ``EPILOGUE_GEMM_WHEN_INTERPRETED`` asks, on float32 operands; on a GPU it is taken for bf16 on Hopper,
 so there the half-precision checks run (float16 keeps the two passes: its ``dz`` is formed at a
-scale). Losses with a second target (ORPO's and CPO's NLL target) or the token entropy (GRPO's
+scale). Losses with a second target (ORPO's and CPO's ``nll_target``) or the token entropy (GRPO's
 ``return_entropy``) keep the two passes, and are checked to do so.
 """
 
@@ -21,6 +21,7 @@ import test_fused_linear_cpo as cpo
 import test_fused_linear_dpo as dpo
 import test_fused_linear_grpo as grpo
 import test_fused_linear_kto as kto
+import test_fused_linear_orpo as orpo
 from kernels_lib import _sequence_logprobs as seq
 from kernels_lib._flce import epilogue
 
@@ -48,6 +49,7 @@ def route(monkeypatch):
 if CUDA:
     CASES = [
         (dpo.test_matches_reference_half, (torch.bfloat16,)),
+        (orpo.test_matches_reference_half, (torch.bfloat16,)),
         (kto.test_matches_reference_half, (torch.bfloat16,)),
         (cpo.test_matches_reference_half, (torch.bfloat16, False)),
         (cpo.test_matches_reference_half, (torch.bfloat16, True)),
@@ -60,6 +62,8 @@ else:
         (dpo.test_options, (dict(average_log_prob=True, loss_type=["sigmoid", "bco_pair", "apo_down"], beta=3.0),)),
         (dpo.test_one_pair_one_token_odd_sizes_no_bias, ()),
         (kto.test_no_bias_odd_shapes_and_unit_grad_output, ()),
+        (orpo.test_matches_reference_float32_chunks, (14,)),
+        (orpo.test_no_bias_beta_and_odd_shapes, ()),
         (cpo.test_one_pair_one_token_odd_sizes_no_bias, ()),
         (grpo.test_per_token_advantages_and_accurate, ("token",)),
         (grpo.test_odd_sizes_no_bias, (1, 1, "sequence")),
@@ -146,5 +150,10 @@ def test_the_floor_runs_the_losses_products_at_their_shapes():
     sizes = {"B": 2, "T": 8, "H": 32, "V": 257}
     assert ab.products("fused_linear_dpo_loss", sizes) == 4  # the reference's logits, the policy's, dx, dW
     assert ab.products("fused_linear_cpo_loss", sizes) == 3  # no reference model
+    assert {name: ab.products(name, sizes) for name in ab.LOSSES} == {
+        "fused_linear_dpo_loss": 4, "fused_linear_orpo_loss": 3, "fused_linear_cpo_loss": 3, "fused_linear_simpo_loss": 3,
+        "fused_linear_grpo_loss_token": 4, "fused_linear_grpo_loss_sequence": 4, "kto_loss": 3}  # KTO: dW alone
     dx, dw = ab.matmuls_alone("fused_linear_dpo_loss", sizes, torch.float32, torch.device("cpu"))()
     assert dx.shape == (16, 32) and dw.shape == (257, 32) and torch.isfinite(dx).all()
+    dx, dw = ab.matmuls_alone("kto_loss", sizes, torch.float32, torch.device("cpu"))()
+    assert dx is None and dw.shape == (257, 32)

@@ -5,7 +5,7 @@ from the fused cross-entropy's epilogue GEMM and puts the weights on the row fac
 ``dx``, so no pass reads the ``chunk × V`` buffer between the matmuls. Issue 30 asks every fused loss
 for 1.05× its matmul floor; DPO, GRPO, CPO and SimPO were at 1.06–1.25× through the two passes.
 
-For each loss (``fused_linear_dpo_loss``, ``fused_linear_cpo_loss``, ``fused_linear_simpo_loss``,
+For each loss (``fused_linear_dpo_loss``, ``fused_linear_orpo_loss``, ``fused_linear_cpo_loss``, ``fused_linear_simpo_loss``,
 ``fused_linear_grpo_loss_token``, ``fused_linear_grpo_loss_sequence``, ``kto_loss``) at its published
 sizes, ``full`` (forward and backward) of kernels_lib with the route off (``kernels_lib``) and on
 (:data:`ARM`), in ``rounds`` alternating rounds (the arms' order reversed every other round: the GPU
@@ -43,7 +43,7 @@ from .sweep import available_providers, median_of_rounds, run_sweep
 from .timing import _loss, time_callable
 
 #: The losses on the sequence log-prob pipeline whose published workload has no second target.
-LOSSES = ("fused_linear_dpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
+LOSSES = ("fused_linear_dpo_loss", "fused_linear_orpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
           "fused_linear_grpo_loss_sequence", "kto_loss")
 #: The route's arm, as its rows name the provider.
 ARM = "kernels_lib[store_exponentials=True]"
@@ -73,6 +73,9 @@ def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: t
 
 #: The measured floor's provider name: the loss's matmuls alone at its shapes (:func:`matmuls_alone`).
 FLOOR = "matmuls alone"
+#: The gradient products of a published workload's ``full``: ``dx`` and ``dW``, but KTO's harness takes
+#: the head's gradient alone (its spec's ``flops``: ``input_grad=False``).
+GRADIENTS = {"kto_loss": ("dW",)}
 
 
 def products(kernel_name: str, sizes: dict) -> int:
@@ -80,16 +83,22 @@ def products(kernel_name: str, sizes: dict) -> int:
     the reference model's logits where it has one, the policy's logits, ``dx`` and ``dW``."""
     flops = importlib.import_module(get_spec(kernel_name).make_inputs.__module__).flops
     rows, hidden, vocab = int(sizes["B"]) * int(sizes["T"]), int(sizes["H"]), int(sizes["V"])
-    return round(flops(sizes, "full") / (2.0 * rows * hidden * vocab))
+    count = flops(sizes, "full") / (2.0 * rows * hidden * vocab)
+    if abs(count - round(count)) > 1e-9:
+        raise ValueError(f"{kernel_name}'s full FLOPs are {count} products of (B·T) × H × V, not a whole number: "
+                         "its floor is not these matmuls")
+    return round(count)
 
 
 def matmuls_alone(kernel_name: str, sizes: dict, dtype: torch.dtype, device: torch.device):
     """The floor measured at the loss's own shapes, as the fused CE's ``three_matmuls``: with
     ``R = B·T`` rows, the logits ``x Wᵀ`` into an ``R × V`` buffer once per logits product of the loss
-    (:func:`products` − 2), then ``dx = G W`` and ``dW = Gᵀ x`` from that buffer; cuBLAS on a GPU, the
+    (:func:`products` less its gradient products), then ``dx = G W`` (where :data:`GRADIENTS` has it) and
+    ``dW = Gᵀ x`` from that buffer; cuBLAS on a GPU, the
     whole ``R`` at once, nothing else. Returns the callable to time."""
     rows, hidden, vocab = int(sizes["B"]) * int(sizes["T"]), int(sizes["H"]), int(sizes["V"])
-    logits_products = products(kernel_name, sizes) - 2
+    gradients = GRADIENTS.get(kernel_name, ("dx", "dW"))
+    logits_products = products(kernel_name, sizes) - len(gradients)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, hidden, generator=gen, device=device).to(dtype)
     w = (torch.randn(vocab, hidden, generator=gen, device=device) * hidden**-0.5).to(dtype)
@@ -98,7 +107,7 @@ def matmuls_alone(kernel_name: str, sizes: dict, dtype: torch.dtype, device: tor
     def run():
         for _ in range(logits_products):
             torch.matmul(x, w.t(), out=buffer)
-        return buffer @ w, buffer.t() @ x
+        return (buffer @ w if "dx" in gradients else None), buffer.t() @ x
 
     return run
 
