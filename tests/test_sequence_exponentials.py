@@ -157,3 +157,20 @@ def test_the_floor_runs_the_losses_products_at_their_shapes():
     assert dx.shape == (16, 32) and dw.shape == (257, 32) and torch.isfinite(dx).all()
     dx, dw = ab.matmuls_alone("kto_loss", sizes, torch.float32, torch.device("cpu"))()
     assert dx is None and dw.shape == (257, 32)
+
+
+def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
+    """The ceilings' rows name the rate by kernel_name ("copy", "matmul"): the floor_ms column comes from them."""
+    import pandas as pd
+
+    from kernels_lib.workbench import overview
+    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+
+    fake = pd.DataFrame({"kernel_name": ["copy", "matmul"], "metric_name": ["rate", "rate"], "y_value_50": [4000.0, 700.0]})
+    monkeypatch.setattr(ab, "measure_ceilings", lambda device: fake)
+    table = ab.sequence_exponentials_ab(("fused_linear_cpo_loss",), size="small", rounds=1, device=kernels_lib.default_device(),
+                                        x_values=(2,))
+    speed = table[(table.metric_name == "speed") & (table.kernel_provider == "kernels_lib")].iloc[0]
+    sizes = {**ab.get_spec("fused_linear_cpo_loss").small["sizes"], "B": 2}
+    want = overview.floor_ms("fused_linear_cpo_loss", sizes, ab.get_spec("fused_linear_cpo_loss").small["dtype"], "full", 4000.0, 700.0)[0]
+    assert speed.floor_ms == pytest.approx(want)

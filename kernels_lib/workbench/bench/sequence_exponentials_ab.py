@@ -127,7 +127,7 @@ def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int
     ``x_values``: the preset's sizes to measure (default all of them)."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     ceilings = measure_ceilings(device)
-    rates = dict(zip(ceilings.metric_name, ceilings.y_value_50)) if len(ceilings) else {}
+    rates = dict(zip(ceilings.kernel_name, ceilings.y_value_50)) if len(ceilings) else {}  # "copy" GB/s, "matmul" TFLOP/s
     out = []
     for kernel_name in losses:
         spec = get_spec(kernel_name)
