@@ -174,3 +174,30 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
     sizes = {**ab.get_spec("fused_linear_cpo_loss").small["sizes"], "B": 2}
     want = overview.floor_ms("fused_linear_cpo_loss", sizes, ab.get_spec("fused_linear_cpo_loss").small["dtype"], "full", 4000.0, 700.0)[0]
     assert speed.floor_ms == pytest.approx(want)
+
+
+def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
+    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+
+    calls = []
+
+    def fake(losses, size, rounds):
+        calls.append(tuple(losses))
+        import pandas as pd
+
+        return pd.DataFrame([dict(kernel_name=name, kernel_provider=provider, metric_name="speed", x_value=2, y_value_50=1.0,
+                                  floor_ms=float("nan"), rel_diff=0.0, kernels_lib_commit="abc1234", gpu_name="NVIDIA H200",
+                                  timestamp="2026-12-05", rounds=rounds)
+                             for name in losses for provider in ("kernels_lib", ab.ARM)])
+
+    monkeypatch.setattr(ab, "sequence_exponentials_ab", fake)
+    out = tmp_path / "gpu_runs" / "sequence_exponentials_ab.csv"
+    assert ab.main([str(out), "--losses", "kto_loss", "--rounds", "1"]) == 0
+    assert ab.main([str(out), "--losses", "fused_linear_dpo_loss,fused_linear_cpo_loss", "--rounds", "1"]) == 0
+    import pandas as pd
+
+    rows = pd.read_csv(out)
+    assert calls == [("kto_loss",), ("fused_linear_dpo_loss", "fused_linear_cpo_loss")] and len(rows) == 6
+    assert set(ab.ratios(rows).index.get_level_values(0)) == {"kto_loss", "fused_linear_dpo_loss", "fused_linear_cpo_loss"}
+    with pytest.raises(SystemExit):
+        ab.main([str(out), "--losses", "jsd"])

@@ -15,7 +15,7 @@ provider of its own; the floor from the matmul rate of a short 8192³ product me
 (:func:`kernels_lib.workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
 other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradient, the largest).
 
-On a GPU (one call, about five minutes on an H200):
+On a GPU (estimated at 5–10 minutes on an H200, not yet run; `--losses` splits it over calls):
 
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 -m kernels_lib.workbench.bench.sequence_exponentials_ab \\
         $OUT/gpu_runs/sequence_exponentials_ab.csv
@@ -180,14 +180,15 @@ def ratios(rows: pd.DataFrame) -> pd.DataFrame:
     out["off / floor"], out["on / floor"] = out["off ms"] / out["floor ms"], out["on ms"] / out["floor ms"]
     out["on / off"] = out["on ms"] / out["off ms"]
     out["short-matmul floor ms"] = rows[rows.metric_name == "speed"].groupby(["kernel_name", "x_value"]).floor_ms.first()
-    out["off MB"], out["on MB"] = memory["kernels_lib"], memory[ARM]
+    for column, provider in (("off MB", "kernels_lib"), ("on MB", ARM)):  # NaN where a run measured no memory
+        out[column] = memory[provider] if provider in memory else float("nan")
     out["rel_diff"] = rows.groupby(["kernel_name", "x_value"]).rel_diff.first()
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the CSV to write")
+    parser.add_argument("out", type=Path, help="the CSV to append to (its header once)")
     parser.add_argument("--size", choices=("published", "small"), default="published")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--losses", default=",".join(LOSSES))
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--losses takes {', '.join(LOSSES)}; got {', '.join(unknown)}")
     table = sequence_exponentials_ab(args.losses.split(","), size=args.size, rounds=args.rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
+    # appended: the losses measured over several calls (--losses) make one run of one commit
+    table.to_csv(args.out, index=False, mode="a", header=not args.out.exists())
     print(ratios(table).round(3).to_string())
     return 0
 
