@@ -56,7 +56,7 @@ import torch
 from . import _validate as v
 from ._autocast import compute_dtype_for
 from ._flce.chunk_size import lean_chunk_size
-from ._flce.epilogue import _logits_with_loss
+from ._flce.epilogue import _epilogue_loss, _logits_with_loss
 from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
 from ._flce.matmuls import _logits_chunk
 from ._flce.operands import _Operands
@@ -87,16 +87,31 @@ MIN_SEQUENCE_CHUNK_ROWS = 1024
 #: the fused cross-entropy's default route does at its matmul floor. Taken where that route would be: one
 #: target, no entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that
 #: the epilogue GEMM takes (Hopper; in Triton's interpreter when
-#: :data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). The DPO, GRPO,
+#: :data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). Without a gradient
+#: (a reference model's pass) the log-probs come from that GEMM over all rows, no buffer at all
+#: (:func:`_no_grad_in_epilogue`). The DPO, GRPO,
 #: ORPO, CPO and SimPO heads ran at 1.06–1.25× their matmul floors on the H200 through the two passes
 #: (the dashboard's floor rows), the fused cross-entropy at 1.00–1.03× this way.
 STORE_EXPONENTIALS = False
 
 
 class _IgnoreIndex(NamedTuple):
-    """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` reads of the fused CE's options."""
+    """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` and ``_epilogue_loss`` read of the fused
+    CE's options."""
 
     ignore_index: int
+    pre_scale: float = 1.0
+
+
+def _no_grad_in_epilogue(grads, target2, token_entropy, shard) -> bool:
+    """Whether, with :data:`STORE_EXPONENTIALS`, log-probs wanted without a gradient (a reference model's,
+    or the policy's under ``no_grad``) come from the epilogue GEMM over all rows at once: no chunks, no
+    logits buffer, no stats pass, as the fused CE's loss without a gradient. Compiled only (or when the
+    interpreter is asked), as there."""
+    from .fused_linear_cross_entropy import EPILOGUE_GEMM_WHEN_INTERPRETED, INTERPRETED
+
+    return (STORE_EXPONENTIALS and grads is None and target2 is None and token_entropy is None and shard is None
+            and (not INTERPRETED or EPILOGUE_GEMM_WHEN_INTERPRETED))
 
 
 def _exponentials_route(x_c: torch.Tensor, w: torch.Tensor, grads, target2, token_entropy, shard) -> bool:
@@ -180,6 +195,11 @@ def sequence_logprobs(
         sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
         sums2 = None if target2 is None else torch.empty_like(sums)
         grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+        if _no_grad_in_epilogue(grads, target2, token_entropy, shard):
+            every_logp = -_epilogue_loss(x, weight, bias, target, _IgnoreIndex(ignore_index, logit_scale), compute_dtype)
+            if token_logps is not None:
+                token_logps.copy_(every_logp)
+            return every_logp.view(n_seqs, seq_len).sum(1), None, None
         exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
         one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
         for rows, x_c, buffer in ops.chunks():

@@ -41,8 +41,18 @@ def route(monkeypatch):
         taken.append(kwargs.get("exponentials", False))
         return epilogue._logits_with_loss(*args, **kwargs)
 
+    def spy_no_grad(*args, **kwargs):
+        NO_GRAD_CALLS.append(args[0].shape)
+        return epilogue._epilogue_loss(*args, **kwargs)
+
+    NO_GRAD_CALLS.clear()
     monkeypatch.setattr(seq, "_logits_with_loss", spy)
+    monkeypatch.setattr(seq, "_epilogue_loss", spy_no_grad)
     return taken
+
+
+#: The calls of the no-gradient epilogue (a reference model's pass) in the current test (its rows' shapes).
+NO_GRAD_CALLS = []
 
 
 # (test, arguments): each loss's float64 checks, at the dtype the route takes on this machine
@@ -201,3 +211,45 @@ def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
     assert set(ab.ratios(rows).index.get_level_values(0)) == {"kto_loss", "fused_linear_dpo_loss", "fused_linear_cpo_loss"}
     with pytest.raises(SystemExit):
         ab.main([str(out), "--losses", "jsd"])
+
+
+def test_a_reference_pass_takes_the_epilogue_gemm_without_chunks(route):
+    """DPO's reference model (no gradient) through the no-gradient epilogue: one call over every row, the
+    loss and gradients as the two-pass route's, the reference log-probs equal to the reference's own."""
+    x, w, b, target, ref = dpo.make_inputs(n=3)
+    with_route = fused_linear_dpo_outputs(x, w, b, target, ref)
+    assert [tuple(shape) for shape in NO_GRAD_CALLS] == [(6 * 7, 24)]  # the reference's 2n·T rows, H_ref = 24, at once
+    seq.STORE_EXPONENTIALS = False
+    without = fused_linear_dpo_outputs(x, w, b, target, ref)
+    for a, b_ in zip(with_route, without):
+        assert torch.allclose(a, b_, rtol=2e-5, atol=1e-6), (a, b_)
+
+
+def fused_linear_dpo_outputs(x, w, b, target, ref):
+    from kernels_lib.fused_linear_dpo import fused_linear_dpo
+
+    out = fused_linear_dpo(x, w, target, b, **ref, chunk_size=14)
+    grads = torch.autograd.grad(out.loss, [t for t in (x, w, b) if t is not None])
+    return [out.loss.detach(), out.chosen_rewards, out.rejected_rewards, *grads]
+
+
+def test_no_grad_log_probs_through_the_epilogue(route):
+    """The sequence sums without a gradient (kernels_lib._sequence_logprobs.sequence_logprobs): equal
+    to the two passes', token log-probs included, ignored rows 0, a logit scale applied."""
+    gen = torch.Generator().manual_seed(5)
+    device = kernels_lib.default_device()
+    x = torch.randn(3 * 5, 24, generator=gen).to(device)
+    w = (torch.randn(263, 24, generator=gen) * 0.3).to(device)
+    target = torch.randint(0, 263, (15,), generator=gen).to(device)
+    target[[0, 7]] = -100
+    outs = []
+    for on in (True, False):
+        seq.STORE_EXPONENTIALS = on
+        token = torch.full((15,), float("nan"), device=device)
+        sums, sums2, grads = seq.sequence_logprobs(x, w, None, target, seq_len=5, rows_per_chunk=5, ignore_index=-100,
+                                                   logit_scale=0.7, token_logps=token)
+        assert sums2 is None and grads is None
+        outs.append((sums, token))
+    assert len(NO_GRAD_CALLS) == 1
+    assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5) and (outs[0][1][[0, 7]] == 0).all()
