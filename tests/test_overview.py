@@ -199,3 +199,24 @@ def test_overview_notebook_runs_and_exports_every_chart():
     assert ("<strong>No H200 rows yet</strong>" in html) == bool(unmeasured)
     assert ("Every workload has H200 rows." in html) == (not unmeasured)
     assert "NVIDIA datasheets" in html and "H100 PCIe" in html
+
+
+def test_across_runs_shows_one_providers_time_in_every_run():
+    """The logits-level JSD's full at V = 4096 moved 0.74 → 0.35 ms between runs of the H200 whose V = 16384
+    points agree (937d4a2, 428f387): the spread is the run's, not the kernel's."""
+    def row(commit, stamp, x, y, provider="kernels_lib", mode="full", gpu="NVIDIA H200"):
+        return dict(kernel_provider=provider, kernel_operation_mode=mode, metric_name="speed", x_value=x, y_value_50=y,
+                    kernels_lib_commit=commit, gpu_name=gpu, timestamp=stamp)
+
+    rows = pd.DataFrame([row("937d4a2", "2026-12-02 06:16", 4096, 0.74), row("937d4a2", "2026-12-02 06:16", 16384, 0.454),
+                         row("428f387", "2026-12-02 14:18", 4096, 0.35), row("428f387", "2026-12-02 14:18", 16384, 0.458),
+                         row("6ef9242", "2026-11-30 13:50", 4096, 0.64), row("6ef9242", "2026-11-30 13:50", 16384, 0.588),
+                         row("428f387", "2026-12-02 14:18", 4096, 9.0, provider="liger"),
+                         row("428f387", "2026-12-02 14:18", 4096, 9.0, mode="forward")])
+    table = overview.across_runs(rows, "kernels_lib", "full")
+    assert list(table.columns) == ["6ef9242", "937d4a2", "428f387", "newest / oldest", "max / min"]  # oldest first
+    assert table.loc[4096, "max / min"] == pytest.approx(0.74 / 0.35)
+    assert table.loc[16384, "newest / oldest"] == pytest.approx(0.458 / 0.588)
+    with pytest.raises(ValueError, match="runs on"):
+        overview.across_runs(pd.concat([rows, pd.DataFrame([row("1111111", "2026-12-03", 4096, 1.0, gpu="NVIDIA A100")])]),
+                             "kernels_lib", "full")

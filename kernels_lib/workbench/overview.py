@@ -165,6 +165,23 @@ def workload_runs(workload: "Workload", gpu_name: str = H200) -> pd.DataFrame:
     return of_chart(measured_on(workload.kernel_name, gpu_name, latest=False), workload.config, workload.x_name)
 
 
+def across_runs(rows: pd.DataFrame, provider: str, mode: str, metric: str = "speed") -> pd.DataFrame:
+    """One provider's ``mode`` medians of ``metric`` in every run that ``rows`` hold (:func:`workload_runs`),
+    per x: one column per run's commit, oldest first (:func:`.data.runs`), and ``newest / oldest`` and
+    ``max / min`` across them. Whether a point is the kernel's or the run's: the same kernel's time that
+    moves between runs where its other points do not is the run's spread (the logits-level JSD at
+    V ≤ 8192 on the H200, notebook 07). Raises ValueError when ``rows`` hold runs of two GPUs."""
+    gpus = {gpu for _, gpu in data.runs(rows)}
+    if len(gpus) > 1:
+        raise ValueError(f"rows hold runs on {', '.join(sorted(gpus))}: a time compares across runs of one GPU only")
+    chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == metric)]
+    order = [commit for commit, _ in data.runs(chosen)]
+    table = chosen.pivot_table(index="x_value", columns="kernels_lib_commit", values="y_value_50", aggfunc="median")[order]
+    table.columns.name = None
+    return table.assign(**{"newest / oldest": table[order[-1]] / table[order[0]],
+                           "max / min": table[order].max(axis=1) / table[order].min(axis=1)})
+
+
 def workloads(gpu_name: str = H200) -> list[Workload]:
     """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs)
     for the same axis and configuration, of one run: the newest kernels_lib run of the chart
