@@ -48,6 +48,7 @@ sums, hence the weights, are the same on every rank; the gradient pass writes th
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -88,8 +89,8 @@ MIN_SEQUENCE_CHUNK_ROWS = 1024
 #: target, no entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that
 #: the epilogue GEMM takes (Hopper; in Triton's interpreter when
 #: :data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). Without a gradient
-#: (a reference model's pass) the log-probs come from that GEMM over all rows, no buffer at all
-#: (:func:`_no_grad_in_epilogue`). The DPO, GRPO,
+#: (a reference model's pass, or ``no_grad``) the log-probs come from that GEMM over all rows, no buffer at
+#: all, as the fused CE's loss without a gradient, where that runs (``_no_grad_epilogue_runs``). The DPO, GRPO,
 #: ORPO, CPO and SimPO heads ran at 1.06–1.25× their matmul floors on the H200 through the two passes
 #: (the dashboard's floor rows), the fused cross-entropy at 1.00–1.03× this way.
 STORE_EXPONENTIALS = False
@@ -103,23 +104,19 @@ class _IgnoreIndex(NamedTuple):
     pre_scale: float = 1.0
 
 
-def _no_grad_in_epilogue(grads, target2, token_entropy, shard) -> bool:
-    """Whether, with :data:`STORE_EXPONENTIALS`, log-probs wanted without a gradient (a reference model's,
-    or the policy's under ``no_grad``) come from the epilogue GEMM over all rows at once: no chunks, no
-    logits buffer, no stats pass, as the fused CE's loss without a gradient. Compiled only (or when the
-    interpreter is asked), as there."""
-    from .fused_linear_cross_entropy import EPILOGUE_GEMM_WHEN_INTERPRETED, INTERPRETED
-
-    return (STORE_EXPONENTIALS and grads is None and target2 is None and token_entropy is None and shard is None
-            and (not INTERPRETED or EPILOGUE_GEMM_WHEN_INTERPRETED))
+#: The fused CE's module, for its route predicates (its name on the package is the function).
+_FLCE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
 
 
-def _exponentials_route(x_c: torch.Tensor, w: torch.Tensor, grads, target2, token_entropy, shard) -> bool:
-    """Whether :data:`STORE_EXPONENTIALS` applies to these operands (the conditions it lists)."""
-    from .fused_linear_cross_entropy import _epilogue_gemm_takes  # the fused CE's own predicate
+def _route_applies(target2, token_entropy, shard) -> bool:
+    """Whether :data:`STORE_EXPONENTIALS` can take these log-probs at all: one target, no entropy, no shard."""
+    return STORE_EXPONENTIALS and target2 is None and token_entropy is None and shard is None
 
-    return (STORE_EXPONENTIALS and grads is not None and not grads.wide and target2 is None and token_entropy is None
-            and shard is None and x_c.dtype != torch.float16 and _epilogue_gemm_takes(x_c, w))
+
+def _exponentials_route(x_c: torch.Tensor, w: torch.Tensor, grads) -> bool:
+    """Whether a gradient chunk, where :func:`_route_applies`, takes the stored exponentials: the fused
+    CE's own predicate on the operands, not float16 (its ``dz`` is scaled: ``grads.wide``)."""
+    return grads is not None and not grads.wide and x_c.dtype != torch.float16 and _FLCE._epilogue_gemm_takes(x_c, w)
 
 
 def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
@@ -189,17 +186,19 @@ def sequence_logprobs(
         col_offset = 0 if shard is None else shard.offset
         n_rows = x.shape[0]
         n_seqs = n_rows // seq_len
+        route = _route_applies(target2, token_entropy, shard)
+        epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
+        if route and not any(needs) and _FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
+            every_logp = -_epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
+            if token_logps is not None:
+                token_logps.copy_(every_logp)
+            return every_logp.view(n_seqs, seq_len).sum(1), None, None
         ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
         lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
         logp2 = None if target2 is None else torch.empty_like(logp)
         sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
         sums2 = None if target2 is None else torch.empty_like(sums)
         grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
-        if _no_grad_in_epilogue(grads, target2, token_entropy, shard):
-            every_logp = -_epilogue_loss(x, weight, bias, target, _IgnoreIndex(ignore_index, logit_scale), compute_dtype)
-            if token_logps is not None:
-                token_logps.copy_(every_logp)
-            return every_logp.view(n_seqs, seq_len).sum(1), None, None
         exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
         one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
         for rows, x_c, buffer in ops.chunks():
@@ -207,10 +206,10 @@ def sequence_logprobs(
             seqs = slice(rows.start // seq_len, rows.stop // seq_len)
             y2 = None if target2 is None else target2[rows]
             if exponentials is None:
-                exponentials = _exponentials_route(x_c, ops.w, grads, target2, token_entropy, shard)
+                exponentials = route and _exponentials_route(x_c, ops.w, grads)
             if exponentials:
                 # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
-                e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], _IgnoreIndex(ignore_index),
+                e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
                                                exponentials=True)
                 logp[:n].neg_()  # lse − c_y (0 at ignored rows) → the log-prob
             else:

@@ -182,8 +182,14 @@ def _loss_in_epilogue(opts: _Options, needs, class_weight, shard) -> bool:
     79-94 s that way against 1.2-1.6 s for forward and backward on the chunks (torch's matmul and the
     kernel's two passes), so there the no-grad loss takes the chunks too, unless
     :data:`EPILOGUE_GEMM_WHEN_INTERPRETED` asks for the GEMM (its tests)."""
-    compiled_or_asked = not INTERPRETED or EPILOGUE_GEMM_WHEN_INTERPRETED
-    return compiled_or_asked and not any(needs) and _plain_loss(opts, class_weight, shard)
+    return _no_grad_epilogue_runs() and not any(needs) and _plain_loss(opts, class_weight, shard)
+
+
+def _no_grad_epilogue_runs() -> bool:
+    """Whether a loss without a gradient may come from the epilogue GEMM here: compiled, or in the
+    interpreter when :data:`EPILOGUE_GEMM_WHEN_INTERPRETED` asks (:func:`_loss_in_epilogue`; the
+    sequence losses' reference pass, :mod:`kernels_lib._sequence_logprobs`)."""
+    return not INTERPRETED or EPILOGUE_GEMM_WHEN_INTERPRETED
 
 
 def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:

@@ -104,6 +104,7 @@ def append_rows(rows: list[dict], path: Path = RUNS_CSV) -> None:
 #: is kept apart from the whole target's, whose newest row the dashboard shows as *the* GPU test run.
 SELECTION = "gpu selection"
 _SELECTING_OPTIONS = ("-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise")
+_SHORT_SELECTING = ("-k", "-m")  # also with the value attached: -kgluon
 
 
 def _named_tests(pytest_args: list[str]) -> list[str]:
@@ -113,7 +114,7 @@ def _named_tests(pytest_args: list[str]) -> list[str]:
 
 def run_target(pytest_args: list[str]) -> str:
     """``"gpu"`` for the whole suite, :data:`SELECTION` when ``pytest_args`` select part of it."""
-    selecting = any(a.split("=")[0] in _SELECTING_OPTIONS or (a.startswith("-k") and len(a) > 2) for a in pytest_args)
+    selecting = any(a.split("=")[0] in _SELECTING_OPTIONS or a[:2] in _SHORT_SELECTING for a in pytest_args)
     return SELECTION if _named_tests(pytest_args) or selecting else "gpu"
 
 

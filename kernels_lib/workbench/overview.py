@@ -171,11 +171,12 @@ def across_runs(rows: pd.DataFrame, provider: str, mode: str, metric: str = "spe
     ``max / min`` across them. Whether a point is the kernel's or the run's: the same kernel's time that
     moves between runs where its other points do not is the run's spread (the logits-level JSD at
     V ≤ 8192 on the H200, notebook 07). Raises ValueError when ``rows`` hold runs of two GPUs."""
-    gpus = {gpu for _, gpu in data.runs(rows)}
+    chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == metric)]
+    runs = data.runs(chosen)
+    gpus = {gpu for _, gpu in runs}
     if len(gpus) > 1:
         raise ValueError(f"rows hold runs on {', '.join(sorted(gpus))}: a time compares across runs of one GPU only")
-    chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == metric)]
-    order = [commit for commit, _ in data.runs(chosen)]
+    order = [commit for commit, _ in runs]
     table = chosen.pivot_table(index="x_value", columns="kernels_lib_commit", values="y_value_50", aggfunc="median")[order]
     table.columns.name = None
     return table.assign(**{"newest / oldest": table[order[-1]] / table[order[0]],

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from ... import _sequence_logprobs
-from .. import overview
+from .. import data, overview
 from .ceilings import measure_ceilings
 from . import get_spec
 from .sweep import available_providers, median_of_rounds, run_sweep
@@ -168,8 +168,6 @@ def ratios(rows: pd.DataFrame) -> pd.DataFrame:
     alone, ``off / floor``, ``on / floor`` (issue 30's target: ≤ 1.05), ``on / off`` (below 1: the route
     is faster), the short-matmul floor's ``floor_ms``, the memory of each arm (MB) and ``rel_diff``.
     Raises ValueError naming the runs when ``rows`` mix runs (:func:`kernels_lib.workbench.data.run_label`)."""
-    from .. import data
-
     data.run_label(rows)
     speed = rows[rows.metric_name == "speed"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
                                                          values="y_value_50")
