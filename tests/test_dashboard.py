@@ -334,7 +334,8 @@ def test_sparkline_names_its_axes_and_draws_ours_on_top():
 
 def test_the_training_step_has_a_card(board):
     rows = pd.read_csv(data.MEASURED_DIR / "training_step.csv")
-    lce = pd.read_csv(dashboard.TRAINING_STEP_TORCH_LCE) if dashboard.TRAINING_STEP_TORCH_LCE.exists() else rows.iloc[:0]
+    lce_path = data.measured_file(dashboard.TRAINING_STEP_TORCH_LCE)
+    lce = pd.read_csv(lce_path) if lce_path.exists() else rows.iloc[:0]
     every = board[board.kernel_name == "training_step"]
     assert set(every.report) == {"05_training_step"}
     beside = every.chart.str.startswith("training step, beside torch's F.linear_cross_entropy")
@@ -388,7 +389,8 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
 
     from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
 
-    committed = pd.read_csv(dashboard.GRPO_LOSS_TYPES) if dashboard.GRPO_LOSS_TYPES.exists() else None
+    committed_path = data.measured_file(dashboard.GRPO_LOSS_TYPES)
+    committed = pd.read_csv(committed_path) if committed_path.exists() else None
     assert "Not measured" in dashboard.grpo_family_card(tmp_path / "absent.csv")
     if committed is None or not (committed.gpu_name == "NVIDIA H200").any():
         pytest.skip("no H200 run of scripts/grpo_loss_types.py committed")
@@ -439,3 +441,18 @@ def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
     assert '<td class="peer">0.25</td>' in card  # Liger's CuTe kernel: shown, no target to colour it
     assert "Not in this run: quack" in card
     assert '<li class="missed">full ≤ 0.92× three matmuls: missed · worst 0.97 at N = 8192</li>' in card
+
+
+def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
+    """The GPU-run cards resolve their files under data.MEASURED_DIR at call time, not at import: moved to an
+    empty folder, each reads "not measured" / "no run recorded", and a run written there shows."""
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    assert "No run recorded" in dashboard.gpu_test_runs_card()
+    assert "Not measured" in dashboard.past_floor_card()
+    assert "Not measured" in dashboard.grpo_family_card()
+    assert dashboard.training_step_charts(path=data.measured_file(dashboard.TRAINING_STEP_TORCH_LCE)) == []
+    row = {"timestamp": "2026-12-05 01:00:00", "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200", "target": "gpu",
+           "passed": 3, "failed": 0, "skipped": 1, "minutes": 0.5}
+    pd.DataFrame([row]).to_csv(tmp_path / dashboard.GPU_TEST_RUNS, index=False)
+    assert list(dashboard.gpu_test_runs().kernels_lib_commit) == ["abc1234"]
+    assert "abc1234" in dashboard.gpu_test_runs_card()

@@ -94,7 +94,7 @@ COLUMNS = ["key", "kind", "report", "chart", "kernel_name", "x_name", "x", "publ
 NOT_MEASURED = "not measured"
 #: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu"; "gpu
 #: selection" where it ran only some tests) or of the full-size notebooks (``target`` "reports") on a CUDA machine.
-GPU_TEST_RUNS = data.MEASURED_DIR / "gpu_test_runs.csv"
+GPU_TEST_RUNS = "gpu_test_runs.csv"  # inside data/measured/ (data.measured_file)
 GPU_TEST_RUN_COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
                         "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
 
@@ -170,13 +170,13 @@ def charts(gpu_name: str = overview.H200) -> list[Chart]:
         result.append(Chart(TENSOR_PARALLEL, title, "N", runs.reset_index(drop=True), f"kernels_lib TP={max(flce.tp)}", None,
                             str(flce.kernels_lib_commit.iloc[0]), gpu_name))
     result += training_step_charts(gpu_name)
-    result += training_step_charts(gpu_name, TRAINING_STEP_TORCH_LCE, "beside torch's F.linear_cross_entropy, ")
+    result += training_step_charts(gpu_name, data.measured_file(TRAINING_STEP_TORCH_LCE), "beside torch's F.linear_cross_entropy, ")
     return result
 
 
 #: The training step's run beside torch's ``F.linear_cross_entropy`` (issue 30: ``torch_lce`` with Hugging Face
 #: and kernels_lib only, kept apart from the sweep with every peer; notebook 05 §4d).
-TRAINING_STEP_TORCH_LCE = data.MEASURED_DIR / "gpu_runs" / "training_step_torch_lce.csv"
+TRAINING_STEP_TORCH_LCE = "gpu_runs/training_step_torch_lce.csv"  # inside data/measured/
 
 
 def training_step_charts(gpu_name: str = overview.H200, path: Path | None = None, label: str = "") -> list[Chart]:
@@ -592,11 +592,11 @@ def chart_section(chart: Chart, rows: pd.DataFrame) -> str:
             f'<div class="badges">{"".join(badges)}</div></section>')
 
 
-def gpu_test_runs(path: Path | str = GPU_TEST_RUNS) -> pd.DataFrame:
+def gpu_test_runs(path: Path | str | None = None) -> pd.DataFrame:
     """The newest row per ``target`` of ``gpu_test_runs.csv`` (the GPU test target's and the full-size
     reports' runs), newest first; empty (with its columns) where the file does not exist. A file without
     the columns of :data:`GPU_TEST_RUN_COLUMNS` raises an error that names it and the missing columns."""
-    path = Path(path)
+    path = data.measured_file(GPU_TEST_RUNS) if path is None else Path(path)
     if not path.exists():
         return pd.DataFrame(columns=GPU_TEST_RUN_COLUMNS)
     rows = data.read_rows(path, ["timestamp", "kernels_lib_commit", "gpu_name", "target", "passed", "failed", "skipped", "minutes"])
@@ -604,7 +604,7 @@ def gpu_test_runs(path: Path | str = GPU_TEST_RUNS) -> pd.DataFrame:
     return newest.sort_values("timestamp", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
+def gpu_test_runs_card(path: Path | str | None = None) -> str:
     """The index's card *GPU test runs*: per target (``gpu``: ``./workbench test --gpu``; ``reports``: the
     full-size notebooks) its newest run: when, which commit on which GPU, with which versions, and how many
     tests passed, failed, were skipped or deselected, in how many minutes, by which command; *no run
@@ -629,10 +629,10 @@ def gpu_test_runs_card(path: Path | str = GPU_TEST_RUNS) -> str:
             f'<th>time</th><th>command</th></tr></thead><tbody>{"".join(cells)}</tbody></table></div>')
 
 
-GRPO_LOSS_TYPES = data.MEASURED_DIR / "gpu_runs" / "fused_linear_grpo_loss_types.csv"
+GRPO_LOSS_TYPES = "gpu_runs/fused_linear_grpo_loss_types.csv"  # inside data/measured/
 
 
-def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overview.H200) -> str:
+def grpo_family_card(path: Path | str | None = None, gpu_name: str = overview.H200) -> str:
     """The index's card *GRPO family*: the newest run on ``gpu_name`` of ``scripts/grpo_loss_types.py``
     (every loss type of TRL 1.16 at the published GRPO workload), per loss type kernels_lib's ``full`` time,
     its ratio to the matmul floor and to each peer's time, and its memory over Liger's, all within that
@@ -640,7 +640,7 @@ def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overvie
     from .bench import fused_linear_grpo as grpo_bench
 
     head = ('<div class="card grpo-family" data-card="grpo-family"><h2>GRPO family: every loss type of TRL 1.16</h2>')
-    path = Path(path)
+    path = data.measured_file(GRPO_LOSS_TYPES) if path is None else Path(path)
     rows = data.read_rows(path) if path.exists() else pd.DataFrame()
     rows = rows[rows.gpu_name == gpu_name] if len(rows) else rows
     if not len(rows):
@@ -667,7 +667,7 @@ def grpo_family_card(path: Path | str = GRPO_LOSS_TYPES, gpu_name: str = overvie
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
-PAST_FLOOR = data.MEASURED_DIR / "gpu_runs" / "fused_linear_cross_entropy_past_floor.csv"
+PAST_FLOOR = "gpu_runs/fused_linear_cross_entropy_past_floor.csv"  # inside data/measured/
 #: The card's columns: header → ratio column of :func:`.bench.analysis.past_floor_targets`.
 _PAST_FLOOR_COLUMNS = {"× three matmuls": "full / three matmuls", "× QuACK": "full / QuACK",
                        "× torch LCE": "full / torch LCE", "× torch LCE (accurate)": "full / torch LCE (accurate)",
@@ -675,14 +675,14 @@ _PAST_FLOOR_COLUMNS = {"× three matmuls": "full / three matmuls", "× QuACK": "
                        "memory × QuACK": "memory / QuACK", "memory × torch LCE": "memory / torch LCE"}
 
 
-def past_floor_card(path: Path | str = PAST_FLOOR, gpu_name: str = overview.H200) -> str:
+def past_floor_card(path: Path | str | None = None, gpu_name: str = overview.H200) -> str:
     """The index's card *Fused CE past the floor* (issue 30): the newest run on ``gpu_name`` of
     ``scripts/flce_frontier.py --parts past_floor``, per N kernels_lib's ``full`` time and its ratios to the
     three matmuls measured beside it, to QuACK and to torch's ``F.linear_cross_entropy``, each cell
     coloured by the verdict of the target on that ratio over the run (:data:`.bench.analysis.PAST_FLOOR_TARGETS`),
     then the verdicts; *not measured* where the run lacks a provider or the file has no such run."""
     head = '<div class="card past-floor" data-card="past-floor"><h2>Fused linear cross-entropy past the floor</h2>'
-    path = Path(path)
+    path = data.measured_file(PAST_FLOOR) if path is None else Path(path)
     rows = data.read_rows(path) if path.exists() else pd.DataFrame()
     rows = rows[rows.gpu_name == gpu_name] if len(rows) else rows
     if not len(rows):

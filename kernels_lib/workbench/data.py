@@ -66,7 +66,14 @@ def load_pages(kernel_name: str | None = None) -> pd.DataFrame:
 
 def measured_path(kernel_name: str) -> Path:
     """Where the sweeps of ``kernel_name`` are appended (one CSV per loss; ``ceilings`` for the ceilings)."""
-    return MEASURED_DIR / f"{kernel_name}.csv"
+    return measured_file(f"{kernel_name}.csv")
+
+
+def measured_file(name: str | Path) -> Path:
+    """The file ``name`` (a path inside ``data/measured/``, e.g. ``gpu_runs/training_step_torch_lce.csv``),
+    resolved when called: a module keeps the name, not the path, so a changed :data:`MEASURED_DIR` (a
+    test's folder) moves every reader with it."""
+    return MEASURED_DIR / name
 
 
 def load_measured(kernel_name: str, *, latest: bool = True) -> pd.DataFrame:

@@ -106,7 +106,7 @@ def load_run(part: str) -> pd.DataFrame | None:
 
     A file that keeps several runs (each appended with its ``kernels_lib_commit`` and ``timestamp``)
     gives its newest (:func:`data.newest_run`)."""
-    path = data.MEASURED_DIR / RUN_FILES[part]
+    path = data.measured_file(RUN_FILES[part])
     if not path.is_file():
         return None
     rows = data.read_rows(path, required=[])
@@ -116,7 +116,7 @@ def load_run(part: str) -> pd.DataFrame | None:
 def load_runs(part: str, gpu_name: str | None = None) -> pd.DataFrame | None:
     """Every run of ``part`` (a :data:`RUN_FILES` key) that its file keeps, not only the newest (on
     ``gpu_name`` alone when given), or None when not measured yet."""
-    path = data.MEASURED_DIR / RUN_FILES[part]
+    path = data.measured_file(RUN_FILES[part])
     if not path.is_file():
         return None
     rows = data.read_rows(path, required=[])
