@@ -120,6 +120,7 @@ import torch
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 from kernels_lib.kernels import logits_logsumexp as logits_lse
+from kernels_lib.workbench.bench.arms import constants_set
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
@@ -149,24 +150,16 @@ FILES = flce_studies.FRONTIER_FILES
 LOGITS_ARM = flce_studies.LOGITS_ARM
 WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
 DX_ARM = flce_studies.DX_BLOCK_ROWS_ARM
-#: The A/B arms: kernels_lib's default with these module constants set for its calls.
-ARMS = {LOGITS_ARM: {"STORE_EXPONENTIALS": False}, WIDE_ARM: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2},
-        DX_ARM: {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}
-#: Where an arm's constant lives, when not in :mod:`kernels_lib.fused_linear_cross_entropy`.
-_CONSTANT_MODULES = {"DX_BLOCK_ROWS": importlib.import_module("kernels_lib._flce.matmuls")}
+#: The A/B arms: kernels_lib's default with these module constants ({module: {constant: value}}) set for its calls.
+ARMS = {LOGITS_ARM: {flce_module.__name__: {"STORE_EXPONENTIALS": False}},
+        WIDE_ARM: {flce_module.__name__: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}},
+        DX_ARM: {"kernels_lib._flce.matmuls": {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}}
 
 
 def _arm(name: str, **sweep) -> pd.DataFrame:
     """kernels_lib's default with the module constants of ``ARMS[name]`` set for its calls, put back after."""
-    modules = {key: _CONSTANT_MODULES.get(key, flce_module) for key in ARMS[name]}
-    saved = {key: getattr(modules[key], key) for key in ARMS[name]}
-    for key, value in ARMS[name].items():
-        setattr(modules[key], key, value)
-    try:
+    with constants_set(ARMS[name]):
         return run_sweep(flce.KERNEL_NAME, providers=["kernels_lib"], **sweep).assign(kernel_provider=name)
-    finally:
-        for key, value in saved.items():
-            setattr(modules[key], key, value)
 
 
 def frontier(size: dict, device: torch.device, rounds_path: Path | None = None, *, dial: bool = True,
@@ -509,7 +502,7 @@ def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None 
     smallest N where none is, as at CPU size): torch, QuACK, the default (the chunked route) and
     :data:`WIDE_ARM` (one class-major chunk of N rows) in the frontier's alternating rounds, no dial;
     torch's ``F.linear_cross_entropy`` beside them, whose memory issue 30 bounds ours by."""
-    limit = ARMS[WIDE_ARM]["CLASS_MAJOR_ROWS_PER_HIDDEN"] * size["H"]
+    limit = ARMS[WIDE_ARM][flce_module.__name__]["CLASS_MAJOR_ROWS_PER_HIDDEN"] * size["H"]
     wide = [n for n in size["x_values"] if size["H"] < n <= limit] or size["x_values"][:1]
     return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack", "torch_lce"),
                     arms=(WIDE_ARM,))

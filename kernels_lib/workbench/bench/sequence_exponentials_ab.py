@@ -37,6 +37,7 @@ import torch
 
 from ... import _sequence_logprobs
 from .. import data, overview
+from .arms import constants_set
 from .ceilings import measure_ceilings
 from . import get_spec
 from .sweep import available_providers, median_of_rounds, run_sweep
@@ -49,16 +50,11 @@ LOSSES = ("fused_linear_dpo_loss", "fused_linear_orpo_loss", "fused_linear_cpo_l
 ARM = "kernels_lib[store_exponentials=True]"
 
 
-@contextlib.contextmanager
-def route(on: bool):
+def route(on: bool) -> contextlib.AbstractContextManager:
     """The route on or off for the calls inside (the interpreter asked to take the epilogue GEMM too)."""
     flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-    saved = _sequence_logprobs.STORE_EXPONENTIALS, flce.EPILOGUE_GEMM_WHEN_INTERPRETED
-    _sequence_logprobs.STORE_EXPONENTIALS, flce.EPILOGUE_GEMM_WHEN_INTERPRETED = on, on or saved[1]
-    try:
-        yield
-    finally:
-        _sequence_logprobs.STORE_EXPONENTIALS, flce.EPILOGUE_GEMM_WHEN_INTERPRETED = saved
+    return constants_set({_sequence_logprobs.__name__: {"STORE_EXPONENTIALS": on},
+                          flce.__name__: {"EPILOGUE_GEMM_WHEN_INTERPRETED": on or flce.EPILOGUE_GEMM_WHEN_INTERPRETED}})
 
 
 def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
