@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +40,8 @@ from kernels_lib._target_totals import target_totals
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient
 from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain
+from kernels_lib.workbench.bench.host_profile import step_rows as host_profile_step_rows
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 
 #: chart -> (rows, logits dtype, reduction), the published workloads at V = 4096 and 8192
@@ -86,13 +87,6 @@ def stage_calls(logits, target, reduction) -> dict:
     }
 
 
-def host_microseconds(fn, device, calls: int) -> float:
-    """Host time per call in microseconds, ``calls`` issued back to back after three warm-ups."""
-    for _ in range(3):
-        fn()
-    return host_times(fn, device, calls)[0] * 1e3
-
-
 def providers():
     return {
         "kernels_lib": lambda z, t, r: kernels_lib.cross_entropy(z, t, reduction=r),
@@ -104,48 +98,16 @@ def providers():
 def step_rows(logits, target, reduction, size: dict, device) -> list[dict]:
     """The loss inside a step (module docstring, part ``step``): per round and provider, ``do_bench`` of
     the matmul chain alone and of chain + forward + backward, and the loss's share (their difference)."""
-    n, links = size["chain"]
-    a = torch.randn(n, n, device=device, dtype=logits.dtype)
-
-    def chain():
-        y = a
-        for _ in range(links):
-            y = y @ a
-        return y
 
     def step(provider):
         def run():
-            chain()
             logits.grad = None
             provider(logits, target, reduction).backward()
         return run
 
-    calls = {"chain": chain, **{name: step(provider) for name, provider in providers().items()}}
-    rows = []
-    for round_ in range(size["rounds"]):
-        names = list(calls) if round_ % 2 == 0 else list(reversed(calls))
-        times = {name: time_callable(calls[name], device).p50 for name in names}
-        rows += [{"round": round_ + 1, "provider": name, "chain ms": times["chain"], "step ms": times[name],
-                  "loss in step ms": times[name] - times["chain"]} for name in names if name != "chain"]
-    return rows
-
-
-def host_times(fn, device, calls: int) -> tuple[float, float]:
-    """(host ms per call issued back to back, host ms of one call issued after a sync)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    throughput = (time.perf_counter() - start) * 1e3 / calls
-    latencies = []
-    for _ in range(5):
-        sync()
-        start = time.perf_counter()
-        fn()
-        latencies.append((time.perf_counter() - start) * 1e3)
-    return throughput, sorted(latencies)[2]
+    chain = matmul_chain(*size["chain"], logits.dtype, device)
+    return host_profile_step_rows({name: step(provider) for name, provider in providers().items()}, chain, device,
+                                  size["rounds"])
 
 
 def main(argv=None) -> int:
@@ -184,16 +146,7 @@ def main(argv=None) -> int:
                     print(rows[-1], flush=True)
             if "ops" in parts and vocab == size["vocabs"][0]:
                 step = mode_callable(lambda: kernels_lib.cross_entropy(logits, target, reduction=reduction), [logits], "full")
-                for _ in range(3):
-                    step()
-                calls = 20
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                    for _ in range(calls):
-                        step()
-                for event in prof.key_averages():
-                    ops.append({"chart": chart, "V": vocab, "op": event.key, "calls per step": event.count / calls,
-                                "self cpu ms per step": event.self_cpu_time_total / 1e3 / calls,
-                                "cpu ms per step": event.cpu_time_total / 1e3 / calls})
+                ops += [{"chart": chart, "V": vocab, **row} for row in host_ops(step)]
     stamp = provenance(device)
     for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("breakdown", pd.DataFrame(stages)),
                        ("step", pd.DataFrame(steps))):
