@@ -109,5 +109,8 @@ def test_divergence_notebook_runs_checks_charts_and_judges_the_targets(tmp_path)
         assert title in html
     assert html.count("floor: minimal bytes at the copy bandwidth") == 3  # every published chart has its floor
     assert "H200 rows not measured yet" in html
+    # Each run's own time per element: the synthetic kernels_lib rows are bytes at one bandwidth, on the model at every V.
+    assert "against each run's own time per element" in html
+    assert "tvd (B = 8, T = 2048)</code>, kernels_lib: at V ≤ 8192 1.00–1.00× the model" in html
     assert "./workbench bench jsd --preset published --modes forward,forward_no_grad,backward,full --device cuda" in html
     assert "full ≤ 0.6× Liger <strong>missed</strong>" in html and "full ≤ 0.6× Liger <strong>met</strong>" in html

@@ -220,3 +220,30 @@ def test_across_runs_shows_one_providers_time_in_every_run():
     with pytest.raises(ValueError, match="runs on"):
         overview.across_runs(pd.concat([rows, pd.DataFrame([row("1111111", "2026-12-03", 4096, 1.0, gpu="NVIDIA A100")])]),
                              "kernels_lib", "full")
+
+
+def test_per_element_excess_models_each_run_by_its_large_points():
+    """Each run's time per element (N·V, from its large points) predicts its small ones; the excess and the run's
+    own p80 − p20 per point. Two runs at different rates keep their own models; a run without a large point raises."""
+    def row(commit, stamp, v, y, spread=0.0, provider="kernels_lib", n=8192):
+        config = json.dumps({"N": n, "V": v, "dtype": "torch.float32"})
+        return dict(kernel_provider=provider, kernel_operation_mode="full", metric_name="speed", x_value=v, y_value_50=y,
+                    y_value_20=y - spread / 2, y_value_80=y + spread / 2, extra_benchmark_config_str=config,
+                    kernels_lib_commit=commit, gpu_name="NVIDIA H200", timestamp=stamp)
+
+    per_element = 3.2e-9  # ms per element
+    rows = pd.DataFrame([row("aaaaaaa", "2026-12-01", 4096, per_element * 8192 * 4096 + 0.5, spread=0.2),
+                         row("aaaaaaa", "2026-12-01", 32768, per_element * 8192 * 32768, spread=0.004),
+                         row("aaaaaaa", "2026-12-01", 65536, per_element * 8192 * 65536),
+                         row("bbbbbbb", "2026-12-02", 4096, 2 * per_element * 8192 * 4096),
+                         row("bbbbbbb", "2026-12-02", 32768, 2 * per_element * 8192 * 32768),
+                         row("bbbbbbb", "2026-12-02", 4096, 99.0, provider="liger")])
+    table = overview.per_element_excess(rows, "kernels_lib", "full", fit_from=32768)
+    assert list(table.run) == ["aaaaaaa"] * 3 + ["bbbbbbb"] * 2  # oldest run first, the peer's row left out
+    first = table[(table.run == "aaaaaaa") & (table.x == 4096)].iloc[0]
+    assert first["model ms"] == pytest.approx(per_element * 8192 * 4096)
+    assert first["excess ms"] == pytest.approx(0.5) and first["p80 - p20 ms"] == pytest.approx(0.2)
+    assert first["measured / model"] == pytest.approx(1 + 0.5 / (per_element * 8192 * 4096))
+    assert table[table.run == "bbbbbbb"]["excess ms"].abs().max() < 1e-12  # its own rate, twice the other's
+    with pytest.raises(ValueError, match="run aaaaaaa .* no kernels_lib full point at x >= 131072"):
+        overview.per_element_excess(rows, "kernels_lib", "full", fit_from=131072)

@@ -183,6 +183,39 @@ def across_runs(rows: pd.DataFrame, provider: str, mode: str, metric: str = "spe
                            "max / min": table[order].max(axis=1) / table[order].min(axis=1)})
 
 
+def per_element_excess(rows: pd.DataFrame, provider: str, mode: str, *, fit_from: float) -> pd.DataFrame:
+    """How far a bandwidth-bound loss's small points sit above its own large ones, run by run.
+
+    Per run that ``rows`` hold (:func:`.data.runs`), the time per element of ``provider``'s ``mode``
+    (the median over its points with ``x ≥ fit_from`` of ``ms / (rows · V)``, both read off each row's
+    configuration) predicts each point's time from its size alone; per point: the measured
+    median, that ``model``, ``excess`` = measured − model, ``measured / model``, and the spread of the
+    run's own samples, ``p80 − p20``. A per-element kernel sits on its model; an excess that moves
+    between runs and comes with a wide spread within the run is not the kernel's work (the logits-level
+    JSD at V ≤ 8192, notebook 07). Raises ValueError where a run has no point at ``x ≥ fit_from``."""
+    chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == "speed")]
+    out = []
+    for commit, gpu in data.runs(chosen):
+        run = chosen[(chosen.kernels_lib_commit == commit) & (chosen.gpu_name == gpu)].sort_values("x_value")
+        large = run[run.x_value >= fit_from]
+        if not len(large):
+            raise ValueError(f"run {commit} on {gpu} has no {provider} {mode} point at x >= {fit_from:g} to fit the time per element")
+        elements = run.extra_benchmark_config_str.map(_elements)
+        per_element = (large.y_value_50 / elements[large.index]).median()
+        for index, row in run.iterrows():
+            model = per_element * elements[index]
+            out.append({"run": commit, "x": row.x_value, "measured ms": row.y_value_50, "model ms": model,
+                        "excess ms": row.y_value_50 - model, "measured / model": row.y_value_50 / model,
+                        "p80 - p20 ms": row.y_value_80 - row.y_value_20})
+    return pd.DataFrame(out, columns=["run", "x", "measured ms", "model ms", "excess ms", "measured / model", "p80 - p20 ms"])
+
+
+def _elements(config: str) -> float:
+    """Rows times classes of a row divergence's point: ``N`` (or ``BT``) times ``V`` of its configuration."""
+    sizes = json.loads(config)
+    return float(sizes["N"] if "N" in sizes else sizes["BT"]) * float(sizes["V"])
+
+
 def workloads(gpu_name: str = H200) -> list[Workload]:
     """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs)
     for the same axis and configuration, of one run: the newest kernels_lib run of the chart
