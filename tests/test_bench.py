@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,8 @@ from kernels_lib.workbench.bench.sweep import (
     median_of_rounds,
     run_sweep,
 )
-from kernels_lib.workbench.bench.timing import MODES, mode_callable
+from kernels_lib.workbench.bench.timing import MODES, backward_after_forward, mode_callable, time_after_setup
+from kernels_lib.workbench.check import relative_error
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -192,15 +194,51 @@ def test_mode_full_clears_grads_each_call():
     assert torch.equal(probe.x.grad, 2 * probe.x.detach())  # not accumulated over the two calls
 
 
-def test_mode_backward_reuses_one_forward():
+def test_mode_backward_runs_a_fresh_forward_before_each_timed_backward():
+    """backward_after_forward: setup clears the gradients and runs the forward, timed its backward, once each."""
     probe = Probe()
-    fn = mode_callable(probe, [probe.x], "backward")
-    assert probe.calls == 1  # the forward runs once, when the callable is made
-    fn()
-    fn()
-    fn()
-    assert probe.calls == 1
-    assert torch.equal(probe.x.grad, 2 * probe.x.detach())
+    setup, timed = backward_after_forward(probe, [probe.x])
+    assert probe.calls == 0
+    for calls in (1, 2, 3):
+        setup()
+        assert probe.calls == calls and probe.x.grad is None
+        timed()
+        assert torch.equal(probe.x.grad, 2 * probe.x.detach())  # one backward's, not accumulated
+    with pytest.raises(KeyError):
+        timed()  # a second backward needs its own forward
+    with pytest.raises(ValueError, match="backward_after_forward"):
+        mode_callable(probe, [probe.x], "backward")
+
+
+def test_time_after_setup_leaves_the_setup_out():
+    """A setup that sleeps 20 ms before a call that sleeps 2 ms: the times are the call's; each call after a setup."""
+    order = []
+    timing = time_after_setup(lambda: (order.append("s"), time.sleep(0.02)), lambda: (order.append("t"), time.sleep(0.002)),
+                              torch.device("cpu"), cpu_repeats=4)
+    assert order == ["s", "t"] * 5
+    assert 2.0 <= timing.p20 <= timing.p50 <= timing.p80 < 15.0 and timing.timer == "wall_clock_cpu"
+
+
+def test_backward_of_a_loss_that_hands_its_gradients_out_once_is_measured():
+    """kernels_lib's fused CE refuses a second backward through one graph (its gradients are formed in forward and
+    handed out once): the sweep's backward, one fresh forward per timed backward, measures it, with dx and dW right."""
+    spec = get_spec("fused_linear_cross_entropy")
+    frame = run_sweep("fused_linear_cross_entropy", x_name="BT", x_values=[5], sizes={"H": 24, "V": 67}, dtype=torch.float32,
+                      device=DEVICE, providers=["kernels_lib", "torch"], modes=["backward"])
+    speed = frame[frame.metric_name == "speed"].set_index("kernel_provider")
+    assert speed.y_value_50.notna().all() and (speed.y_value_50 > 0).all(), speed.note.tolist()
+    assert not speed.note.str.contains("Error").any()
+    inputs = spec.make_inputs({"BT": 5, "H": 24, "V": 67}, torch.float32, DEVICE, spec.default_options)
+    fn = spec.providers["kernels_lib"].load()
+    setup, timed = backward_after_forward(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs)
+    for _ in range(2):  # the second backward has its own forward: no "backward ran twice"
+        setup()
+        timed()
+    x, w = inputs.grad_inputs
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    reference = spec.providers["torch"].load()
+    reference(x64, w64, *inputs.args[2:], **inputs.kwargs).backward()
+    assert relative_error(x.grad, x64.grad) < 1e-5 and relative_error(w.grad, w64.grad) < 1e-5
 
 
 def test_mode_unknown():
@@ -214,7 +252,12 @@ def test_modes_with_kernels_lib_kl_div():
     for mode in MODES:
         inputs = spec.make_inputs({"N": 2, "V": 33}, torch.float32, DEVICE, spec.default_options, 0)
         call = lambda: fn(*inputs.args, **inputs.kwargs)  # noqa: E731
-        mode_callable(call, inputs.grad_inputs, mode)()
+        if mode == "backward":
+            setup, timed = backward_after_forward(call, inputs.grad_inputs)
+            setup()
+            timed()
+        else:
+            mode_callable(call, inputs.grad_inputs, mode)()
         (x,) = inputs.grad_inputs
         if mode in ("full", "backward"):
             target = inputs.args[1]

@@ -35,8 +35,8 @@ What the adapters add to Megatron's per-token loss, so that all providers comput
 Modes: the published harness timed ``backward`` as a fresh forward + backward per repeat (Megatron's
 backward rewrites its saved softmax in place, so a retained graph cannot be run backward twice), so
 its ``backward`` rows equal its ``full`` rows; compare them with our ``full``. Our ``backward`` mode
-(backward alone on a retained graph) is expected to fail for the Megatron providers, a row with the
-error in its note.
+times backward alone after a fresh forward that is not timed (:func:`.timing.backward_after_forward`),
+so it measures the Megatron providers too, and is not the published ``backward``.
 """
 
 from __future__ import annotations

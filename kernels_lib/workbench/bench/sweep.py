@@ -17,7 +17,7 @@ import torch
 
 from .environment import provenance
 from .registry import get_spec
-from .timing import MODES, mode_callable, peak_memory_mib, time_callable
+from .timing import MODES, backward_after_forward, mode_callable, peak_memory_mib, time_after_setup, time_callable
 
 PUBLISHED_COLUMNS = [
     "kernel_name",
@@ -154,15 +154,20 @@ def _measure_point(spec, fn, point, dtype, device, options, mode) -> dict:
     try:
         inputs = spec.make_inputs(point, dtype, device, options)
         call = lambda: fn(*inputs.args, **inputs.kwargs)  # noqa: E731
-        timed = mode_callable(call, inputs.grad_inputs, mode)
-        memory = peak_memory_mib(timed, device, inputs.grad_inputs)
-        timing = time_callable(timed, device, grad_to_none=inputs.grad_inputs)
+        if mode == "backward":  # a fresh forward, untimed, before each timed backward (timing's docstring)
+            setup, timed = backward_after_forward(call, inputs.grad_inputs)
+            memory = peak_memory_mib(timed, device, inputs.grad_inputs, setup=setup)
+            timing = time_after_setup(setup, timed, device)
+        else:
+            setup, timed = None, mode_callable(call, inputs.grad_inputs, mode)
+            memory = peak_memory_mib(timed, device, inputs.grad_inputs)
+            timing = time_callable(timed, device, grad_to_none=inputs.grad_inputs)
         return {"timing": timing, "memory": memory}
     except Exception as error:  # any failure of a provider is a recorded NaN row, not a lost sweep
         first_line = next(iter(str(error).splitlines()), "")
         return {"error": f"{type(error).__name__}: {first_line}"}
     finally:
-        inputs = timed = call = None
+        inputs = setup = timed = call = None
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -8,8 +8,14 @@ Memory on CUDA: peak allocated during one call minus what was allocated before i
 in MiB (the published rows' "MB"). On CPU the caching allocator keeps no statistics: NaN.
 
 Modes, as in the published harness (inputs that take gradients have ``requires_grad=True``):
-``forward`` the loss; ``forward_no_grad`` the loss under ``torch.no_grad()``; ``backward`` only
-``loss.backward()`` on a retained graph; ``full`` forward and backward.
+``forward`` the loss; ``forward_no_grad`` the loss under ``torch.no_grad()``; ``full`` forward and
+backward; ``backward`` only ``loss.backward()``, after a fresh forward that is not timed
+(:func:`backward_after_forward`, :func:`time_after_setup`). The published harness times ``backward``
+by calling it again and again on one retained graph; that measures a second backward, which is not
+the one a training step runs: a loss that forms its gradients in forward and hands them out in its
+first backward (kernels_lib's fused CE refuses a second one; its KL, JSD and TVD form them again), or
+torch's ``F.linear_cross_entropy``, takes another path there, or none. One fresh forward per timed
+backward measures the backward that a step runs, for every provider alike.
 """
 
 from __future__ import annotations
@@ -68,14 +74,65 @@ def mode_callable(call: Callable[[], torch.Tensor], grad_inputs: list[torch.Tens
 
         return full
     if mode == "backward":
-        loss = _loss(call())
-
-        def backward():
-            _clear_grads(grad_inputs)
-            loss.backward(retain_graph=True)
-
-        return backward
+        raise ValueError("mode 'backward' is timed after a fresh forward each time, not by one callable: "
+                         "use backward_after_forward(call, grad_inputs) with time_after_setup and peak_memory_mib(setup=)")
     raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+
+
+def backward_after_forward(call: Callable[[], torch.Tensor], grad_inputs: list[torch.Tensor]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(setup, timed)`` of mode ``backward``: ``setup`` clears the gradients and runs a fresh forward,
+    ``timed`` runs that forward's backward (once: each ``timed`` needs a ``setup`` before it)."""
+    state: dict = {}
+
+    def setup():
+        _clear_grads(grad_inputs)
+        state["loss"] = _loss(call())
+
+    def timed():
+        state.pop("loss").backward()
+
+    return setup, timed
+
+
+def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], device: torch.device, *, rep_ms: float = 100.0,
+                     max_repeats: int = 1000, cpu_repeats: int = 3, flush_bytes: int = FLUSH_BYTES) -> Timing:
+    """Time ``timed`` alone with ``setup`` run before each call and left out of the time. On CUDA: two
+    warm-ups, then repeats for about ``rep_ms`` of ``timed`` (at least 5, at most ``max_repeats``), each after
+    its ``setup`` and an L2 flush (zeroing ``flush_bytes``, as do_bench does), CUDA events around ``timed``
+    alone; the median and p20/p80 (timer ``cuda_events_after_setup``). On a CPU the wall clock over
+    ``cpu_repeats`` after one warm-up, as :func:`time_callable`."""
+    if device.type != "cuda":
+        setup()
+        timed()
+        samples = []
+        for _ in range(cpu_repeats):
+            setup()
+            start = time.perf_counter()
+            timed()
+            samples.append((time.perf_counter() - start) * 1e3)
+        p50, p20, p80 = np.quantile(samples, QUANTILES)
+        return Timing(float(p50), float(p20), float(p80), "wall_clock_cpu")
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
+
+    def one() -> tuple:
+        setup()
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        timed()
+        end.record()
+        return start, end
+
+    for _ in range(2):
+        one()
+    torch.cuda.synchronize(device)
+    start, end = one()
+    torch.cuda.synchronize(device)
+    estimate = max(start.elapsed_time(end), 1e-3)
+    marks = [one() for _ in range(int(min(max(rep_ms / estimate, 5), max_repeats)))]
+    torch.cuda.synchronize(device)
+    p50, p20, p80 = np.quantile([a.elapsed_time(b) for a, b in marks], QUANTILES)
+    return Timing(float(p50), float(p20), float(p80), "cuda_events_after_setup")
 
 
 def time_callable(fn: Callable[[], None], device: torch.device, *, grad_to_none=None, cpu_repeats: int = 3) -> Timing:
@@ -96,12 +153,16 @@ def time_callable(fn: Callable[[], None], device: torch.device, *, grad_to_none=
     return Timing(float(p50), float(p20), float(p80), "wall_clock_cpu")
 
 
-def peak_memory_mib(fn: Callable[[], None], device: torch.device, grad_inputs: list[torch.Tensor]) -> float:
+def peak_memory_mib(fn: Callable[[], None], device: torch.device, grad_inputs: list[torch.Tensor], *,
+                    setup: Callable[[], None] | None = None) -> float:
     """Peak allocated during one ``fn()`` minus what was allocated before it (the inputs, with their
-    gradients cleared), in MiB; NaN on CPU."""
+    gradients cleared, and what ``setup``, run first, left: mode ``backward``'s forward and the graph it
+    saved), in MiB; NaN on CPU."""
     if device.type != "cuda":
         return float("nan")
     _clear_grads(grad_inputs)
+    if setup is not None:
+        setup()
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
