@@ -3,11 +3,13 @@ figures exported."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
 import pandas as pd
 import pytest
+import torch
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_lib.workbench import report
@@ -32,6 +34,14 @@ def test_flce_notebook_runs_checks_and_exports_figures():
     hf = pd.read_csv(results / "flce_transformers_checks.csv")
     assert len(hf) == 6 and hf["passed"].all()
     assert (hf.loc[hf.dtype == "float32", "kernels_lib vs ForCausalLMLoss (loss)"] < 1e-5).all()
+    lce_path = results / "flce_torch_lce_checks.csv"
+    if hasattr(torch.nn.functional, "linear_cross_entropy") or os.environ.get("KERNELS_LIB_TORCH_LCE_FILES"):
+        lce = pd.read_csv(lce_path)  # torch's own function as the baseline, both policies, every dtype and shape
+        assert len(lce) == 2 * 3 * 4 * 2 and lce["passed"].all()
+        assert set(lce["baseline"]) == {"torch_lce", "torch_lce[acc_policy=accurate]"}
+        assert (lce.loc[lce.dtype == "float32", ["kernels_lib loss err", "kernels_lib grad err"]] < 1e-5).all().all()
+    else:
+        assert not lce_path.exists()
 
     executed = nbformat.read(executed_path, as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
