@@ -95,12 +95,14 @@ def backward_after_forward(call: Callable[[], torch.Tensor], grad_inputs: list[t
 
 
 def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], device: torch.device, *, rep_ms: float = 100.0,
-                     max_repeats: int = 1000, cpu_repeats: int = 3, flush_bytes: int = FLUSH_BYTES) -> Timing:
+                     max_repeats: int = 1000, budget_ms: float = 3000.0, cpu_repeats: int = 3,
+                     flush_bytes: int = FLUSH_BYTES) -> Timing:
     """Time ``timed`` alone with ``setup`` run before each call and left out of the time. On CUDA: two
-    warm-ups, then repeats for about ``rep_ms`` of ``timed`` (at least 5, at most ``max_repeats``), each after
-    its ``setup`` and an L2 flush (zeroing ``flush_bytes``, as do_bench does), CUDA events around ``timed``
-    alone; the median and p20/p80 (timer ``cuda_events_after_setup``). On a CPU the wall clock over
-    ``cpu_repeats`` after one warm-up, as :func:`time_callable`."""
+    warm-ups, then repeats for about ``rep_ms`` of ``timed`` (at least 5, at most ``max_repeats``, and no more
+    than fit in ``budget_ms`` of setup and call together: a 40 ms forward before a 0.1 ms backward), each
+    after its ``setup`` and an L2 flush (zeroing ``flush_bytes``, as do_bench does), CUDA events around
+    ``timed`` alone; the median and p20/p80 (timer ``cuda_events_after_setup``). On a CPU the wall clock
+    over ``cpu_repeats`` after one warm-up, as :func:`time_callable`."""
     if device.type != "cuda":
         setup()
         timed()
@@ -126,10 +128,13 @@ def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], devic
     for _ in range(2):
         one()
     torch.cuda.synchronize(device)
+    began = time.perf_counter()
     start, end = one()
     torch.cuda.synchronize(device)
+    whole = (time.perf_counter() - began) * 1e3
     estimate = max(start.elapsed_time(end), 1e-3)
-    marks = [one() for _ in range(int(min(max(rep_ms / estimate, 5), max_repeats)))]
+    repeats = int(min(rep_ms / estimate, max_repeats, budget_ms / max(whole, 1e-3)))
+    marks = [one() for _ in range(max(repeats, 5))]
     torch.cuda.synchronize(device)
     p50, p20, p80 = np.quantile([a.elapsed_time(b) for a, b in marks], QUANTILES)
     return Timing(float(p50), float(p20), float(p80), "cuda_events_after_setup")
