@@ -2,7 +2,7 @@
 
 On the published V charts (float32, N = 8192 rows for JSD, 16384 for TVD) the H200 runs put JSD's ``full``
 at 0.32–0.74 ms at V = 4096 and 8192, with p20–p80 spreads of 0.09–0.24 ms, where its time per element at
-V ≥ 32768 predicts 0.11 and 0.21 ms; from V = 32768 on the runs agree within 5 % and the spreads are at most
+V ≥ 32768 predicts 0.11 and 0.21 ms; from V = 32768 on the runs agree within 6 % and the spreads are at most
 0.08 ms (notebook 07, ``overview.per_element_excess``). The CE small-vocabulary profile found the same shape to
 be the host's (``scripts/ce_small_vocab_profile.py``). This script measures it for the row divergences.
 
@@ -17,9 +17,10 @@ the torch baseline), mode ``full``:
   host-bound: its ``do_bench`` time is the host's, and differs with the host.
 
 Part ``ops``: torch.profiler's host-side ops of kernels_lib's ``full`` at the smallest V (self CPU time per
-call, the costliest 25). Part ``step``: the loss behind GPU work queued first (five 4096² float32
-matmuls, about 13 ms on an H200), three rounds in alternating order: what it adds to a step when the
-host runs ahead, as in training.
+call, the costliest 25). Part ``step``: the loss behind GPU work queued first (five 4096² bf16 matmuls,
+about 1 ms on an H200: longer than the host's time per call, short enough that the difference of two
+medians is not lost in the chain's own spread), three rounds in alternating order: what it adds to a step
+when the host runs ahead, as in training.
 
 On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/divergence_small_vocab_profile.py --out $OUT``
 (estimated at about a minute; Liger's wheel on the path for its rows); writes the files of :data:`FILES`
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
             if "ops" in parts and vocab == size["vocabs"][0]:
                 ops += [{"loss": loss, "V": vocab, "N": n, **row} for row in host_ops(calls["kernels_lib"])[:25]]
             if "step" in parts and vocab < size["vocabs"][-1]:
-                chain = matmul_chain(*size["chain"], made.args[0].dtype, device)
+                chain = matmul_chain(*size["chain"], torch.bfloat16, device)
                 for row in step_rows(calls, chain, device, size["rounds"]):
                     steps.append({"loss": loss, "V": vocab, "N": n, **row})
                     print(steps[-1], flush=True)

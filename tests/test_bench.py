@@ -219,6 +219,17 @@ def test_time_after_setup_leaves_the_setup_out():
     assert 2.0 <= timing.p20 <= timing.p50 <= timing.p80 < 15.0 and timing.timer == "wall_clock_cpu"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events and torch.cuda._sleep: the CPU path is the test above")
+def test_time_after_setup_on_cuda_times_the_call_alone():
+    """On a GPU: a setup that keeps the GPU busy ~20x longer than the call is left out of the events' time."""
+    device = torch.device("cuda")
+    sleep = lambda cycles: torch.cuda._sleep(cycles)  # noqa: E731
+    alone = time_after_setup(lambda: None, lambda: sleep(1_000_000), device)
+    after = time_after_setup(lambda: sleep(20_000_000), lambda: sleep(1_000_000), device)
+    assert after.timer == "cuda_events_after_setup" and alone.p50 > 0
+    assert after.p50 == pytest.approx(alone.p50, rel=0.25), (alone, after)
+
+
 def test_backward_of_a_loss_that_hands_its_gradients_out_once_is_measured():
     """kernels_lib's fused CE refuses a second backward through one graph (its gradients are formed in forward and
     handed out once): the sweep's backward, one fresh forward per timed backward, measures it, with dx and dW right."""

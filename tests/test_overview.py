@@ -238,8 +238,12 @@ def test_per_element_excess_models_each_run_by_its_large_points():
                          row("bbbbbbb", "2026-12-02", 4096, 2 * per_element * 8192 * 4096),
                          row("bbbbbbb", "2026-12-02", 32768, 2 * per_element * 8192 * 32768),
                          row("bbbbbbb", "2026-12-02", 4096, 99.0, provider="liger")])
+    rows = pd.concat([rows, rows.iloc[[1]].assign(y_value_50=per_element * 8192 * 32768 * 3)])  # 32768 twice: index repeats
+    rows = pd.concat([rows, rows.iloc[[1]].assign(y_value_50=per_element * 8192 * 32768 / 3)])  # and a third time
     table = overview.per_element_excess(rows, "kernels_lib", "full", fit_from=32768)
-    assert list(table.run) == ["aaaaaaa"] * 3 + ["bbbbbbb"] * 2  # oldest run first, the peer's row left out
+    assert list(table.run) == ["aaaaaaa"] * 3 + ["bbbbbbb"] * 2  # oldest run first, one row per point, the peer's left out
+    assert set(table.gpu) == {"NVIDIA H200"}
+    assert table[(table.run == "aaaaaaa") & (table.x == 32768)]["measured ms"].item() == pytest.approx(per_element * 8192 * 32768)
     first = table[(table.run == "aaaaaaa") & (table.x == 4096)].iloc[0]
     assert first["model ms"] == pytest.approx(per_element * 8192 * 4096)
     assert first["excess ms"] == pytest.approx(0.5) and first["p80 - p20 ms"] == pytest.approx(0.2)
@@ -247,3 +251,19 @@ def test_per_element_excess_models_each_run_by_its_large_points():
     assert table[table.run == "bbbbbbb"]["excess ms"].abs().max() < 1e-12  # its own rate, twice the other's
     with pytest.raises(ValueError, match="run aaaaaaa .* no kernels_lib full point at x >= 131072"):
         overview.per_element_excess(rows, "kernels_lib", "full", fit_from=131072)
+
+
+def test_agreement_pairs_a_published_mode_with_the_mode_of_ours_that_measures_the_same():
+    """Megatron's published backward is a fresh forward and backward (its SPEC.published_modes: our full): the
+    agreement table pairs it with our full, named backward, and never with our backward alone; other losses pair
+    mode with mode."""
+    published = pd.concat([_rows("NVIDIA H100 PCIe", "megatron-fused", 10.0, modes=("forward", "backward", "full"))])
+    measured = pd.concat([_rows(overview.H200, "megatron-fused", 3.0, modes=("forward",)),
+                          _rows(overview.H200, "megatron-fused", 7.0, modes=("full",)),
+                          _rows(overview.H200, "megatron-fused", 0.5, modes=("backward",))])
+    megatron = overview.Workload("megatron_cross_entropy", {"S": 2048, "B": 4, "TP": 1}, published.assign(kernel_name="megatron_cross_entropy"),
+                                 measured.assign(kernel_name="megatron_cross_entropy"))
+    table = overview.agreement_table(megatron, None).set_index(["mode", "x"])["measured ms"]
+    assert table["backward", 4096] == 7.0 and table["full", 4096] == 7.0 and table["forward", 4096] == 3.0
+    kl = overview.agreement_table(_kl_workload(published.assign(kernel_name="kl_div"), measured.assign(kernel_name="kl_div")), None)
+    assert kl.set_index(["mode", "x"])["measured ms"]["backward", 4096] == 0.5

@@ -196,18 +196,21 @@ def per_element_excess(rows: pd.DataFrame, provider: str, mode: str, *, fit_from
     chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == "speed")]
     out = []
     for commit, gpu in data.runs(chosen):
-        run = chosen[(chosen.kernels_lib_commit == commit) & (chosen.gpu_name == gpu)].sort_values("x_value")
-        large = run[run.x_value >= fit_from]
+        of_run = chosen[(chosen.kernels_lib_commit == commit) & (chosen.gpu_name == gpu)]
+        # One row per point (a point measured twice in a run: the median of each quantile).
+        run = of_run.groupby("x_value").agg(y_value_50=("y_value_50", "median"), y_value_20=("y_value_20", "median"),
+                                            y_value_80=("y_value_80", "median"),
+                                            elements=("extra_benchmark_config_str", lambda c: _elements(c.iloc[0])))
+        large = run[run.index >= fit_from]
         if not len(large):
             raise ValueError(f"run {commit} on {gpu} has no {provider} {mode} point at x >= {fit_from:g} to fit the time per element")
-        elements = run.extra_benchmark_config_str.map(_elements)
-        per_element = (large.y_value_50 / elements[large.index]).median()
-        for index, row in run.iterrows():
-            model = per_element * elements[index]
-            out.append({"run": commit, "x": row.x_value, "measured ms": row.y_value_50, "model ms": model,
+        per_element = (large.y_value_50 / large.elements).median()
+        for x, row in run.iterrows():
+            model = per_element * row.elements
+            out.append({"run": commit, "gpu": gpu, "x": x, "measured ms": row.y_value_50, "model ms": model,
                         "excess ms": row.y_value_50 - model, "measured / model": row.y_value_50 / model,
                         "p80 - p20 ms": row.y_value_80 - row.y_value_20})
-    return pd.DataFrame(out, columns=["run", "x", "measured ms", "model ms", "excess ms", "measured / model", "p80 - p20 ms"])
+    return pd.DataFrame(out, columns=["run", "gpu", "x", "measured ms", "model ms", "excess ms", "measured / model", "p80 - p20 ms"])
 
 
 def _elements(config: str) -> float:
@@ -348,13 +351,23 @@ def agreement_table(workload: Workload, floor: Floor | None, tolerance: float = 
     alone explain, from :data:`DATASHEETS` (published rate / ours, the bandwidth where the floor is
     bytes, the bf16 rate where it is the matmuls; NaN without a floor). ``verdict``: ``agrees`` when
     ratio / expected is within ``tolerance`` of 1, else ``slower`` or ``faster than the GPUs explain``.
+    A published mode whose harness measured another of ours (the spec's ``published_modes``: Megatron's
+    ``backward`` is a forward and a backward) is paired with that mode of ours, named as published.
     """
     columns = ["workload", "provider", "mode", "x", "published ms", "measured ms", "ratio", "expected", "ratio / expected", "verdict"]
     published, measured = workload.published, workload.measured
     if not len(measured):
         return pd.DataFrame(columns=columns)
     speed = lambda rows: rows[rows.metric_name == "speed"].set_index(["kernel_provider", "kernel_operation_mode", "x_value"]).y_value_50  # noqa: E731
-    both = pd.concat({"published ms": speed(published), "measured ms": speed(measured)}, axis=1, join="inner")
+    try:
+        published_modes = get_spec(workload.kernel_name).published_modes
+    except ValueError:
+        published_modes = {}
+    ours = measured[measured.metric_name == "speed"]
+    ours = pd.concat([ours[~ours.kernel_operation_mode.isin(list(published_modes))],
+                      *(ours[ours.kernel_operation_mode == mine].assign(kernel_operation_mode=theirs)
+                        for theirs, mine in published_modes.items())])
+    both = pd.concat({"published ms": speed(published), "measured ms": speed(ours)}, axis=1, join="inner")
     both = both[both["measured ms"].notna()]  # a point that failed in our run (its note says why) has nothing to compare
     sheet_ours, sheet_theirs = DATASHEETS.loc[gpu_name], DATASHEETS.loc[workload.published_gpu]
     rate = {"bytes": "bandwidth TB/s", "matmul": "bf16 dense TFLOP/s"}

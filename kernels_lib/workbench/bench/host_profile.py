@@ -3,9 +3,9 @@
 A loss whose GPU work is a few tenths of a millisecond (the logits-level losses at V ≤ 8192) can be set by
 what the host does per call: the argument checks, autograd, each launch. ``do_bench`` times a call from an
 event before it to an event after it, so a call whose host is slower than its kernels reads as the
-host's time, which differs between machines of one kind (two H200 hosts gave a bare Triton launch 9 and
-16 µs: ``data/measured/gpu_runs/cross_entropy_small_vocab_breakdown.csv``). The measures here tell the two
-apart on one machine:
+host's time, and moves with the host (a bare Triton launch took 9–16 µs across the H200 rows of
+``data/measured/gpu_runs/cross_entropy_small_vocab_breakdown.csv``, two device calls). The measures here
+tell the two apart on one machine:
 
 - :func:`host_times`: the host's milliseconds per call issued back to back (a sync at the end only: the
   throughput a loop sees, ``max(host, device)`` per call) and of one call issued after a sync;

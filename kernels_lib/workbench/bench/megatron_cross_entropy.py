@@ -34,9 +34,10 @@ What the adapters add to Megatron's per-token loss, so that all providers comput
 
 Modes: the published harness timed ``backward`` as a fresh forward + backward per repeat (Megatron's
 backward rewrites its saved softmax in place, so a retained graph cannot be run backward twice), so
-its ``backward`` rows equal its ``full`` rows; compare them with our ``full``. Our ``backward`` mode
-times backward alone after a fresh forward that is not timed (:func:`.timing.backward_after_forward`),
-so it measures the Megatron providers too, and is not the published ``backward``.
+its ``backward`` rows equal its ``full`` rows; compare them with our ``full`` (``SPEC.published_modes``: the
+overview's agreement table does). Our ``backward`` mode times backward alone after a fresh forward that
+is not timed (:func:`.timing.backward_after_forward`), so it measures the Megatron providers too, and is
+not the published ``backward``.
 """
 
 from __future__ import annotations
@@ -182,4 +183,5 @@ SPEC = LossSpec(
     bytes_moved=bytes_moved,
     baseline="torch",
     default_options={"reduction": "sum"},
+    published_modes={"backward": "full"},  # the published harness's backward: a fresh forward and backward
 )

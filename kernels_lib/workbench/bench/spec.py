@@ -53,6 +53,9 @@ class LossSpec:
             second chart on another axis: JSD's B200 token sweep); the CLI runs them with ``--preset NAME``.
         extra_options: options the CLI's ``--option`` may set beyond ``default_options`` (GRPO's
             ``delta``, the cispo/sapo/vespo constants), by name, with what each is.
+        published_modes: a published mode whose harness measured what another mode of ours does, mapped
+            to ours (Megatron's ``backward``: a fresh forward and backward per repeat, our ``full``), so that
+            the overview's agreement table pairs like with like.
     """
 
     kernel_name: str
@@ -65,6 +68,7 @@ class LossSpec:
     default_options: dict = field(default_factory=dict)
     presets: dict[str, dict] = field(default_factory=dict)
     extra_options: dict[str, str] = field(default_factory=dict)
+    published_modes: dict[str, str] = field(default_factory=dict)
 
     def preset(self, name: str) -> dict:
         """The workload named ``name``: ``published``, ``small`` or one of :attr:`presets`."""

@@ -1,7 +1,8 @@
 """How one provider call is timed and its memory measured.
 
 Speed on CUDA: ``triton.testing.do_bench`` (CUDA events, L2 flushed between repeats), median and
-p20/p80 in milliseconds. On CPU there are no events: a wall-clock timer over a few repeats, labelled
+p20/p80 in milliseconds; mode ``backward`` by :func:`time_after_setup` (CUDA events around the backward
+alone, after an untimed forward and an L2 flush). On CPU there are no events: a wall-clock timer over a few repeats, labelled
 ``wall_clock_cpu`` in the ``timer`` column, since interpreter times say nothing about a GPU.
 
 Memory on CUDA: peak allocated during one call minus what was allocated before it (the inputs),
@@ -15,7 +16,9 @@ by calling it again and again on one retained graph; that measures a second back
 the one a training step runs: a loss that forms its gradients in forward and hands them out in its
 first backward (kernels_lib's fused CE refuses a second one; its KL, JSD and TVD form them again), or
 torch's ``F.linear_cross_entropy``, takes another path there, or none. One fresh forward per timed
-backward measures the backward that a step runs, for every provider alike.
+backward measures the backward that a step runs, for every provider alike. The host issues the backward
+while the GPU still runs the forward, so the backward's launches are hidden as in a step: at sizes where
+the host sets a call's time, ``forward`` and ``backward`` need not add up to ``full``.
 """
 
 from __future__ import annotations
