@@ -121,6 +121,7 @@ import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 from kernels_lib.kernels import logits_logsumexp as logits_lse
 from kernels_lib.workbench.bench.arms import constants_set
+from kernels_lib.workbench.bench.ceilings import matmul_rate
 from kernels_lib.workbench.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
@@ -466,8 +467,13 @@ def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None
     the three matmuls alone) beside kernels_lib's default, in the frontier's alternating rounds, no dial:
     what :func:`kernels_lib.workbench.bench.analysis.past_floor_targets` judges. Beside them the arm
     :data:`DX_ARM` (the stored exponentials' ``dx`` in blocks of the rows of before, 2048), the A/B of
-    :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`."""
-    return frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
+    :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`. Every row carries ``matmul_tflops``: the better of two bf16
+    8192³ products through cuBLAS, one before the rounds and one after (NaN on a CPU), the square-product rate
+    of the same run that :func:`kernels_lib.workbench.bench.analysis.past_floor_rates` sets the floor's rate beside."""
+    rates = [matmul_rate(device)[0] if device.type == "cuda" else float("nan")]
+    rows = frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
+    rates.append(matmul_rate(device)[0] if device.type == "cuda" else float("nan"))
+    return rows.assign(matmul_tflops=max(rates) if device.type == "cuda" else float("nan"))
 
 
 def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:

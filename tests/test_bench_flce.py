@@ -608,6 +608,10 @@ def _check_past_floor(script, out: Path, torch_lce: set) -> None:
     assert matmuls.DX_BLOCK_ROWS != flce_studies.DX_BLOCK_ROWS_BEFORE  # the arm's constant put back after its sweep
     judged = analysis.past_floor_targets(past)
     assert judged["full / three matmuls"].notna().all() and judged["full / QuACK"].isna().all()
+    # the square product's rate of the same run: measured on a GPU, NaN on a CPU (no cuBLAS rate to speak of)
+    rates = analysis.past_floor_rates(past)
+    assert (rates["three matmuls TFLOP/s"] > 0).all()
+    assert rates["square 8192³ TFLOP/s"].notna().all() if torch.cuda.is_available() else rates["square 8192³ TFLOP/s"].isna().all()
 
 
 def _check_stages(script, out: Path, torch_lce: set) -> None:

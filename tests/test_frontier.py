@@ -3,6 +3,8 @@ committed frontier run's files through :func:`flce_studies.load_run`."""
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import pandas as pd
@@ -208,6 +210,23 @@ def test_past_floor_ratios_and_verdicts():
     assert verdicts.loc["memory full ≤ torch LCE's", "status"] == "missed"
     # torch's accurate policy was not in this run: not measured, never borrowed from another run
     assert verdicts.loc["full ≤ 0.8× torch LCE (accurate)", "status"] == "not measured"
+
+
+def test_past_floor_rates_set_the_floor_beside_the_square_product_of_the_run():
+    """The three matmuls' rate is their FLOPs over the floor's time; 0.92× of that time needs rate / 0.92; both over
+    the run's own 8192³ rate; NaN where the run did not measure it."""
+    rows = _past_floor_run()
+    config = {"H": 4096, "V": 128256, "dtype": "torch.bfloat16"}
+    rows = rows.assign(extra_benchmark_config_str=json.dumps(config), matmul_tflops=700.0)
+    rates = analysis.past_floor_rates(rows)
+    flops = 6 * 4096 * 4096 * 128256
+    assert rates.loc[4096, "three matmuls TFLOP/s"] == pytest.approx(flops / 20e-3 / 1e12)
+    assert rates.loc[8192, "0.92× needs TFLOP/s"] == pytest.approx(2 * flops / 37e-3 / 1e12 / 0.92)
+    assert rates.loc[8192, "0.92× needs / square"] == pytest.approx(2 * flops / 37e-3 / 1e12 / 0.92 / 700.0)
+    assert list(rates.index) == [4096, 8192]
+    assert analysis.past_floor_rates(rows.drop(columns="matmul_tflops"))["three matmuls / square"].isna().all()
+    with pytest.raises(ValueError, match="abc1234.*def5678|def5678.*abc1234"):
+        analysis.past_floor_rates(pd.concat([rows, rows.assign(kernels_lib_commit="def5678")], ignore_index=True))
 
 
 def test_past_floor_refuses_rows_of_two_runs():

@@ -4,6 +4,7 @@ figures exported."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -52,6 +53,8 @@ def test_flce_notebook_runs_checks_and_exports_figures():
     assert html.count("Plotly.newPlot(") >= 3  # the sweep, the published chart, speed vs memory
     assert FALLBACK not in html
     assert "bf16 accumulation gives a dW error" in html
+    # §11 from the committed past-floor run: what 0.92× of the three matmuls' time asks of the GEMMs, in TFLOP/s
+    assert "What 0.92× asks of the GEMMs" in html and re.search(r"needs \d+–\d+ TFLOP/s", html)
     assert "Targets not judged yet" in html or " targets" in html and "meets" in html
     # §8b/8d from the committed gpu_runs: the profile per provider, the timeline, the class-major stages, QuACK's A/B
     for heading in ("kernels ms per step", "do_bench against the GPU", "class-major route's stages at N = 4096",

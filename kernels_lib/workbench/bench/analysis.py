@@ -285,6 +285,26 @@ def past_floor_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.
     return table
 
 
+def past_floor_rates(rows: pd.DataFrame, bound: float = PAST_FLOOR_TARGETS["full ≤ 0.92× three matmuls"][1]) -> pd.DataFrame:
+    """What ``full`` ≤ ``bound``× the measured floor asks of the GEMMs, per number of tokens, from rows of one
+    run: the rate at which cuBLAS ran the three products in the run (their FLOPs, :func:`.fused_linear_cross_entropy.flops`,
+    over the floor's median time), the rate ``bound`` × that time needs (the products cannot be skipped), and
+    both over the run's square-product rate (``matmul_tflops``: a bf16 8192³ product through cuBLAS, measured in
+    the same run by ``scripts/flce_frontier.py --parts past_floor``; NaN for a run without it). A needed rate
+    above the square product's asks for GEMMs faster on these shapes than cuBLAS is on its best one."""
+    rows = _one_run(rows)
+    floor = rows[(rows.kernel_provider == FLOOR) & (rows.kernel_operation_mode == "full") & (rows.metric_name == "speed")]
+    square = float(rows.matmul_tflops.max()) if "matmul_tflops" in rows.columns else float("nan")
+    out = []
+    for _, row in floor.sort_values("x_value").iterrows():
+        sizes = {**json.loads(row.extra_benchmark_config_str), "BT": int(row.x_value)}
+        rate = flops(sizes, "full") / (row.y_value_50 * 1e-3) / 1e12
+        out.append({"x_value": row.x_value, "three matmuls ms": row.y_value_50, "three matmuls TFLOP/s": rate,
+                    f"{bound}× needs TFLOP/s": rate / bound, "square 8192³ TFLOP/s": square,
+                    "three matmuls / square": rate / square, f"{bound}× needs / square": rate / bound / square})
+    return pd.DataFrame(out).set_index("x_value")
+
+
 def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
     """One row per ``targets`` entry (label → (ratio column, bound), an upper bound unless a third
     element ``"at least"`` makes it a lower one; :data:`FLCE_TARGETS` by default) of a targets table:
