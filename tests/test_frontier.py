@@ -225,6 +225,7 @@ def test_past_floor_rates_set_the_floor_beside_the_square_product_of_the_run():
     assert rates.loc[8192, "0.92× needs / square"] == pytest.approx(2 * flops / 37e-3 / 1e12 / 0.92 / 700.0)
     assert list(rates.index) == [4096, 8192]
     assert analysis.past_floor_rates(rows.drop(columns="matmul_tflops"))["three matmuls / square"].isna().all()
+    assert analysis.past_floor_rates(rows[rows.kernel_provider != analysis.FLOOR]).empty  # a run without its floor
     with pytest.raises(ValueError, match="abc1234.*def5678|def5678.*abc1234"):
         analysis.past_floor_rates(pd.concat([rows, rows.assign(kernels_lib_commit="def5678")], ignore_index=True))
 

@@ -295,14 +295,14 @@ def past_floor_rates(rows: pd.DataFrame, bound: float = PAST_FLOOR_TARGETS["full
     rows = _one_run(rows)
     floor = rows[(rows.kernel_provider == FLOOR) & (rows.kernel_operation_mode == "full") & (rows.metric_name == "speed")]
     square = float(rows.matmul_tflops.max()) if "matmul_tflops" in rows.columns else float("nan")
+    columns = ["x_value", "three matmuls ms", "three matmuls TFLOP/s", f"{bound}× needs TFLOP/s", "square 8192³ TFLOP/s",
+               "three matmuls / square", f"{bound}× needs / square"]
     out = []
     for _, row in floor.sort_values("x_value").iterrows():
         sizes = {**json.loads(row.extra_benchmark_config_str), "BT": int(row.x_value)}
         rate = flops(sizes, "full") / (row.y_value_50 * 1e-3) / 1e12
-        out.append({"x_value": row.x_value, "three matmuls ms": row.y_value_50, "three matmuls TFLOP/s": rate,
-                    f"{bound}× needs TFLOP/s": rate / bound, "square 8192³ TFLOP/s": square,
-                    "three matmuls / square": rate / square, f"{bound}× needs / square": rate / bound / square})
-    return pd.DataFrame(out).set_index("x_value")
+        out.append([row.x_value, row.y_value_50, rate, rate / bound, square, rate / square, rate / bound / square])
+    return pd.DataFrame(out, columns=columns).set_index("x_value")  # empty where the run has no floor row
 
 
 def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
