@@ -249,6 +249,7 @@ def test_per_element_excess_models_each_run_by_its_large_points():
     assert first["excess ms"] == pytest.approx(0.5) and first["p80 - p20 ms"] == pytest.approx(0.2)
     assert first["measured / model"] == pytest.approx(1 + 0.5 / (per_element * 8192 * 4096))
     assert table[table.run == "bbbbbbb"]["excess ms"].abs().max() < 1e-12  # its own rate, twice the other's
+    assert overview._elements(json.dumps({"B": 2, "T": 3, "V": 5})) == 30  # the logits-level CE's configuration
     with pytest.raises(ValueError, match="run aaaaaaa .* no kernels_lib full point at x >= 131072"):
         overview.per_element_excess(rows, "kernels_lib", "full", fit_from=131072)
 

@@ -214,9 +214,10 @@ def per_element_excess(rows: pd.DataFrame, provider: str, mode: str, *, fit_from
 
 
 def _elements(config: str) -> float:
-    """Rows times classes of a row divergence's point: ``N`` (or ``BT``) times ``V`` of its configuration."""
+    """Rows times classes of a logits-level point: ``N`` (or ``BT``, or ``B·T``) times ``V`` of its configuration."""
     sizes = json.loads(config)
-    return float(sizes["N"] if "N" in sizes else sizes["BT"]) * float(sizes["V"])
+    rows = sizes["N"] if "N" in sizes else sizes["BT"] if "BT" in sizes else sizes["B"] * sizes["T"]
+    return float(rows) * float(sizes["V"])
 
 
 def workloads(gpu_name: str = H200) -> list[Workload]:
