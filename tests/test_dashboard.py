@@ -426,7 +426,9 @@ def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
                     out.append({"kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider,
                                 "kernel_operation_mode": "full", "metric_name": metric, "x_value": n, "y_value_50": value,
                                 "gpu_name": "NVIDIA H200", "kernels_lib_commit": commit, "timestamp": stamp,
-                                "torch_version": "2.11.0", "note": "quack skipped (no module); median of 3 rounds"})
+                                "torch_version": "2.11.0", "note": "quack skipped (no module); median of 3 rounds",
+                                "extra_benchmark_config_str": json.dumps({"H": 4096, "V": 128256, "BT": n}),
+                                "matmul_tflops": 700.0})
         return out
 
     path = tmp_path / "past_floor.csv"
@@ -441,6 +443,11 @@ def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
     assert '<td class="peer">0.25</td>' in card  # Liger's CuTe kernel: shown, no target to colour it
     assert "Not in this run: quack" in card
     assert '<li class="missed">full ≤ 0.92× three matmuls: missed · worst 0.97 at N = 8192</li>' in card
+    # what 0.92× asks of the GEMMs: the floor's FLOPs over 0.92× its time, beside the run's square product (700 TFLOP/s)
+    flops = 6 * 4096 * 4096 * 128256
+    needs = sorted([flops / 20e-3 / 1e12 / 0.92, 2 * flops / 37e-3 / 1e12 / 0.92])
+    assert f"0.92× the floor asks for {needs[0]:.0f}–{needs[1]:.0f} TFLOP/s" in card
+    assert f"{needs[0] / 700:.2f}–{needs[1] / 700:.2f}× the bf16 8192³ product's rate in this run" in card
 
 
 def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
