@@ -28,7 +28,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
@@ -39,8 +38,7 @@ from kernels_lib.cross_entropy import _validate as cross_entropy_checks
 from kernels_lib._target_totals import target_totals
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain
+from kernels_lib.workbench.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain, write_tables
 from kernels_lib.workbench.bench.host_profile import step_rows as host_profile_step_rows
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 
@@ -146,18 +144,9 @@ def main(argv=None) -> int:
                     print(rows[-1], flush=True)
             if "ops" in parts and vocab == size["vocabs"][0]:
                 step = mode_callable(lambda: kernels_lib.cross_entropy(logits, target, reduction=reduction), [logits], "full")
-                ops += [{"chart": chart, "V": vocab, **row} for row in host_ops(step)]
-    stamp = provenance(device)
-    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("breakdown", pd.DataFrame(stages)),
-                       ("step", pd.DataFrame(steps))):
-        if key not in parts:
-            continue
-        if key == "ops":
-            frame = frame.sort_values(["chart", "self cpu ms per step"], ascending=[True, False]).groupby("chart").head(25)
-        path = args.out / FILES[key]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        frame.assign(**stamp).to_csv(path, index=False)
-        print(f"{key}: {len(frame)} rows -> {path}")
+                ops += [{"chart": chart, "V": vocab, **row} for row in host_ops(step)[:25]]  # the costliest 25
+    tables = {"times": rows, "ops": ops, "breakdown": stages, "step": steps}
+    write_tables({key: tables[key] for key in tables if key in parts}, FILES, args.out, device)
     return 0
 
 

@@ -33,13 +33,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.host_profile import host_ops, host_times, matmul_chain, step_rows
+from kernels_lib.workbench.bench.host_profile import host_ops, host_times, matmul_chain, step_rows, write_tables
 from kernels_lib.workbench.bench.sweep import available_providers
 from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, time_callable
 
@@ -100,14 +98,8 @@ def main(argv=None) -> int:
                 for row in step_rows(calls, chain, device, size["rounds"]):
                     steps.append({"loss": loss, "V": vocab, "N": n, **row})
                     print(steps[-1], flush=True)
-    stamp = provenance(device)
-    for key, frame in (("times", pd.DataFrame(rows)), ("ops", pd.DataFrame(ops)), ("step", pd.DataFrame(steps))):
-        if key not in parts:
-            continue
-        path = args.out / FILES[key]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        frame.assign(**stamp).to_csv(path, index=False)
-        print(f"{key}: {len(frame)} rows -> {path}")
+    tables = {"times": rows, "ops": ops, "step": steps}
+    write_tables({key: tables[key] for key in tables if key in parts}, FILES, args.out, device)
     return 0
 
 

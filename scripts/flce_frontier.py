@@ -470,10 +470,13 @@ def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None
     :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`. Every row carries ``matmul_tflops``: the better of two bf16
     8192³ products through cuBLAS, one before the rounds and one after (NaN on a CPU), the square-product rate
     of the same run that :func:`kernels_lib.workbench.bench.analysis.past_floor_rates` sets the floor's rate beside."""
-    rates = [matmul_rate(device)[0] if device.type == "cuda" else float("nan")]
-    rows = frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
-    rates.append(matmul_rate(device)[0] if device.type == "cuda" else float("nan"))
-    return rows.assign(matmul_tflops=max(rates) if device.type == "cuda" else float("nan"))
+    def run():
+        return frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
+
+    if device.type != "cuda":
+        return run().assign(matmul_tflops=float("nan"))
+    before, rows, after = matmul_rate(device)[0], run(), matmul_rate(device)[0]
+    return rows.assign(matmul_tflops=max(before, after))
 
 
 def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:

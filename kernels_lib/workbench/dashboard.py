@@ -54,6 +54,7 @@ from .bench.analysis import (
     fused_linear_cross_entropy_targets,
     issue13_targets,
     medians,
+    past_floor_rate_ranges,
     past_floor_rates,
     past_floor_targets,
     preference_targets,
@@ -714,11 +715,10 @@ def past_floor_card(path: Path | str | None = None, gpu_name: str = overview.H20
                f"{html.escape(', '.join(skipped) or 'none')}. Below 1: kernels_lib is faster or smaller.")
     rates = past_floor_rates(run) if "extra_benchmark_config_str" in run.columns else pd.DataFrame()
     if len(rates):
-        needs = rates["0.92× needs TFLOP/s"]
-        square = rates["0.92× needs / square"]
-        verdict_items += (f'<li class="peer">0.92× the floor asks for {needs.min():.0f}–{needs.max():.0f} TFLOP/s, where cuBLAS ran the '
-                          f"three products at {rates['three matmuls TFLOP/s'].min():.0f}–{rates['three matmuls TFLOP/s'].max():.0f}"
-                          + (f"; {square.min():.2f}–{square.max():.2f}× the bf16 8192³ product's rate in this run"
-                             if square.notna().any() else "; this run measured no square product beside them") + "</li>")
+        ranges = past_floor_rate_ranges(rates)
+        verdict_items += (f'<li class="peer">0.92× the floor asks for {ranges["needs"]} TFLOP/s, where cuBLAS ran the '
+                          f"three products at {ranges['ran']}"
+                          + (f"; {ranges['needs / square']}× the bf16 8192³ product's rate in this run"
+                             if ranges["square"] else "; this run measured no square product beside them") + "</li>")
     return (head + f"<p>{caption}</p><table class=\"past-floor\"><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody>"
             f"</table><ul class=\"verdicts\">{verdict_items}</ul></div>")

@@ -305,6 +305,21 @@ def past_floor_rates(rows: pd.DataFrame, bound: float = PAST_FLOOR_TARGETS["full
     return pd.DataFrame(out, columns=columns).set_index("x_value")  # empty where the run has no floor row
 
 
+def past_floor_rate_ranges(rates: pd.DataFrame) -> dict[str, str | None]:
+    """The ranges over N of a :func:`past_floor_rates` table as text, for the notebook and the dashboard
+    alike: ``ran`` and ``needs`` (TFLOP/s, whole numbers), ``ran / square`` and ``needs / square`` (two
+    decimals) and ``square`` (TFLOP/s), the last three None where the run measured no square product."""
+    def span(column: str, digits: int) -> str:
+        return f"{rates[column].min():.{digits}f}–{rates[column].max():.{digits}f}"
+
+    bound = next(c for c in rates.columns if c.endswith("× needs TFLOP/s")).split("×")[0]
+    has_square = bool(rates["square 8192³ TFLOP/s"].notna().any())
+    return {"ran": span("three matmuls TFLOP/s", 0), "needs": span(f"{bound}× needs TFLOP/s", 0),
+            "ran / square": span("three matmuls / square", 2) if has_square else None,
+            "needs / square": span(f"{bound}× needs / square", 2) if has_square else None,
+            "square": f"{rates['square 8192³ TFLOP/s'].iloc[0]:.0f}" if has_square else None}
+
+
 def target_verdicts(table: pd.DataFrame, targets: dict = FLCE_TARGETS) -> pd.DataFrame:
     """One row per ``targets`` entry (label → (ratio column, bound), an upper bound unless a third
     element ``"at least"`` makes it a lower one; :data:`FLCE_TARGETS` by default) of a targets table:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import pandas as pd
 import torch
 
+from .environment import provenance
 from .timing import time_callable
 
 
@@ -103,3 +106,15 @@ def step_rows(steps: dict[str, Callable[[], None]], chain: Callable[[], torch.Te
         rows += [{"round": round_ + 1, "provider": name, "chain ms": times["chain"], "step ms": times[name],
                   "loss in step ms": times[name] - times["chain"]} for name in names if name != "chain"]
     return rows
+
+
+def write_tables(tables: dict[str, list[dict]], files: dict[str, str], out: Path, device: torch.device) -> None:
+    """Each of ``tables`` (a part's name → its rows) as the CSV ``out / files[name]`` (laid out as
+    ``data/measured/``), the run's provenance (:func:`.environment.provenance`) on every row."""
+    stamp = provenance(device)
+    for key, rows in tables.items():
+        path = Path(out) / files[key]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame = pd.DataFrame(rows).assign(**stamp)
+        frame.to_csv(path, index=False)
+        print(f"{key}: {len(frame)} rows -> {path}")

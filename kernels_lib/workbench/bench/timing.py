@@ -107,16 +107,7 @@ def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], devic
     ``timed`` alone; the median and p20/p80 (timer ``cuda_events_after_setup``). On a CPU the wall clock
     over ``cpu_repeats`` after one warm-up, as :func:`time_callable`."""
     if device.type != "cuda":
-        setup()
-        timed()
-        samples = []
-        for _ in range(cpu_repeats):
-            setup()
-            start = time.perf_counter()
-            timed()
-            samples.append((time.perf_counter() - start) * 1e3)
-        p50, p20, p80 = np.quantile(samples, QUANTILES)
-        return Timing(float(p50), float(p20), float(p80), "wall_clock_cpu")
+        return _wall_clock(setup, timed, cpu_repeats)
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
 
     def one() -> tuple:
@@ -151,11 +142,19 @@ def time_callable(fn: Callable[[], None], device: torch.device, *, grad_to_none=
 
         p50, p20, p80 = triton.testing.do_bench(fn, quantiles=list(QUANTILES), grad_to_none=grad_to_none)
         return Timing(float(p50), float(p20), float(p80), "cuda_events_do_bench")
-    fn()
+    return _wall_clock(lambda: None, fn, cpu_repeats)
+
+
+def _wall_clock(setup: Callable[[], None], timed: Callable[[], None], repeats: int) -> Timing:
+    """The CPU's timing: one warm-up, then ``repeats`` calls of ``timed`` on the wall clock, ``setup``
+    before each and outside the time; quantiles, timer ``wall_clock_cpu``."""
+    setup()
+    timed()
     samples = []
-    for _ in range(cpu_repeats):
+    for _ in range(repeats):
+        setup()
         start = time.perf_counter()
-        fn()
+        timed()
         samples.append((time.perf_counter() - start) * 1e3)
     p50, p20, p80 = np.quantile(samples, QUANTILES)
     return Timing(float(p50), float(p20), float(p80), "wall_clock_cpu")
