@@ -412,50 +412,11 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
     assert "0000000" not in card and "A100" not in card
 
 
-def test_past_floor_card_is_one_run_with_verdict_colours(tmp_path):
-    """Issue 30's card: the newest past_floor run only, each ratio cell coloured by its target's verdict
-    over that run, a provider the run lacks written "not measured"; no file: "Not measured"."""
-    assert "Not measured" in dashboard.past_floor_card(tmp_path / "absent.csv")
-
-    def rows(commit, stamp, ours):
-        out = []
-        for n, (mine, floor, lce) in {4096: (ours, 20.0, 100.0), 8192: (2 * ours, 37.0, 110.0)}.items():
-            for provider, ms, mb in (("kernels_lib", mine, 1000.0), ("three_matmuls", floor, 3000.0), ("torch_lce", lce, 2000.0),
-                                     ("liger_sm90", 4 * mine, 2500.0)):
-                for metric, value in (("speed", ms), ("memory", mb)):
-                    out.append({"kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider,
-                                "kernel_operation_mode": "full", "metric_name": metric, "x_value": n, "y_value_50": value,
-                                "gpu_name": "NVIDIA H200", "kernels_lib_commit": commit, "timestamp": stamp,
-                                "torch_version": "2.11.0", "note": "quack skipped (no module); median of 3 rounds",
-                                "extra_benchmark_config_str": json.dumps({"H": 4096, "V": 128256, "BT": n}),
-                                "matmul_tflops": 700.0})
-        return out
-
-    path = tmp_path / "past_floor.csv"
-    pd.DataFrame(rows("0000001", "2026-12-01", 40.0) + rows("4375441", "2026-12-02", 18.0)).to_csv(path, index=False)
-    card = dashboard.past_floor_card(path)
-    assert "4375441" in card and "0000001" not in card  # the newest run alone
-    assert '<tr data-n="4096">' in card and "<td>18.00</td>" in card
-    # 18 / 20 = 0.90 met at 4096 but 36 / 37 = 0.97 at 8192 misses 0.92: both cells red (the target's verdict)
-    assert '<td class="missed">0.90</td>' in card and '<td class="missed">0.97</td>' in card
-    assert '<td class="met">0.18</td>' in card  # 18 / 100 against 0.8× torch LCE
-    assert '<td class="not-measured">not measured</td>' in card  # QuACK
-    assert '<td class="peer">0.25</td>' in card  # Liger's CuTe kernel: shown, no target to colour it
-    assert "Not in this run: quack" in card
-    assert '<li class="missed">full ≤ 0.92× three matmuls: missed · worst 0.97 at N = 8192</li>' in card
-    # what 0.92× asks of the GEMMs: the floor's FLOPs over 0.92× its time, beside the run's square product (700 TFLOP/s)
-    flops = 6 * 4096 * 4096 * 128256
-    needs = sorted([flops / 20e-3 / 1e12 / 0.92, 2 * flops / 37e-3 / 1e12 / 0.92])
-    assert f"0.92× the floor asks for {needs[0]:.0f}–{needs[1]:.0f} TFLOP/s" in card
-    assert f"{needs[0] / 700:.2f}–{needs[1] / 700:.2f}× the bf16 8192³ product's rate in this run" in card
-
-
 def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
     """The GPU-run cards resolve their files under data.MEASURED_DIR at call time, not at import: moved to an
     empty folder, each reads "not measured" / "no run recorded", and a run written there shows."""
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     assert "No run recorded" in dashboard.gpu_test_runs_card()
-    assert "Not measured" in dashboard.past_floor_card()
     assert "Not measured" in dashboard.grpo_family_card()
     assert not [c for c in dashboard.charts() if "training step" in c.title]  # neither training-step file is there
     row = {"timestamp": "2026-12-05 01:00:00", "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200", "target": "gpu",

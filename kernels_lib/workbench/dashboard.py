@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,21 +41,15 @@ from . import training_step as ts
 from .bench.analysis import (
     DIVERGENCE_TARGETS,
     FLCE_TARGETS,
-    FRONTIER_TARGETS,
     KL_DIV_TARGETS,
     KTO_TARGETS,
     ORPO_TARGETS,
-    PAST_FLOOR_TARGETS,
     ceiling,
     ceiling_run,
     distillation_targets,
-    frontier_targets,
     fused_linear_cross_entropy_targets,
     issue13_targets,
     medians,
-    past_floor_rate_ranges,
-    past_floor_rates,
-    past_floor_targets,
     preference_targets,
     row_divergence_targets,
     target_verdicts,
@@ -255,10 +248,8 @@ def _targets(chart: Chart, ceilings: pd.DataFrame) -> list[tuple[dict, pd.DataFr
     rows, name = chart.rows, chart.kernel_name
     data.run_label(rows)
     if name == "fused_linear_cross_entropy":
-        # issue 3's targets, then issue 14's against the run's fastest peer (the speed-memory frontier); issue 30's
-        # are judged on their own run (:func:`past_floor_card`)
         table = fused_linear_cross_entropy_targets(rows, ceiling(ceilings, "matmul", chart.gpu, chart.commit))
-        return [(FLCE_TARGETS, table), (FRONTIER_TARGETS, frontier_targets(rows))]
+        return [(FLCE_TARGETS, table)]
     if name in ("kl_div", "jsd", "tvd"):
         targets = KL_DIV_TARGETS if name == "kl_div" else DIVERGENCE_TARGETS
         return [(targets, row_divergence_targets(rows, name, ceiling(ceilings, "copy", chart.gpu, chart.commit), targets))]
@@ -482,10 +473,9 @@ STYLE = """
 td.met, li.met { color: #1a7f37; } td.missed, li.missed { color: #cf222e; }
 td.not-measured, li.not-measured { color: #57606a; font-style: italic; }
 figure.spark svg text { font-size: 9px; fill: #57606a; font-family: system-ui, sans-serif; }
-.card.gpu-runs, .card.grpo-family, .card.past-floor { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
-table.gpu-runs, table.grpo-family, table.past-floor { border-collapse: collapse; font-size: .9rem; }
-table.gpu-runs td, table.gpu-runs th, table.grpo-family td, table.grpo-family th,
-table.past-floor td, table.past-floor th { padding: .2rem .6rem;
+.card.gpu-runs, .card.grpo-family { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
+table.gpu-runs, table.grpo-family { border-collapse: collapse; font-size: .9rem; }
+table.gpu-runs td, table.gpu-runs th, table.grpo-family td, table.grpo-family th { padding: .2rem .6rem;
   border-bottom: 1px solid #eaeef2; text-align: left; }
 """
 #: Colours of providers without one of their own in :data:`.charts.COLORS`, and of kernels_lib's other
@@ -667,58 +657,3 @@ def grpo_family_card(path: Path | str | None = None, gpu_name: str = overview.H2
                "kernels_lib is faster or smaller.")
     return (head + f"<p>{caption}</p><table class=\"grpo-family\"><thead><tr>{header}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>")
-
-
-PAST_FLOOR = "gpu_runs/fused_linear_cross_entropy_past_floor.csv"  # inside data/measured/
-#: The card's columns: header → ratio column of :func:`.bench.analysis.past_floor_targets`.
-_PAST_FLOOR_COLUMNS = {"× three matmuls": "full / three matmuls", "× QuACK": "full / QuACK",
-                       "× torch LCE": "full / torch LCE", "× torch LCE (accurate)": "full / torch LCE (accurate)",
-                       "× Liger CuTe": "full / Liger CuTe", "× CCE": "full / CCE",
-                       "memory × QuACK": "memory / QuACK", "memory × torch LCE": "memory / torch LCE"}
-
-
-def past_floor_card(path: Path | str | None = None, gpu_name: str = overview.H200) -> str:
-    """The index's card *Fused CE past the floor* (issue 30): the newest run on ``gpu_name`` of
-    ``scripts/flce_frontier.py --parts past_floor``, per N kernels_lib's ``full`` time and its ratios to the
-    three matmuls measured beside it, to QuACK and to torch's ``F.linear_cross_entropy``, each cell
-    coloured by the verdict of the target on that ratio over the run (:data:`.bench.analysis.PAST_FLOOR_TARGETS`),
-    then the verdicts; *not measured* where the run lacks a provider or the file has no such run."""
-    head = '<div class="card past-floor" data-card="past-floor"><h2>Fused linear cross-entropy past the floor</h2>'
-    path = data.measured_file(PAST_FLOOR) if path is None else Path(path)
-    rows = data.read_rows(path) if path.exists() else pd.DataFrame()
-    rows = rows[rows.gpu_name == gpu_name] if len(rows) else rows
-    if not len(rows):
-        return head + (f"<p>Not measured on {html.escape(gpu_name)} (<code>scripts/flce_frontier.py --parts past_floor</code> on a "
-                       "GPU writes <code>gpu_runs/fused_linear_cross_entropy_past_floor.csv</code>).</p></div>")
-    run = data.newest_run(rows)
-    table = past_floor_targets(run)
-    judged = target_verdicts(table, PAST_FLOOR_TARGETS)
-    status_of = {column: judged.at[label, "status"] for label, (column, _) in PAST_FLOOR_TARGETS.items()}
-    bound_of = {column: bound for column, bound in PAST_FLOOR_TARGETS.values()}
-    header = "".join(f"<th>{html.escape(h)}</th>" for h in ["N", "kernels_lib full (ms)", *_PAST_FLOOR_COLUMNS])
-    body = []
-    for n, row in table.iterrows():
-        cells = [f"<td>{x_text(n)}</td>", f"<td>{row['full ms']:.2f}</td>"]
-        for column in _PAST_FLOOR_COLUMNS.values():
-            # a peer without a target (Liger's CuTe kernel, CCE) is shown, not judged: no verdict colour
-            status = NOT_MEASURED if pd.isna(row[column]) else status_of.get(column, "peer")
-            cells.append(f'<td class="{status.replace(" ", "-")}">{ratio_text(row[column], bound_of.get(column))}</td>')
-        body.append(f'<tr data-n="{x_text(n)}">' + "".join(cells) + "</tr>")
-    verdict_items = "".join(
-        f'<li class="{row.status.replace(" ", "-")}">{html.escape(label)}: {html.escape(row.status)}'
-        + ("" if row.status == NOT_MEASURED else f" · worst {ratio_text(row['worst ratio'], row.bound)} at N = {x_text(row['worst at x'])}")
-        + "</li>" for label, row in judged.iterrows())
-    skipped = sorted({m for note in run.get("note", pd.Series(dtype=str)).dropna() for m in re.findall(r"(\w+) skipped", note)})
-    caption = (f"{html.escape(data.run_label(run))}, torch {html.escape(str(run.torch_version.iloc[0]))}; H = 4096, V = 128256, bf16, "
-               "medians of alternating rounds. The floor is measured: the logits, dx and dW products alone "
-               "(<code>three_matmuls</code>) in the same rounds. Not in this run: "
-               f"{html.escape(', '.join(skipped) or 'none')}. Below 1: kernels_lib is faster or smaller.")
-    rates = past_floor_rates(run) if "extra_benchmark_config_str" in run.columns else pd.DataFrame()
-    if len(rates):
-        ranges = past_floor_rate_ranges(rates)
-        verdict_items += (f'<li class="peer">0.92× the floor asks for {ranges["needs"]} TFLOP/s, where cuBLAS ran the '
-                          f"three products at {ranges['ran']}"
-                          + (f"; {ranges['needs / square']}× the bf16 8192³ product's rate in this run"
-                             if ranges["square"] else "; this run measured no square product beside them") + "</li>")
-    return (head + f"<p>{caption}</p><table class=\"past-floor\"><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody>"
-            f"</table><ul class=\"verdicts\">{verdict_items}</ul></div>")

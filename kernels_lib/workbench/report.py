@@ -324,7 +324,6 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         "bytes at the copy bandwidth, both measured in that run; a loss that mostly reads can run slightly under a copy&#39;s "
         "read-and-write bandwidth, so a bytes floor may read just under 1×), and its targets.</p>"
         '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + dashboard.grpo_family_card()
-        + dashboard.past_floor_card()
         + "</body></html>"
     )
     index = out / "index.html"
