@@ -1,34 +1,90 @@
-"""Suite-wide setup: the ``gpu`` marker, and device errors checked where they cannot poison the suite.
+"""Suite-wide setup: the ``gpu`` and ``gpu_memory`` markers, and the GPU target's memory-aware schedule.
 
 ``gpu``: a test of a route that exists only on CUDA (the Hopper kernels; ``tests/test_gpu_routes.py``).
 On a machine without CUDA such tests are *deselected*, not skipped, and the header says how many: they
 are not counted at all there, and ``./workbench test --gpu`` (``kernels_lib.workbench.gpu_tests``) runs
 them with the rest of the suite on a CUDA machine.
+
+``gpu_memory(gib)``: the test's peak reserved device memory in GiB, as the GPU target measured it
+(``test_memory.csv`` of a run). On CUDA a test that declares more than the card has is skipped, naming
+both numbers. Under the GPU target (``KERNELS_LIB_GPU_PHASE``) the tests whose need fits a worker's share
+run in the parallel phase, the others alone afterwards, and every process is held to its share of the
+card (``torch.cuda.set_per_process_memory_fraction``): a test that outgrows it fails with an
+out-of-memory error of its own instead of filling the card under its neighbours. Each test's peak
+reserved memory is logged where ``KERNELS_LIB_GPU_MEMORY_LOG`` points.
 """
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
+
+from kernels_lib.workbench import gpu_tests as _target
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: a CUDA-only route (deselected, not skipped, on a machine without CUDA)")
     config.addinivalue_line("markers", "shared_notebook: reads a notebook execution shared by the run's workers (tests/notebook_runs.py)")
+    config.addinivalue_line("markers", "gpu_memory(gib): the test's measured peak reserved device memory in GiB; "
+                                       "the GPU target runs it alone when it exceeds a worker's share, and skips it "
+                                       "on a card with less memory")
+    if torch.cuda.is_available() and os.environ.get(_target.SHARE_ENV):
+        share = float(os.environ[_target.SHARE_ENV])
+        torch.cuda.set_per_process_memory_fraction(min(1.0, share / _target.card_gib()))
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        kept, dropped = [], []
+        for item in items:
+            (dropped if item.get_closest_marker("gpu") else kept).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+            config._kernels_lib_gpu_deselected = len(dropped)
         return
-    kept, dropped = [], []
-    for item in items:
-        (dropped if item.get_closest_marker("gpu") else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
-        config._kernels_lib_gpu_deselected = len(dropped)
+    card, name = _target.card_gib(), torch.cuda.get_device_name()
+    phase = os.environ.get(_target.PHASE_ENV)
+    share = float(os.environ.get(_target.SHARE_ENV) or card)
+    needs = [_target.declared_gib(item.get_closest_marker("gpu_memory")) for item in items]
+    kept = []
+    for item, (runs, reason) in zip(items, _target.schedule(needs, card, name, share, phase)):
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+        if runs:
+            kept.append(item)
+    items[:] = kept  # the other phase runs the rest: not deselected, only elsewhere
 
 
 def pytest_report_header(config):
     if torch.cuda.is_available():
-        return f"kernels_lib: CUDA ({torch.cuda.get_device_name()}): the gpu-marked tests run"
+        phase = os.environ.get(_target.PHASE_ENV)
+        where = f"; phase {phase!r}, a share of {os.environ.get(_target.SHARE_ENV)} GiB per process" if phase else ""
+        return f"kernels_lib: CUDA ({torch.cuda.get_device_name()}, {_target.card_gib():.1f} GiB): the gpu-marked tests run{where}"
     return "kernels_lib: no CUDA: the gpu-marked tests are deselected (./workbench test --gpu on a CUDA machine)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "OutOfMemoryError" in str(report.longrepr):
+        item._kernels_lib_out_of_memory = True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's peak reserved device memory (setup, call and teardown), logged for the GPU target."""
+    log = os.environ.get(_target.MEMORY_LOG_ENV)
+    if not (log and torch.cuda.is_available()):
+        yield
+        return
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    peak = torch.cuda.max_memory_reserved() / _target.GIB
+    declared = _target.declared_gib(item.get_closest_marker("gpu_memory"))
+    _target.log_test_memory(log, item.nodeid, peak, declared, os.environ.get(_target.PHASE_ENV, ""),
+                            getattr(item, "_kernels_lib_out_of_memory", False))

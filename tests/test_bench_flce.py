@@ -707,11 +707,12 @@ def test_frontier_script_parts_each_have_a_test():
 
 
 @pytest.mark.parametrize("part", list(FRONTIER_PART_CHECKS))
-def test_frontier_script_cpu_paths(part, tmp_path):
+def test_frontier_script_cpu_paths(part, tmp_path, capsys):
     """The frontier run at CPU size, one part: every peer named (skipped here, with the reason), kernels_lib's
     default and each dial point in both modes, and the stage tables with their provenance."""
     script = _frontier_script()
-    assert script.main(["--out", str(tmp_path), "--size", "small", "--parts", part]) == 0
+    code = script.main(["--out", str(tmp_path), "--size", "small", "--parts", part])
+    assert code == 0, f"the {part} part returned {code}; its stderr ends:\n{capsys.readouterr().err[-3000:]}"
     # ... and on an older torch from torch 2.13's files where KERNELS_LIB_TORCH_LCE_FILES names them (as on the H200).
     torch_lce = set(flce.TORCH_LCE_POLICIES) if _torch_lce_loads() else set()
     if FRONTIER_PART_CHECKS[part] is not None:
