@@ -66,10 +66,31 @@ def base_provider(name: str) -> str:
     return re.split(r"[\[ ·]", str(name).strip(), maxsplit=1)[0]
 
 
+#: A variant that is a provider of its own (registered beside its default, and drawn beside it) has its own
+#: colour, a darker shade of its provider's, in every figure: ``kernels_lib[accurate=True]`` is not drawn in
+#: kernels_lib's red. The points of a dial (``kernels_lib[chunk_size=256]``) keep their provider's colour.
+VARIANT_COLORS = {
+    "kernels_lib[accurate=True]": "#67000d",
+    "torch_lce[acc_policy=accurate]": "#543005",
+}
+
+
+def palette_key(name: str) -> str:
+    """What ``name``'s colour is keyed by: its variant (``kernels_lib[accurate=True]`` of
+    ``kernels_lib[accurate=True] · H100 80GB (measured)``) where :data:`VARIANT_COLORS` has it, else its
+    base provider (:func:`base_provider`)."""
+    variant = re.match(r"\s*([^\s\[·]+(?:\[[^\]]*\])?)", str(name))
+    key = variant.group(1) if variant else str(name)
+    return key if key in VARIANT_COLORS else base_provider(name)
+
+
 def provider_color(name: str) -> str:
-    """The colour of ``name``'s provider (:data:`COLORS` by base name; else a fixed spare colour)."""
-    base = base_provider(name)
-    return COLORS.get(base) or SPARE_COLORS[zlib.crc32(base.encode()) % len(SPARE_COLORS)]
+    """The colour of ``name``'s provider or variant, the one every chart uses: :data:`VARIANT_COLORS` for a
+    variant of its own, :data:`COLORS` by base name, else a spare colour fixed by the base name."""
+    key = palette_key(name)
+    if key in VARIANT_COLORS:
+        return VARIANT_COLORS[key]
+    return COLORS.get(key) or SPARE_COLORS[zlib.crc32(key.encode()) % len(SPARE_COLORS)]
 
 
 def axis_title(x_label: str) -> str:
@@ -232,7 +253,7 @@ def speed_memory_chart(
     providers = [p for p in ms.index.intersection(mb.index) if pd.notna(ms[p]) and pd.notna(mb[p])]
     groups: dict[str, list[str]] = {}
     for provider in providers:
-        groups.setdefault(base_provider(provider), []).append(provider)
+        groups.setdefault(palette_key(provider), []).append(provider)  # a variant of its own: its own trace and colour
     for base, members in groups.items():
         members = sorted(members, key=lambda p: (p != base, mb[p]))  # the default first, then the dial by memory
         figure.add_trace(
