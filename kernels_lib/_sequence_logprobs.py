@@ -48,16 +48,13 @@ sums, hence the weights, are the same on every rank; the gradient pass writes th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
 from ._flce.chunk_size import lean_chunk_size
-from ._flce.epilogue import _epilogue_loss, _logits_with_loss
 from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
 from ._flce.matmuls import _logits_chunk
 from ._flce.operands import _Operands
@@ -78,45 +75,6 @@ TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 #: (``H = 1024``, ``T = 512``) took 4.79 ms at B = 4 with 512-row chunks, 4.05 with 1024 and 3.84 with
 #: 2048 on the H200 (``data/measured/gpu_runs/kto_small_batch.csv``).
 MIN_SEQUENCE_CHUNK_ROWS = 1024
-
-#: The stored-exponentials route for the sequence losses (opt-in, off until measured on a GPU): a chunk's
-#: logits come from the fused cross-entropy's epilogue GEMM, which gives each row's lse and target logit
-#: as it goes and stores the shifted exponentials ``ẽ`` (:func:`kernels_lib._flce.epilogue._logits_with_loss`),
-#: so the stats pass and the gradient pass over the ``chunk × V`` buffer both go. A token's log-prob is
-#: ``−(lse − c_y)``, and with ``dz = w (onehot(y) − p) = −w · diag(u) ẽ`` the weights join the row factors
-#: ``u`` on ``x`` and ``dx`` (:meth:`~kernels_lib._flce.gradient_sums._GradientSums.add_exponentials`), as
-#: the fused cross-entropy's default route does at its matmul floor. Taken where that route would be: one
-#: target, no entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that
-#: the epilogue GEMM takes (Hopper; in Triton's interpreter when
-#: :data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). Without a gradient
-#: (a reference model's pass, or ``no_grad``) the log-probs come from that GEMM over all rows, no buffer at
-#: all, as the fused CE's loss without a gradient, where that runs (``_no_grad_epilogue_runs``). The DPO, GRPO,
-#: ORPO, CPO and SimPO heads ran at 1.06–1.25× their matmul floors on the H200 through the two passes
-#: (the dashboard's floor rows), the fused cross-entropy at 1.00–1.03× this way.
-STORE_EXPONENTIALS = False
-
-
-class _IgnoreIndex(NamedTuple):
-    """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` and ``_epilogue_loss`` read of the fused
-    CE's options."""
-
-    ignore_index: int
-    pre_scale: float = 1.0
-
-
-#: The fused CE's module, for its route predicates (its name on the package is the function).
-_FLCE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-
-
-def _route_applies(target2, token_entropy, shard) -> bool:
-    """Whether :data:`STORE_EXPONENTIALS` can take these log-probs at all: one target, no entropy, no shard."""
-    return STORE_EXPONENTIALS and target2 is None and token_entropy is None and shard is None
-
-
-def _exponentials_route(x_c: torch.Tensor, w: torch.Tensor, grads) -> bool:
-    """Whether a gradient chunk, where :func:`_route_applies`, takes the stored exponentials: the fused
-    CE's own predicate on the operands, not float16 (its ``dz`` is scaled: ``grads.wide``)."""
-    return grads is not None and not grads.wide and x_c.dtype != torch.float16 and _FLCE._epilogue_gemm_takes(x_c, w)
 
 
 def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
@@ -186,39 +144,22 @@ def sequence_logprobs(
         col_offset = 0 if shard is None else shard.offset
         n_rows = x.shape[0]
         n_seqs = n_rows // seq_len
-        route = _route_applies(target2, token_entropy, shard)
-        epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
-        if route and not any(needs) and _FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
-            every_logp = -_epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
-            if token_logps is not None:
-                token_logps.copy_(every_logp)
-            return every_logp.view(n_seqs, seq_len).sum(1), None, None
         ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
         lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
         logp2 = None if target2 is None else torch.empty_like(logp)
         sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
         sums2 = None if target2 is None else torch.empty_like(sums)
         grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
-        exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
-        one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
         for rows, x_c, buffer in ops.chunks():
             n = rows.stop - rows.start
             seqs = slice(rows.start // seq_len, rows.stop // seq_len)
             y2 = None if target2 is None else target2[rows]
-            if exponentials is None:
-                exponentials = route and _exponentials_route(x_c, ops.w, grads)
-            if exponentials:
-                # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
-                e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
-                                               exponentials=True)
-                logp[:n].neg_()  # lse − c_y (0 at ignored rows) → the log-prob
-            else:
-                logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
-                launch_token_logprobs(
-                    logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
-                    target2=y2, logp2=None if y2 is None else logp2[:n],
-                    entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
-                )
+            logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+            launch_token_logprobs(
+                logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+                target2=y2, logp2=None if y2 is None else logp2[:n],
+                entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+            )
             if shard is not None:
                 pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
                 shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
@@ -236,10 +177,6 @@ def sequence_logprobs(
                 rows_per_weight = seq_len
             if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
                 w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
-            if exponentials:  # dz = −w · diag(u) ẽ: the weights, one per row, join the factors
-                row_w = w if rows_per_weight == 1 else w.repeat_interleave(rows_per_weight)
-                grads.add_exponentials(e, factors * -row_w, one, x_c, ops.w, rows)
-                continue
             # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
             unscale = grads.dz_unscale(
                 lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max()

@@ -35,9 +35,7 @@ read by :class:`_FusedLinearCrossEntropyFunction`); each route and stage is a fi
 * no gradient, a plain ``mean``/``sum`` (no smoothing, z-loss, softcap, statistics or class weights),
   compiled: the loss from the logits GEMM's epilogue, no logits buffer at all
   (:func:`_loss_in_epilogue`, :mod:`kernels_lib._flce.epilogue`);
-* class-major: the plain loss with a gradient, one chunk of ``N ≤ H`` rows (of up to ``k·H`` rows
-  with the default ``chunk_size`` where :data:`CLASS_MAJOR_ROWS_PER_HIDDEN` ``= k`` is raised above 1),
-  ``dW`` in the inputs' dtype, on Hopper: forward writes the logits transposed into the weight
+* class-major: the plain loss with a gradient, one chunk of ``N ≤ H`` rows, ``dW`` in the inputs' dtype, on Hopper: forward writes the logits transposed into the weight
   gradient's own buffer, backward forms the gradients there (:func:`_class_major_route_takes`,
   :mod:`kernels_lib._flce.class_major`);
 * chunked, every other call (:mod:`kernels_lib._flce.chunked`): ``mean``/``sum`` form the gradients
@@ -83,7 +81,7 @@ from . import _validate as v
 from . import _vocab_parallel as vp
 from ._autocast import compute_dtype_for
 from ._flce import triton_backend as backend
-from ._flce.chunk_size import _within_free_share, default_chunk_size, lean_chunk_size
+from ._flce.chunk_size import default_chunk_size, lean_chunk_size
 from ._flce.chunked import _backward_recompute, chunked_forward
 from ._flce.class_major import _class_major_gradients, _class_major_logits
 from ._flce.epilogue import _epilogue_loss
@@ -99,7 +97,6 @@ from ._target_totals import target_totals
 #: What the callers (the package, tests, notebooks, scripts) import from here: the API, the route choice's dials,
 #: and the chunk sizes and dtype helpers defined in :mod:`kernels_lib._flce`.
 __all__ = [
-    "CLASS_MAJOR_ROWS_PER_HIDDEN",
     "CrossEntropyOutput",
     "EPILOGUE_GEMM_WHEN_INTERPRETED",
     "FusedLinearCrossEntropyLoss",
@@ -120,24 +117,8 @@ EPILOGUE_GEMM_WHEN_INTERPRETED = False
 #: (:mod:`kernels_lib.kernels.shifted_exponentials`): each row's factor then goes on the matmuls'
 #: ``N × H`` side, and no pass reads the ``N × V`` buffer between the GEMM and the matmuls. Not for
 #: float16, whose range cannot hold them (its route keeps the logits and the kernel's pass 2); False
-#: gives every dtype that route (the A/B of ``scripts/flce_frontier.py --parts exponentials``).
+#: gives every dtype that route (the A/B of ``studies/flce_frontier.py --parts exponentials``).
 STORE_EXPONENTIALS = True
-
-#: With ``chunk_size`` left to the default, the class-major route also takes one chunk of ``H < N ≤ k·H``
-#: rows (``k`` this constant, when it is above 1) where its ``V × N`` logits fit the default chunk's share
-#: of free memory (:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then
-#: holds ``V·N + S·H`` elements instead of ``(V + S)·H``, and forward defers the gradients as at
-#: ``N ≤ H`` instead of forming them chunk by chunk. 1 (off) by default, for two reasons. ``dW`` is a
-#: view of that buffer, so ``weight.grad`` keeps all of it alive until the optimizer clears it: at
-#: ``N = 2H`` twice the gradient's size, through the rest of a training step's backward. And its peak is
-#: above the chunked route's and torch's ``F.linear_cross_entropy``'s: on the H200 at N = 8192 (H = 4096,
-#: V = 128256, bf16; ``scripts/flce_frontier.py --parts wide_class_major``,
-#: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, medians of three alternating rounds,
-#: the run of ad36021) ``k = 2`` took ``full`` in 36.96 ms at 2262 MB, the chunked route 37.85 ms at 2132
-#: MB, torch's 108.47 ms at 2132 MB (QuACK's peak at that N: 4072 MB; MB as the CSVs count them, 2^20
-#: bytes), and ``forward`` with a gradient 12.84 ms against 37.98. Set it to 2 for that forward (the A/B's
-#: other arm); beyond ``2H`` the logits alone outgrow the memory target (``≤ 0.6×`` QuACK's peak).
-CLASS_MAJOR_ROWS_PER_HIDDEN = 1
 
 
 class CrossEntropyOutput(NamedTuple):
@@ -205,14 +186,12 @@ def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
 def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool,
                              chunk_size: int | None) -> bool:
     """Whether a plain loss with a gradient takes the class-major route (:func:`_class_major_gradients`):
-    one chunk of at most ``H`` rows (within ``ops.chunk_size``), or with the default ``chunk_size`` (None)
-    of at most ``CLASS_MAJOR_ROWS_PER_HIDDEN · H`` rows whose logits fit the default chunk's share of free
-    memory; ``dW`` wanted, ``x``, ``W`` and the matmuls in one dtype (so ``dW`` and the logits can share a
-    buffer; not ``accurate``, not float16, whose sums are float32), on the epilogue GEMM's machine."""
+    one chunk of at most ``H`` rows (within ``ops.chunk_size``); ``dW`` wanted, ``x``, ``W`` and the matmuls
+    in one dtype (so ``dW`` and the logits can share a buffer; not ``accurate``, not float16, whose sums are
+    float32), on the epilogue GEMM's machine. Beyond ``H`` rows the logits would outgrow ``dW``'s buffer,
+    and ``weight.grad``, a view of it, would keep them alive until the optimizer clears it."""
     n_rows, hidden = ops.x.shape
     fits = n_rows <= min(ops.chunk_size, hidden)
-    if not fits and chunk_size is None and hidden < n_rows <= CLASS_MAJOR_ROWS_PER_HIDDEN * hidden:
-        fits = _within_free_share(n_rows, ops.w.shape[0], ops.w.element_size(), ops.free_bytes)
     return (needs[1] and fits and not accurate
             and ops.x.dtype == weight.dtype == ops.w.dtype != torch.float16
             and _epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))

@@ -621,25 +621,3 @@ def test_median_of_rounds():
         median_of_rounds(pd.DataFrame(rows).drop(columns="round"))
 
 
-def test_an_arm_sets_its_constants_for_the_calls_inside_and_puts_them_back():
-    """arms.constants_set: the arm's values inside, the old ones after (also after an error); a constant the
-    module lacks is refused before anything is set."""
-    import importlib
-
-    from kernels_lib._flce import matmuls
-    from kernels_lib.workbench.bench.arms import constants_set
-
-    flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")  # the package's name is the function
-    rows, rows_per_hidden = matmuls.DX_BLOCK_ROWS, flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN
-    settings = {matmuls.__name__: {"DX_BLOCK_ROWS": rows + 7}, flce_module.__name__: {"CLASS_MAJOR_ROWS_PER_HIDDEN": rows_per_hidden + 3}}
-    with constants_set(settings):
-        assert (matmuls.DX_BLOCK_ROWS, flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN) == (rows + 7, rows_per_hidden + 3)
-    assert (matmuls.DX_BLOCK_ROWS, flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN) == (rows, rows_per_hidden)
-    with pytest.raises(RuntimeError, match="inside"):
-        with constants_set(settings):
-            raise RuntimeError("inside")
-    assert (matmuls.DX_BLOCK_ROWS, flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN) == (rows, rows_per_hidden)
-    with pytest.raises(AttributeError, match="kernels_lib._flce.matmuls has no constant DX_BLOCK_ROW to set"):
-        with constants_set({flce_module.__name__: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 9}, matmuls.__name__: {"DX_BLOCK_ROW": 1}}):
-            pass
-    assert flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == rows_per_hidden

@@ -267,21 +267,3 @@ def test_h200_script_small_path(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "measured").exists() and list((tmp_path / "out").iterdir()) == []  # a dry run
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path / "out"), "--parts", "no_such_part"])
-
-
-def test_sequence_chunk_ab_script_small_path(tmp_path):
-    """The sequence A/B script at CPU size: a row per B and chunk, times positive, appended with provenance."""
-    import importlib.util
-    from pathlib import Path
-
-    import pandas as pd
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "sequence_chunk_ab.py"
-    spec = importlib.util.spec_from_file_location("sequence_chunk_ab", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    args = ["--out", str(tmp_path), "--route", "r", "--losses", "kto_loss", "--chunks", "default,16", "--size", "small"]
-    assert script.main(args) == 0 and script.main(args) == 0
-    rows = pd.read_csv(tmp_path / script.FILE)
-    assert len(rows) == 2 * 3 * 2 and set(rows.chunk.astype(str)) == {"default", "16"}
-    assert (rows[["full_ms", "forward_ms"]] > 0).all().all() and {"route", "kernels_lib_commit", "gpu_name"} <= set(rows.columns)

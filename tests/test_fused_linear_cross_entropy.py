@@ -211,8 +211,6 @@ def test_rows_far_from_their_target_match_reference(chunk_size, epilogue_route):
     check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], chunk_size=chunk_size)
 
 
-
-
 @pytest.fixture
 def class_major_route(monkeypatch, epilogue_route):
     """The epilogue route in the interpreter, ``dW`` formed in slabs of 64 rows; yields the calls of the
@@ -274,53 +272,17 @@ def test_class_major_route_only_where_it_fits(class_major_route):
     assert len(class_major_route) == 1
 
 
-@pytest.mark.parametrize(
-    "lead, hidden, vocab, bias, options",
-    [
-        ((101,), 72, 1031, True, dict(reduction="mean")),  # H < N < 2H: the buffer is the logits' V·N + S·H
-        ((2, 40), 40, 517, False, dict(reduction="sum", logit_scale=0.5)),  # N = 2H exactly
-    ],
-)
-def test_wide_class_major_route_matches_reference(lead, hidden, vocab, bias, options, class_major_route,
-                                                  poisoned_allocations, monkeypatch):
-    """With CLASS_MAJOR_ROWS_PER_HIDDEN raised to 2 (the A/B's arm) and the default chunk_size, one chunk of
-    H < N ≤ 2H rows takes the class-major route (forward defers the gradients); the slabs of dW, written
-    over the logits they have read, never reach the ones still to be read. Loss and every gradient as the
-    float64 reference."""
-    monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", 2)
-    x, w, b, target = make_inputs(lead, hidden, vocab, ROUTE_DTYPE, bias=bias, ignore_every=5)
-    loss = fused_linear_cross_entropy(x, w, target, b, **options)
-    assert x.grad is None and len(class_major_route) == 1, "one chunk, the gradients left to backward"
-    check_against_reference(x, w, b, target, TOL[ROUTE_DTYPE], **options)
-    assert loss.isfinite()
-
-
-def test_wide_class_major_route_only_within_its_limit(class_major_route, monkeypatch):
-    """Beyond 2H rows, or with an explicit chunk_size below N, or at the default 1 H rows per chunk: the
-    chunked route."""
-    assert flce_module.CLASS_MAJOR_ROWS_PER_HIDDEN == 1, "off by default: the weight's gradient would hold V·N"
-    for rows_per_hidden, lead, options in [(2, (145,), {}), (2, (101,), dict(chunk_size=64)), (1, (101,), {})]:
-        monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", rows_per_hidden)
-        x, w, b, target = make_inputs(lead, 72, 517, ROUTE_DTYPE)
-        fused_linear_cross_entropy(x, w, target, b, **options)
-    assert class_major_route == []
-
-
-@pytest.mark.parametrize("rows_per_hidden", [1, 2])
-def test_weight_grad_holds_what_the_route_says(rows_per_hidden, class_major_route, monkeypatch):
+def test_weight_grad_holds_what_the_route_says(class_major_route):
     """``weight.grad`` of the class-major route is a view of its buffer and keeps all of it: ``(V + S)·H``
-    elements at N ≤ H; at H < N ≤ 2H the default (chunked route) gives a gradient of its own size, the
-    raised limit one that holds ``V·N + S·H`` (why 1 is the default)."""
-    monkeypatch.setattr(flce_module, "CLASS_MAJOR_ROWS_PER_HIDDEN", rows_per_hidden)
+    elements at N ≤ H; at H < N the chunked route gives a gradient of its own size."""
     hidden, vocab, slab = 40, 517, flce_class_major.CLASS_MAJOR_SLAB_ROWS
-    for rows in (hidden, 2 * hidden):
+    for rows in (hidden, hidden + 1, 2 * hidden):
         x, w, b, target = make_inputs((rows,), hidden, vocab, ROUTE_DTYPE)
         fused_linear_cross_entropy(x, w, target, b).backward()
         held = w.grad.untyped_storage().nbytes() // w.grad.element_size()
-        wide = rows > hidden and rows_per_hidden == 2
-        expected = vocab * rows + slab * hidden if wide else (vocab + slab) * hidden if rows <= hidden else vocab * hidden
-        assert held == expected, (rows, rows_per_hidden, held, expected)
-    assert len(class_major_route) == (2 if rows_per_hidden == 2 else 1)
+        expected = (vocab + slab) * hidden if rows <= hidden else vocab * hidden
+        assert held == expected, (rows, held, expected)
+    assert len(class_major_route) == 1, "only the chunk of N ≤ H rows takes the class-major route"
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")

@@ -6,7 +6,6 @@
 - A peer package that is not installed (simulated: its import fails, CUDA reported available):
   its provider is skipped with a note naming the ImportError, and the sweep runs the others.
 - The command line: sizes the loss does not have, and devices that are not one of its choices.
-  A committed GPU-run file that is corrupt is named by its path too (``flce_studies.load_run``).
 """
 
 from __future__ import annotations
@@ -72,17 +71,6 @@ def test_corrupt_measured_file_is_named_by_load_and_append(kind, tmp_path, monke
         data.append_measured(pd.DataFrame({c: [1] for c in data._REQUIRED}), "kl_div")
     assert str(path) in str(info.value)
     assert path.read_bytes() == (CORRUPT[kind] if isinstance(CORRUPT[kind], bytes) else CORRUPT[kind].encode())
-
-
-@pytest.mark.parametrize("kind", ["ragged", "empty"])
-def test_corrupt_gpu_run_file_is_named(kind, tmp_path, monkeypatch):
-    from kernels_lib.workbench.bench import flce_studies
-
-    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
-    path = _write(tmp_path / flce_studies.RUN_FILES["dial"], "a,b\n1,2\n3,4,5\n" if kind == "ragged" else "")
-    with pytest.raises(Exception) as info:
-        flce_studies.load_run("dial")
-    assert str(path) in str(info.value)
 
 
 # --------------------------------------------------------------------------- peers not installed

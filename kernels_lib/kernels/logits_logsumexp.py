@@ -79,6 +79,7 @@ where ``N·V`` or ``V·H`` may exceed 2**31.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 
@@ -89,55 +90,27 @@ import triton.language as tl
 from .. import _validate as v
 from .._autocast import compute_dtype_for
 from .._runtime import INTERPRETED
-from ._gluon import num_sms as _num_sms
-from .gluon_logits_logsumexp import DEFAULT_CONFIG as GLUON_DEFAULT_CONFIG
-from .gluon_logits_logsumexp import gluon_unsupported_reason
-from .gluon_logits_logsumexp import launch_partials as launch_gluon_partials
 from .shifted_exponentials import EXP_HEADROOM, launch_rescale_flagged_rows
 
-#: Hopper candidates for bf16/fp16 inputs, best guess first (shared memory per stage:
-#: ``(BLOCK_M + BLOCK_N) · BLOCK_K · 2`` bytes, 48 KiB at 128 × 256 × 64). First the TMA kernels
-#: (``TMA``: tiles loaded by TMA from tensor descriptors; ``PERSISTENT``: one program per SM looping
-#: over the tiles; ``WARP_SPECIALIZE``: producer/consumer warps, a separate key so that a Triton
-#: that cannot compile it on Hopper only loses that config), then the pointer-based ``tl.load``
-#: kernels measured before (the first of them the fastest: 589 / 550 / 556 TFLOP/s at
-#: N = 4096 / 8192 / 16384, H = 4096, V = 128256 on an H200).
 _TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
-CONFIGS = [
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=4, TMA=True, PERSISTENT=True),
-    dict(_TILE, GROUP_M=16, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=4, TMA=True),
-    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
-    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
-    # Warp specialization last: the least tried in Triton 3.6 on Hopper (on the H200 they compiled and
-    # ran, 1–8% slower than the TMA persistent configs above).
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
-    dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3, TMA=True, WARP_SPECIALIZE=True),
-]
-#: The launch without ``config`` where the TMA kernel can take 16-bit inputs: the fastest measured on
-#: the H200 (bf16, H = 4096, V = 128256,
-#: ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``): 6.32 / 12.69 / 25.27 ms at
-#: N = 4096 / 8192 / 16384, 681 / 678 / 681 TFLOP/s, where cuBLAS's logits matmul alone took 6.33 /
-#: 12.39 / 24.87 ms and the pointer kernel below 7.35 / 15.17 / 30.07.
-TMA_DEFAULT_CONFIG = CONFIGS[2]
-#: The same where ``logits_out`` is given: the logits tile stored by TMA. On the H200 (bf16, 4096 × 4096
-#: × 128256, ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``) 6.42 ms
-#: (670 TFLOP/s) against 6.59 with masked stores (cuBLAS's logits alone: 6.35 in the stages of the same
-#: run); the non-persistent grid with TMA stores took 8.10.
+#: The launch without ``config`` where the TMA kernel can take 16-bit inputs (Hopper): tiles loaded by TMA
+#: from tensor descriptors, one program per SM looping over the tiles in groups of 16 row blocks. The
+#: fastest of the Hopper candidates measured beside cuBLAS's logits matmul, at about its rate
+#: (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``).
+TMA_DEFAULT_CONFIG = dict(_TILE, GROUP_M=16, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True)
+#: The same where ``logits_out`` is given: the logits tile stored by TMA from shared memory rather than by
+#: each thread (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``).
 TMA_LOGITS_OUT_CONFIG = dict(TMA_DEFAULT_CONFIG, TMA_STORE=True)
-#: The launch without ``config`` otherwise: the fastest measured pointer-based config.
-DEFAULT_CONFIG = CONFIGS[5]
+#: The launch without ``config`` otherwise: the fastest measured pointer-based (``tl.load``) config.
+DEFAULT_CONFIG = dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3)
+#: The configs the default routes launch, the Hopper one first (the other candidates measured against
+#: them are the studies': ``studies/kernels/logits_logsumexp_configs.py``).
+CONFIGS = [TMA_DEFAULT_CONFIG, DEFAULT_CONFIG]
 #: In Triton's interpreter every program is a Python loop: small tiles keep tests fast and still
 #: cover several row, vocabulary and ``H`` blocks.
 INTERPRETED_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
 #: Boolean config keys, all False unless given: the Hopper path and its variants.
-FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE", "GLUON", "PINGPONG")
-#: The config keys that set the Gluon kernel's tiles (``num_stages`` sets its ``STAGES``).
-GLUON_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+FLAG_KEYS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")
 #: "SMs" of the interpreter: the persistent grid's size there (small, so programs take several tiles).
 INTERPRETED_NUM_SMS = 3
 #: Rows per program of the merge kernel, and the vocabulary blocks' partials it reads per step.
@@ -470,13 +443,14 @@ def merge_lse_partials_kernel(
             tl.store(at_target, (e_y - tl.exp(lse - big_m)).to(out_ptr.dtype.element_ty), mask=mine)
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int | None) -> int:
+    """The streaming multiprocessors of a CUDA device: the persistent grid's size."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 class TmaFallbackWarning(UserWarning):
     """A config asked for the TMA kernel and the inputs or the machine cannot take it: the pointer kernel ran."""
-
-
-class GluonFallbackWarning(UserWarning):
-    """A config asked for the Gluon kernel and the inputs, the machine or the call cannot take it: the
-    ``tl.*`` kernel the launch takes without a config ran."""
 
 
 def _config(config: dict | None, dtype: torch.dtype) -> dict:
@@ -511,11 +485,6 @@ def _config(config: dict | None, dtype: torch.dtype) -> dict:
         for key in ("PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE"):
             if chosen[key]:
                 raise ValueError(f"config[{key!r}] needs config['TMA'] = True (it applies to the TMA kernel only)")
-    if chosen["GLUON"] and any(chosen[key] for key in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "TMA_STORE")):
-        raise ValueError("config['GLUON'] takes the Gluon kernel (its own TMA loads and schedule); "
-                         "leave out config['TMA'], ['PERSISTENT'], ['WARP_SPECIALIZE'] and ['TMA_STORE']")
-    if chosen["PINGPONG"] and not chosen["GLUON"]:
-        raise ValueError("config['PINGPONG'] needs config['GLUON'] = True (it orders the Gluon kernel's two consumers)")
     if chosen["WARP_SPECIALIZE"] and "warp_specialize" not in inspect.signature(tl.range.__init__).parameters:
         raise ValueError(f"config['WARP_SPECIALIZE'] needs tl.range(warp_specialize=...), absent from triton {triton.__version__}")
     return chosen
@@ -584,11 +553,7 @@ def logits_logsumexp(
     ``None`` without ``target``. ``config``: optional dict overriding ``BLOCK_M``, ``BLOCK_N``,
     ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``, and the bools ``TMA``, ``PERSISTENT``,
     ``WARP_SPECIALIZE``, ``TMA_STORE`` (see :data:`CONFIGS`; the last three need ``TMA``; ``TMA_STORE``
-    stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned), and ``GLUON``:
-    the Gluon kernel of :mod:`~kernels_lib.kernels.gluon_logits_logsumexp` (Hopper, 16-bit inputs, no
-    ``logits_out``; its own tiles unless the config gives ``BLOCK_*``, ``GROUP_M``, ``num_stages``; with
-    ``PINGPONG`` its two consumer warpgroups take turns at the tensor cores), where
-    it cannot run a :class:`GluonFallbackWarning` says why and the launch is the one without a config. When
+    stores ``logits_out``'s tiles by TMA where its base and row stride are 16-byte aligned). When
     ``TMA`` is asked for and :func:`tma_unsupported_reason` gives a reason, the pointer kernel runs and
     a :class:`TmaFallbackWarning` says why. Float32 inputs use TF32 exactly when torch's matmuls do
     (``torch.backends.cuda.matmul.allow_tf32``). ``logits_out``: optional ``(N, V)`` tensor of x's dtype
@@ -648,25 +613,9 @@ def launch_logits_logsumexp(
     gradient of the plain loss is :math:`g\,u_i\,\tilde e_{ij}`. The target logit returned is then the
     shift's (the tiles form none)."""
     reason = tma_unsupported_reason(x, weight)
-    gluon_config = None
-    if config is not None and config.get("GLUON") is True:
-        _config(config, x.dtype)  # the same checks of its keys and values
-        why_not = gluon_unsupported_reason(x, weight, logits_out=logits_out is not None)
-        if why_not is None:
-            # The Gluon kernel's own tiles and stages, those the config gives replacing them.
-            gluon_config = dict(GLUON_DEFAULT_CONFIG, **{key: config[key] for key in GLUON_TILE_KEYS if key in config})
-            if "num_stages" in config:
-                gluon_config["STAGES"] = config["num_stages"]
-            gluon_config["PINGPONG"] = bool(config.get("PINGPONG", False))
-        else:
-            warnings.warn(f"logits_logsumexp: config {config!r} asks for the Gluon kernel, but {why_not}; "
-                          "running the tl.* kernel instead", GluonFallbackWarning, stacklevel=3)
-        config = None
     if config is None and not INTERPRETED and x.dtype != torch.float32 and reason is None:
         config = TMA_DEFAULT_CONFIG if logits_out is None else TMA_LOGITS_OUT_CONFIG
     cfg = _config(config, x.dtype)
-    if gluon_config is not None:
-        cfg.update(BLOCK_N=gluon_config["BLOCK_N"])  # the partials' blocks are the Gluon kernel's
 
     n_rows, hidden = x.shape
     n_cols = weight.shape[0]
@@ -710,10 +659,7 @@ def launch_logits_logsumexp(
     itemsize = x.element_size()
     out_tma = (cfg["TMA_STORE"] and logits_out is not None and logits_out.data_ptr() % 16 == 0
                and stride_out * itemsize % 16 == 0 and inner * itemsize % 16 == 0)
-    if gluon_config is not None:
-        launch_gluon_partials(x, weight, bias, target, m, s, target_logit, alpha=alpha, ignore_index=ignore_index,
-                              config=gluon_config)
-    elif cfg["TMA"] and reason is None:
+    if cfg["TMA"] and reason is None:
         if not INTERPRETED:
             _ensure_allocator()
         num_sms = INTERPRETED_NUM_SMS if INTERPRETED else _num_sms(x.device.index)

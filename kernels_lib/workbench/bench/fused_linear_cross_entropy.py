@@ -18,8 +18,8 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
   ``nvidia-cutlass-dsl``);
 - ``quack``: ``quack.linear_cross_entropy.chunked_linear_cross_entropy`` (``quack-kernels`` 0.6.4 with
   its pinned ``nvidia-cutlass-dsl`` 4.6.2; CUDA, no bias or options), its default chunk of 4096 rows,
-  ``use_scaled_exp=False``: its scaled-exp path raised a ValueError in ``full`` at ``H = 4096`` on the
-  H200 (issue 14). It forms the log-sum-exp in the logits GEMM's epilogue and accumulates ``dW`` in float32;
+  ``use_scaled_exp=False``: its scaled-exp path raised a ValueError in ``full`` at ``H = 4096`` on a
+  Hopper GPU. It forms the log-sum-exp in the logits GEMM's epilogue and accumulates ``dW`` in float32;
 - ``torch_lce``: torch's own chunked ``F.linear_cross_entropy`` (torch >= 2.13) with
   ``options=LinearCrossEntropyOptions()``, its defaults (``acc_policy`` and ``chunking_method``
   ``"auto"``: on CUDA in half precision ``"compact"``, ``dW`` accumulated chunk by chunk in the
@@ -35,8 +35,8 @@ Providers, each a thin adapter with the signature of :func:`kernels_lib.fused_li
   ``N × V`` buffer of the input dtype, and in backward :math:`dx = z\,W` and :math:`dW = z^\top x`
   with that buffer standing in for :math:`dz` (torch's matmuls: cuBLAS on a GPU). Its ``forward`` /
   ``forward_no_grad`` is the logits product alone. Its memory is that buffer's, not a fused loss's:
-  only its time is a floor. Issue 30's "≤ 0.92× the three cuBLAS matmuls" is judged against it
-  (:func:`.analysis.past_floor_targets`), and no peer table counts it as a peer.
+  only its time is a floor: ratios to the floor are judged against it, and no peer table counts it as a
+  peer.
 
 A provider whose package or GPU is missing is skipped, and the sweep's rows say why.
 

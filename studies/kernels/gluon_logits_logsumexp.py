@@ -74,7 +74,7 @@ if GLUON_IMPORT_ERROR is None:  # Triton >= 3.4 ships Gluon; without it the laun
     from ._gluon import TensorDescriptor, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from ._gluon import tma_load as _tma_load
 
-from .._runtime import INTERPRETED
+from kernels_lib._runtime import INTERPRETED
 
 #: The launch's tiles and schedule. ``BLOCK_N = 128`` keeps a consumer's accumulator at 128 registers
 #: a thread (a ``128 × 256`` one would need all 255, with nothing left for the epilogue); ``STAGES``
@@ -271,7 +271,7 @@ def gluon_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, *, logits_ou
         return f"the Gluon kernel uses Hopper's wgmma (compute capability 9.x); {torch.cuda.get_device_name(x.device)} has {major}.{minor}"
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"the Gluon kernel takes bfloat16 or float16 inputs; got {x.dtype}"
-    from .logits_logsumexp import tma_unsupported_reason
+    from kernels_lib.kernels.logits_logsumexp import tma_unsupported_reason
 
     return tma_unsupported_reason(x, weight)
 
@@ -345,3 +345,71 @@ def compile_for_sm90(dtype: torch.dtype = torch.bfloat16, *, has_bias: bool = Tr
     source = GluonASTSource(logits_lse_partials_gluon_kernel, signature,
                             constexprs={(list(signature).index(k),): v for k, v in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+
+
+class GluonFallbackWarning(UserWarning):
+    """A config asked for the Gluon kernel and the inputs, the machine or the call cannot take it: the
+    library's ``tl.*`` kernel, launched without a config, ran."""
+
+
+#: The config keys that set the Gluon kernel's tiles (``num_stages`` sets its ``STAGES``).
+GLUON_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+
+
+def gluon_config(config: dict) -> dict:
+    """The Gluon kernel's launch config from a study's ``{"GLUON": True, ...}``: :data:`DEFAULT_CONFIG`, its
+    tiles and ``GROUP_M`` replaced by those ``config`` gives, ``num_stages`` as ``STAGES``, and ``PINGPONG``.
+    Any other key, or ``GLUON`` not True, raises naming it."""
+    if not isinstance(config, dict) or config.get("GLUON") is not True:
+        raise ValueError(f"a Gluon config has GLUON=True; got {config!r}")
+    unknown = sorted(set(config) - {"GLUON", "PINGPONG", "num_stages", *GLUON_TILE_KEYS})
+    if unknown:
+        raise ValueError(f"config keys {unknown} do not apply to the Gluon kernel (its keys: GLUON, PINGPONG, "
+                         f"num_stages, {', '.join(GLUON_TILE_KEYS)})")
+    if not isinstance(config.get("PINGPONG", False), bool):
+        raise ValueError(f"config['PINGPONG'] must be a bool; got {config['PINGPONG']!r}")
+    for key in (*GLUON_TILE_KEYS, "num_stages"):
+        value = config.get(key, 16)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (key.startswith("BLOCK_") and (value < 16 or value & (value - 1))):
+            raise ValueError(f"config[{key!r}] must be a positive int (BLOCK_*: a power of two >= 16); got {value!r}")
+    chosen = dict(DEFAULT_CONFIG, **{key: config[key] for key in GLUON_TILE_KEYS if key in config})
+    if "num_stages" in config:
+        chosen["STAGES"] = config["num_stages"]
+    chosen["PINGPONG"] = bool(config.get("PINGPONG", False))
+    return chosen
+
+
+def logits_logsumexp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     target: torch.Tensor | None = None, *, alpha: float = 1.0, ignore_index: int = -100,
+                     config: dict | None = None):
+    """:func:`kernels_lib.kernels.logits_logsumexp.logits_logsumexp` with one more choice of ``config``:
+    ``{"GLUON": True, ...}`` (:func:`gluon_config`) runs this module's Gluon partials and the library's
+    merge kernel; where the Gluon kernel cannot run a :class:`GluonFallbackWarning` says why and the
+    library's launch without a config runs. Any other ``config`` goes to the library unchanged."""
+    import warnings
+
+    from kernels_lib.kernels import logits_logsumexp as library
+
+    if config is None or config.get("GLUON") is not True:
+        return library.logits_logsumexp(x, weight, bias, target, alpha=alpha, ignore_index=ignore_index, config=config)
+    cfg = gluon_config(config)
+    x, weight = x.contiguous(), weight.contiguous()
+    why_not = gluon_unsupported_reason(x, weight)
+    if why_not is not None:
+        warnings.warn(f"logits_logsumexp: config {config!r} asks for the Gluon kernel, but {why_not}; "
+                      "running the tl.* kernel instead", GluonFallbackWarning, stacklevel=2)
+        return library.logits_logsumexp(x, weight, bias, target, alpha=alpha, ignore_index=ignore_index)
+    n_rows, n_cols = x.shape[0], weight.shape[0]
+    n_blocks = triton.cdiv(n_cols, cfg["BLOCK_N"])
+    m = torch.empty((n_blocks, n_rows), dtype=torch.float32, device=x.device)
+    s = torch.empty_like(m)
+    lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    target_logit = torch.empty_like(lse) if target is not None else None
+    target = target.contiguous() if target is not None else None
+    launch_partials(x, weight, bias, target, m, s, target_logit, alpha=alpha, ignore_index=ignore_index, config=cfg)
+    library.merge_lse_partials_kernel[(triton.cdiv(n_rows, library.BLOCK_R),)](
+        m, s, target if target is not None else lse, lse, target_logit if target is not None else lse, n_rows, n_cols,
+        n_blocks, int(ignore_index), lse, 0, 0, lse, lse, lse, HAS_TARGET=target is not None, SHIFTED=False,
+        BLOCK_R=library.BLOCK_R, BLOCK_B=library.BLOCK_B, num_warps=4,
+    )
+    return lse, target_logit

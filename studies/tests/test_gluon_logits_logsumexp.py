@@ -1,4 +1,4 @@
-"""The Gluon stage of the log-sum-exp (kernels_lib.kernels.gluon_logits_logsumexp).
+"""The Gluon stage of the log-sum-exp (studies.kernels.gluon_logits_logsumexp).
 
 On every machine: it compiles for ``sm_90a`` (Gluon does not run in Triton's interpreter, so CI's CPU
 compiles it, in a subprocess with ``TRITON_INTERPRET=0``) and holds the Hopper instructions it is
@@ -21,17 +21,34 @@ import pytest
 import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib.kernels import gluon_logits_logsumexp as gluon_stage
 from kernels_lib.kernels import logits_logsumexp as module
-from kernels_lib.kernels.logits_logsumexp import GluonFallbackWarning, logits_logsumexp
-from test_logits_logsumexp import IGNORE, check, make
+from kernels_lib.workbench.check import relative_error
+from studies.kernels import gluon_logits_logsumexp as gluon_stage
+from studies.kernels.gluon_logits_logsumexp import GluonFallbackWarning, logits_logsumexp
+from test_logits_logsumexp import IGNORE, TOL, make, reference
 from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
 GLUON = dict(GLUON=True)
 
+
+def check(x, w, b, y, alpha=1.0, config=None):
+    """The study's launcher against float64, as ``tests/test_logits_logsumexp.py`` checks the library's."""
+    lse, t = logits_logsumexp(x, w, b, y, alpha=alpha, ignore_index=IGNORE, config=config)
+    ref_lse, ref_t = reference(x, w, b, y, alpha)
+    assert lse.dtype == torch.float32 and lse.shape == (x.shape[0],) and torch.isfinite(lse).all()
+    assert relative_error(lse, ref_lse) <= TOL
+    if y is None:
+        assert t is None
+        return
+    ignored = y == IGNORE
+    assert (t[ignored] == 0).all(), "ignored rows' target logit is exactly 0"
+    assert torch.isfinite(t).all()
+    if (~ignored).any():
+        assert relative_error(t[~ignored], ref_t[~ignored]) <= TOL
+
 _COMPILE = r"""
 import json, sys, torch
-from kernels_lib.kernels import gluon_logits_logsumexp as g
+from studies.kernels import gluon_logits_logsumexp as g
 out = []
 for case in json.loads(sys.argv[1]):
     # torch dtypes do not go through JSON: they come as names.
@@ -94,15 +111,21 @@ def test_logits_out_is_not_the_gluon_kernels():
 
 
 @pytest.mark.parametrize("config, match", [
-    (dict(GLUON=True, TMA=True), "leave out config\\['TMA'\\]"),
+    (dict(GLUON=True, TMA=True), "do not apply to the Gluon kernel"),
     (dict(GLUON=True, num_stages=0), "num_stages"),
-    (dict(GLUON="yes"), "must be a bool"),
-    (dict(PINGPONG=True), "PINGPONG'\] needs config\['GLUON'\]"),
+    (dict(GLUON=True, PINGPONG="yes"), "must be a bool"),
 ])
 def test_bad_gluon_configs_name_the_key(config, match):
     x, w, b, y = make(7, 40, 33, torch.bfloat16, seed=13)
     with pytest.raises(ValueError, match=match):
         logits_logsumexp(x, w, b, y, config=config)
+
+
+def test_the_library_takes_no_gluon_config():
+    """The library's launcher knows nothing of Gluon: a GLUON key is refused there, naming the keys it takes."""
+    x, w, b, y = make(7, 40, 33, torch.bfloat16, seed=13)
+    with pytest.raises(ValueError, match="keys among"):
+        module.logits_logsumexp(x, w, b, y, config=GLUON)
 
 
 # --- On the H200: the numbers.

@@ -4,7 +4,7 @@ On the published V charts (float32, N = 8192 rows for JSD, 16384 for TVD) the H2
 at 0.32–0.74 ms at V = 4096 and 8192, with p20–p80 spreads of 0.09–0.24 ms, where its time per element at
 V ≥ 32768 predicts 0.11 and 0.21 ms; from V = 32768 on the runs agree within 6 % and the spreads are at most
 0.08 ms (notebook 07, ``overview.per_element_excess``). The CE small-vocabulary profile found the same shape to
-be the host's (``scripts/ce_small_vocab_profile.py``). This script measures it for the row divergences.
+be the host's (``studies/ce_small_vocab_profile.py``). This script measures it for the row divergences.
 
 Per loss, V (4096 and 8192, and 16384 as the bandwidth-bound control) and provider (kernels_lib, Liger,
 the torch baseline), mode ``full``:
@@ -12,7 +12,7 @@ the torch baseline), mode ``full``:
 - ``do_bench``'s median, p20 and p80 (what the charts report);
 - the GPU's view (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`): the kernels' busy time per call
   and the idle time between them, over calls issued back to back with the L2 flushed as do_bench does;
-- the host's view (:mod:`kernels_lib.workbench.bench.host_profile`): ms per call issued back to back and
+- the host's view (:mod:`studies.bench.host_profile`): ms per call issued back to back and
   of one call after a sync. Where the host's ms per call exceed the GPU's busy ms, the call is
   host-bound: its ``do_bench`` time is the host's, and differs with the host.
 
@@ -22,7 +22,7 @@ about 1 ms on an H200: longer than the host's time per call, short enough that t
 medians is not lost in the chain's own spread), three rounds in alternating order: what it adds to a step
 when the host runs ahead, as in training.
 
-On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/divergence_small_vocab_profile.py --out $OUT``
+On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python -m studies.divergence_small_vocab_profile --out $OUT``
 (estimated at about a minute; Liger's wheel on the path for its rows); writes the files of :data:`FILES`
 under ``--out``, laid out as ``data/measured/``. ``--size small`` runs it on a CPU.
 """
@@ -37,9 +37,10 @@ import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.host_profile import host_ops, host_times, matmul_chain, step_rows, write_tables
+from studies.bench.host_profile import host_ops, host_times, matmul_chain, step_rows, write_tables
 from kernels_lib.workbench.bench.sweep import available_providers
-from kernels_lib.workbench.bench.timing import busy_timeline, mode_callable, time_callable
+from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from studies.bench.timing import busy_timeline
 
 LOSSES = ("jsd", "tvd")
 PROVIDERS = ("kernels_lib", "liger", "torch")

@@ -1,9 +1,9 @@
 """The A/B of the sequence losses' stored-exponentials route against their two passes, beside the floor.
 
-:data:`kernels_lib._sequence_logprobs.STORE_EXPONENTIALS` (off by default) takes each chunk's log-probs
+The route (:mod:`studies.routes.sequence_exponentials`, not the library's) takes each chunk's log-probs
 from the fused cross-entropy's epilogue GEMM and puts the weights on the row factors of ``x`` and
-``dx``, so no pass reads the ``chunk × V`` buffer between the matmuls. Issue 30 asks every fused loss
-for 1.05× its matmul floor; DPO, GRPO, CPO and SimPO were at 1.06–1.25× through the two passes.
+``dx``, so no pass reads the ``chunk × V`` buffer between the matmuls. The study's target is 1.05× the
+matmul floor for every fused loss; DPO, GRPO, CPO and SimPO were at 1.06–1.25× through the two passes.
 
 For each loss (``fused_linear_dpo_loss``, ``fused_linear_orpo_loss``, ``fused_linear_cpo_loss``, ``fused_linear_simpo_loss``,
 ``fused_linear_grpo_loss_token``, ``fused_linear_grpo_loss_sequence``, ``kto_loss``) at its published
@@ -17,7 +17,7 @@ other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradie
 
 On a GPU (estimated at 5–10 minutes on an H200, not yet run; `--losses` splits it over calls):
 
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 -m kernels_lib.workbench.bench.sequence_exponentials_ab \\
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 -m studies.bench.sequence_exponentials_ab \\
         $OUT/gpu_runs/sequence_exponentials_ab.csv
 
 ``--size small`` runs it at the CPU presets (Triton's interpreter, which takes the route only when
@@ -35,13 +35,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ... import _sequence_logprobs
-from .. import data, overview
-from .arms import constants_set
-from .ceilings import measure_ceilings
-from . import get_spec
-from .sweep import available_providers, median_of_rounds, run_sweep
-from .timing import _loss, time_callable
+from kernels_lib.workbench import data, overview
+from studies.bench.arms import constants_set
+from studies.routes import sequence_exponentials
+from kernels_lib.workbench.bench.ceilings import measure_ceilings
+from kernels_lib.workbench.bench import get_spec
+from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
+from kernels_lib.workbench.bench.timing import _loss, time_callable
 
 #: The losses on the sequence log-prob pipeline whose published workload has no second target.
 LOSSES = ("fused_linear_dpo_loss", "fused_linear_orpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
@@ -51,10 +51,9 @@ ARM = "kernels_lib[store_exponentials=True]"
 
 
 def route(on: bool) -> contextlib.AbstractContextManager:
-    """The route on or off for the calls inside (the interpreter asked to take the epilogue GEMM too)."""
-    flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-    return constants_set({_sequence_logprobs.__name__: {"STORE_EXPONENTIALS": on},
-                          flce.__name__: {"EPILOGUE_GEMM_WHEN_INTERPRETED": on or flce.EPILOGUE_GEMM_WHEN_INTERPRETED}})
+    """The route on (the study's ``sequence_logprobs`` in every caller, the interpreter asked to take the
+    epilogue GEMM too) or off (the library as it is) for the calls inside."""
+    return constants_set(sequence_exponentials.arm() if on else {})
 
 
 def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:

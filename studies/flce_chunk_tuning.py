@@ -16,7 +16,7 @@ with ``logits_out``), then the CE kernel's pass 2 alone, which overwrites the lo
   with the fastest of those GEMM configs in place of :data:`TMA_LOGITS_OUT_CONFIG`, against the
   default config, in two rounds of alternating order (rows named ``full N=…``).
 
-On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/flce_chunk_tuning.py --out $OUT``
+On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python -m studies.flce_chunk_tuning --out $OUT``
 (about two minutes); writes ``gpu_runs/fused_linear_cross_entropy_chunk_tuning.csv`` under ``--out``.
 """
 

@@ -4,8 +4,8 @@ alone, at its default chunk and at given chunk sizes: ``full`` and ``forward`` t
 An A/B of two commits runs this once from a checkout of each, in one device call, alternating:
 
     for r in 1 2; do
-      PYTHONPATH=$OLD python3 scripts/sequence_chunk_ab.py --out $OUT --route "old route" --chunks default
-      PYTHONPATH=$NEW python3 scripts/sequence_chunk_ab.py --out $OUT --route "new route" --chunks default,4096
+      PYTHONPATH=$OLD python -m studies.sequence_chunk_ab --out $OUT --route "old route" --chunks default
+      PYTHONPATH=$NEW python -m studies.sequence_chunk_ab --out $OUT --route "new route" --chunks default,4096
     done
 
 Rows are appended to ``gpu_runs/sequence_epilogue_route_ab.csv`` under ``--out`` with the commit of the

@@ -13,7 +13,7 @@ and a ``torch.profiler`` table of one ``full`` call per point (CUDA time per ker
 Writes ``preference_scaling_profile.csv`` (times) and ``preference_scaling_kernels.csv`` (profile)
 to ``--out``.
 
-    PYTHONPATH=$PWD KERNELS_LIB_COMMIT=<commit> python3 scripts/preference_scaling_profile.py --out $OUT
+    PYTHONPATH=$PWD KERNELS_LIB_COMMIT=<commit> python -m studies.preference_scaling_profile --out $OUT
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
-"""bench.host_profile (the host's share of a small call) and the row divergences' small-vocabulary profile script."""
+"""studies.bench.host_profile (the host's share of a small call) and the row divergences' small-vocabulary profile script."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.workbench.bench import host_profile
+from studies.bench import host_profile
 from kernels_lib.workbench.bench.sweep import available_providers
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_host_times_measure_the_calls():
@@ -48,11 +46,7 @@ def test_step_rows_time_the_chain_and_the_step_in_alternating_rounds():
 
 
 def _script():
-    path = ROOT / "scripts" / "divergence_small_vocab_profile.py"
-    spec = importlib.util.spec_from_file_location("divergence_small_vocab_profile", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return importlib.import_module("studies.divergence_small_vocab_profile")
 
 
 def test_divergence_small_vocab_profile_script_cpu_path(tmp_path):

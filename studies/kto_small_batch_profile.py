@@ -1,6 +1,6 @@
 """Why KTO's time per sequence is 1.35 ms at B <= 4 and 1.0 ms from B = 8 on (published workload; measured on an H200, runs on any CUDA GPU).
 
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/kto_small_batch_profile.py --out OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python -m studies.kto_small_batch_profile --out OUT
 
 For B in {2, 4, 8, 16} and chunk_size in {default (one 512-row sequence), 1024, 2048}: the median of
 ``forward`` (with grad, where all of KTO's work happens) by do_bench; and, for B = 4 and 8 at the

@@ -5,7 +5,7 @@ peers need ``quack-kernels`` 0.6.4, ``nvidia-cutlass-dsl`` 4.6.2 with its ``-lib
 and ``-libs-cu13``, ``apache-tvm-ffi`` and ``torch-c-dlpack-ext``):
 
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/flce_frontier.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python -m studies.flce_frontier --out $OUT
 
 The CuTe DSL's wheels (libs-base and libs-cu13 both fill the folder ``nvidia_cutlass_dsl/``, which ``pip
 --target`` installs once, and its ``.pth`` file is not read from a ``PYTHONPATH`` folder) go into an
@@ -36,11 +36,11 @@ failing part is reported, the others still run, the exit code is 1 if any failed
     alternating rounds, no dial: issue 30's targets (torch's ``F.linear_cross_entropy`` on the H200's torch
     2.11 through ``KERNELS_LIB_TORCH_LCE_FILES``, :mod:`kernels_lib.workbench.bench.torch_lce`).
 ``gluon``: ``gpu_runs/fused_linear_cross_entropy_gluon_ab.csv`` (rounds in ``..._gluon_ab_rounds.csv``).
-    The log-sum-exp stage in Gluon (:mod:`kernels_lib.kernels.gluon_logits_logsumexp`) beside the tl.*
+    The log-sum-exp stage in Gluon (:mod:`studies.kernels.gluon_logits_logsumexp`) beside the tl.*
     one and cuBLAS's logits matmul, at each N, in alternating rounds, with their errors (:func:`gluon`).
 ``stages``: ``gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``. At N = 8192, the time of
     each stage of a chunk (logits, kernel, dx, dW) times the chunks, for the chunk sizes of
-    ``stage_chunks`` of :data:`SIZES` (:func:`kernels_lib.workbench.bench.flce_studies.stage_times`), on both
+    ``stage_chunks`` of :data:`SIZES` (:func:`studies.bench.flce_studies.stage_times`), on both
     routes (``route``): cuBLAS's logits and the kernel's two passes, or the logits and lse from the
     epilogue GEMM and the kernel's second pass; and that GEMM with ``logits_out`` alone at each Hopper
     config, the tile stored by each thread or by TMA.
@@ -68,7 +68,7 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``class_major``: ``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``. At N = 4096 (the
     class-major route's chunk), each stage timed alone with its alternatives: the exponentials GEMM
     at Hopper configs around the default, ``dx`` in both operand orders, ``dW`` in slabs of several
-    sizes (:func:`kernels_lib.workbench.bench.flce_studies.class_major_times`).
+    sizes (:func:`studies.bench.flce_studies.class_major_times`).
 ``timeline``: ``gpu_runs/fused_linear_cross_entropy_timeline.csv``. ``full`` at N = 4096, 8192 and 16384
     (the runs up to 5c132ed: 4096 alone), kernels_lib's default and QuACK's: do_bench's time beside the
     GPU's timeline of ten steps (span, the kernels' busy time, idle time and the largest gaps), to tell
@@ -87,7 +87,7 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 
 ``wide_class_major``: ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv`` (rounds in
     ``..._wide_class_major_ab_rounds.csv``). The A/B of
-    :data:`kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN`: at the N of the chart
+    :mod:`studies.routes.wide_class_major`'s ``rows_per_hidden``: at the N of the chart
     with ``H < N ≤ 2H`` (8192), torch, QuACK, torch's ``F.linear_cross_entropy`` and the default (1: the
     chunked route, the gradients formed in forward) beside ``kernels_lib[class_major_rows_per_hidden=2]``
     (one class-major chunk of N rows, the gradients deferred to backward) in alternating rounds, no
@@ -120,15 +120,18 @@ import torch
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 from kernels_lib.kernels import logits_logsumexp as logits_lse
-from kernels_lib.workbench.bench.arms import constants_set
+from studies.bench.arms import constants_set
 from kernels_lib.workbench.bench.ceilings import matmul_rate
-from kernels_lib.workbench.bench import flce_studies
+from studies.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import (busy_timeline, mode_callable, paired_summary, paired_times, sync_sites,
-                                                time_callable)
+from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from studies.bench.timing import busy_timeline, paired_summary, paired_times, sync_sites
 from kernels_lib.workbench.check import relative_error
+from studies.kernels import gluon_logits_logsumexp as gluon_stage
+from studies.kernels.logits_logsumexp_configs import CANDIDATE_CONFIGS
+from studies.routes import wide_class_major
 
 SIZES = {
     "full": {"x_values": [4096, 8192, 16384], "H": 4096, "V": 128256, "chunks": [512, 1024, 2048, 3072, 4096, 8192],
@@ -153,7 +156,7 @@ WIDE_ARM = flce_studies.WIDE_CLASS_MAJOR_ARM
 DX_ARM = flce_studies.DX_BLOCK_ROWS_ARM
 #: The A/B arms: kernels_lib's default with these module constants ({module: {constant: value}}) set for its calls.
 ARMS = {LOGITS_ARM: {flce_module.__name__: {"STORE_EXPONENTIALS": False}},
-        WIDE_ARM: {flce_module.__name__: {"CLASS_MAJOR_ROWS_PER_HIDDEN": 2}},
+        WIDE_ARM: wide_class_major.arm(rows_per_hidden=2),
         DX_ARM: {"kernels_lib._flce.matmuls": {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}}
 
 
@@ -224,7 +227,7 @@ def _logits_out_configs(size: dict, device: torch.device) -> pd.DataFrame:
     w = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(DTYPE)
     target = torch.randint(0, v, (chunk,), generator=generator, device=device)
     buffer = torch.empty(chunk, v, dtype=DTYPE, device=device)
-    hopper = [c for c in logits_lse.CONFIGS if c.get("TMA") and not c.get("WARP_SPECIALIZE")]
+    hopper = [c for c in CANDIDATE_CONFIGS if c.get("TMA") and not c.get("WARP_SPECIALIZE")]
     configs = [None] if device.type != "cuda" else hopper + [dict(c, TMA_STORE=True) for c in hopper]
     rows = []
     for config in configs:
@@ -268,7 +271,7 @@ def forward(size: dict, device: torch.device, progress=None) -> pd.DataFrame:
         with torch.no_grad():
             record("kernels_lib forward_no_grad (the default path)", lambda: kernels_lib.fused_linear_cross_entropy(x, weight, target))
         del logits
-        for config in logits_lse.CONFIGS if device.type == "cuda" else [None]:
+        for config in CANDIDATE_CONFIGS if device.type == "cuda" else [None]:
             try:
                 lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
                 record(f"logits_logsumexp {config}", lambda: logits_lse.logits_logsumexp(x, weight, target=target, config=config), lse, t)
@@ -310,10 +313,10 @@ def gluon(size: dict, device: torch.device, rounds_path: Path | None = None) -> 
             name = f"logits_logsumexp {config}"
             try:
                 print(f"gluon N={n}: {name}", flush=True)  # where a hang or a crash happened
-                lse, t = logits_lse.logits_logsumexp(x, weight, target=target, config=config)
+                lse, t = gluon_stage.logits_logsumexp(x, weight, target=target, config=config)
                 torch.cuda.synchronize() if device.type == "cuda" else None
                 errors[name] = (relative_error(lse, ref_lse), relative_error(t, ref_target))
-                candidates[name] = functools.partial(logits_lse.logits_logsumexp, x, weight, target=target, config=config)
+                candidates[name] = functools.partial(gluon_stage.logits_logsumexp, x, weight, target=target, config=config)
             except Exception as error:  # a variant that does not compile or run here is a recorded failure
                 failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         matmul_flops = 2.0 * n * size["H"] * size["V"]
@@ -507,11 +510,11 @@ def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
 
 def wide_class_major(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
     """The A/B of the class-major route beyond H rows at the chart's N in ``(H, k·H]``, ``k`` = the
-    :data:`WIDE_ARM`'s :data:`~kernels_lib.fused_linear_cross_entropy.CLASS_MAJOR_ROWS_PER_HIDDEN` (the
+    :data:`WIDE_ARM`'s :mod:`studies.routes.wide_class_major`'s ``rows_per_hidden`` (the
     smallest N where none is, as at CPU size): torch, QuACK, the default (the chunked route) and
     :data:`WIDE_ARM` (one class-major chunk of N rows) in the frontier's alternating rounds, no dial;
     torch's ``F.linear_cross_entropy`` beside them, whose memory issue 30 bounds ours by."""
-    limit = ARMS[WIDE_ARM][flce_module.__name__]["CLASS_MAJOR_ROWS_PER_HIDDEN"] * size["H"]
+    limit = ARMS[WIDE_ARM][flce_module.__name__]["_class_major_route_takes"].rows_per_hidden * size["H"]
     wide = [n for n in size["x_values"] if size["H"] < n <= limit] or size["x_values"][:1]
     return frontier(dict(size, x_values=wide), device, rounds_path, dial=False, peers=("torch", "quack", "torch_lce"),
                     arms=(WIDE_ARM,))

@@ -44,7 +44,7 @@ kernel say which warps do what, as CUTLASS's Hopper GEMMs do:
   (the tiles running at once read the same ``E`` rows and ``W`` columns from L2).
 - **register budgets** per partition (``setmaxnreg``): the loader needs few, the consumers the most.
 
-Why no ping-pong (the sibling :mod:`~kernels_lib.kernels.gluon_logits_logsumexp` has one): ping-pong
+Why no ping-pong (the sibling :mod:`~studies.kernels.gluon_logits_logsumexp` has one): ping-pong
 overlaps one tile's epilogue with another's MMAs, which pays when the epilogue is long against the
 main loop. Here a tile's main loop is :math:`2 \cdot 128 \cdot 256 \cdot V` FLOPs (about 1.6 ms of one
 SM at V = 128256) and its epilogue one multiply and one store per element (microseconds); ping-pong's
@@ -59,7 +59,7 @@ any view with unit column stride (a row slice of ``dx``).
 What it measured
 ----------------
 On the H200 (triton 3.6.0, torch 2.11; ``data/measured/gpu_runs/gluon_scaled_product_ab.csv``, from
-:func:`~kernels_lib.workbench.bench.gluon_scaled_product_ab.scaled_product_ab`: H = 4096, V = 128256, bf16,
+:func:`~studies.bench.gluon_scaled_product_ab.scaled_product_ab`: H = 4096, V = 128256, bf16,
 three alternating rounds, ``DX_BLOCK_ROWS = 1024``), against the route's path (cuBLAS's float32 product
 in blocks of 1024 rows, then the scaling kernel): 0.94× its time at C = 1024, 1.00× at 2048, 1.07× at
 4096, the chunk the route takes at the published sizes, where 512 tiles make four waves over 132 SMs
@@ -87,7 +87,7 @@ pointers and row strides (so ``V`` a multiple of 8 for a contiguous ``E``, ``H``
 Gluon kernels do not run in Triton's interpreter ("0 active drivers"): CI compiles this one for
 ``sm_90a`` on its CPU (:func:`compile_for_sm90`, ``tests/test_gluon_scaled_product.py``), and the GPU
 target checks its numbers against float64 and the baseline's own error. The A/B against the baseline
-and cuBLAS is :func:`kernels_lib.workbench.bench.gluon_scaled_product_ab.scaled_product_ab`.
+and cuBLAS is :func:`studies.bench.gluon_scaled_product_ab.scaled_product_ab`.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ if GLUON_IMPORT_ERROR is None:  # Triton >= 3.4 ships Gluon; without it the laun
     from ._gluon import TensorDescriptor, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from ._gluon import tma_load as _tma_load
 
-from .._runtime import INTERPRETED
+from kernels_lib._runtime import INTERPRETED
 
 #: The launch's tiles and schedule: a ``BLOCK_M × BLOCK_N`` output tile per step of a program (each
 #: consumer warpgroup ``BLOCK_M / 2`` of its rows), ``BLOCK_K`` vocabulary entries per ring slot,

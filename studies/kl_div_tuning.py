@@ -2,7 +2,7 @@
 
 Run on the GPU machine (see README, "On a GPU"):
 
-    KERNELS_LIB_COMMIT=<commit> python3 scripts/kl_div_tuning.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> python -m studies.kl_div_tuning --out $OUT
 
 Writes ``tuning.csv`` and ``large_check.csv`` under ``--out``; the sweep itself goes through the
 CLI (``python3 -m kernels_lib.workbench.bench.cli kl_div --preset published``), which appends to data/measured/.

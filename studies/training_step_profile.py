@@ -7,7 +7,7 @@ and the 12 kernels that took longest. A step whose GPU kernels take less time ye
 longer is launch-bound: the GPU waits for the CPU (host syncs stop the CPU running ahead). Any CUDA
 GPU; the H200 output at commit 2870cba is ``data/measured/gpu_runs/training_step_small_profile.txt``:
 
-    PYTHONPATH=$PWD python3 scripts/training_step_profile.py
+    PYTHONPATH=$PWD python -m studies.training_step_profile
 """
 
 import time

@@ -8,7 +8,7 @@ r"""The A/B of the stored exponentials' ``dx``: the Gluon kernel against the cuB
   column: it has been 1024 and 2048), then a Triton kernel scaling the rows and rounding;
 - **cuBLAS bare**: ``torch.mm(E, W, out=)`` into a buffer of the input dtype, no factors: the floor, what
   the same FLOPs cost in the vendor's GEMM with nothing around it;
-- **gluon**: :func:`kernels_lib.kernels.gluon_scaled_product.launch_scaled_product` at its default and
+- **gluon**: :func:`studies.kernels.gluon_scaled_product.launch_scaled_product` at its default and
   at each of its ``VARIANTS``.
 
 In alternating rounds (the order reversed every other round: the GPU's drift over a run spreads over
@@ -27,11 +27,11 @@ import math
 import pandas as pd
 import torch
 
-from ..._flce import matmuls
-from ...kernels import gluon_scaled_product as gluon_product
-from ..check import relative_error
-from .environment import provenance
-from .timing import time_callable
+from kernels_lib._flce import matmuls
+from studies.kernels import gluon_scaled_product as gluon_product
+from kernels_lib.workbench.check import relative_error
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.timing import time_callable
 
 BASELINE = "baseline _scaled_product_into"
 CUBLAS = "cuBLAS bare torch.mm (no factors)"
@@ -148,7 +148,7 @@ def scaled_product_ab(chunks=(1024, 2048, 4096), H: int = 4096, V: int = 128256,
     return pd.DataFrame(rows).assign(**provenance(device))
 
 
-if __name__ == "__main__":  # python -m kernels_lib.workbench.bench.gluon_scaled_product_ab [out.csv]
+if __name__ == "__main__":  # python -m studies.bench.gluon_scaled_product_ab [out.csv]
     import sys
 
     table = scaled_product_ab()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import torch
 
-from kernels_lib.workbench.bench.timing import paired_summary, paired_times
+from studies.bench.timing import paired_summary, paired_times
 
 
 def test_paired_times_interleave_and_alternate():

@@ -1,6 +1,6 @@
 """Fused linear + cross-entropy studies beyond the sweep: the chunk-size dial, gradient precision
 against float64, and the time of each stage of a chunk; and the committed GPU runs of each
-(``scripts/flce_dial_precision_stages.py`` writes them).
+(``studies/flce_dial_precision_stages.py`` writes them).
 """
 
 from __future__ import annotations
@@ -10,21 +10,21 @@ import math
 import pandas as pd
 import torch
 
-from ... import reference
-from ..._flce.matmuls import _addmm_into
-from ...fused_linear_cross_entropy import default_chunk_size, matmul_dtype
-from ...kernels.cross_entropy_chunk import launch_cross_entropy_chunk
-from ...kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
-from ...kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
-from .. import data
-from ..check import relative_error
-from .fused_linear_cross_entropy import KERNEL_NAME, _nhv, make_inputs, variant_name
-from .spec import Inputs
-from .sweep import run_sweep
-from .timing import time_callable
+from kernels_lib import reference
+from kernels_lib._flce.matmuls import _addmm_into
+from kernels_lib.fused_linear_cross_entropy import default_chunk_size, matmul_dtype
+from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
+from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
+from kernels_lib.kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
+from kernels_lib.workbench import data
+from kernels_lib.workbench.check import relative_error
+from kernels_lib.workbench.bench.fused_linear_cross_entropy import KERNEL_NAME, _nhv, make_inputs, variant_name
+from kernels_lib.workbench.bench.spec import Inputs
+from kernels_lib.workbench.bench.sweep import run_sweep
+from kernels_lib.workbench.bench.timing import time_callable
 
 
-#: What each part of ``scripts/flce_frontier.py`` writes under its ``--out``, in the layout of
+#: What each part of ``studies/flce_frontier.py`` writes under its ``--out``, in the layout of
 #: ``data/measured/`` (every peer and the chunk-size dial at the published sizes, the no-grad forward
 #: candidates, the stages at the chunks around the default, the A/Bs, the profile): part → file, each
 #: alternating-rounds part's rounds beside it as ``<part>_rounds``. The one map: the script writes by it
@@ -54,33 +54,33 @@ FRONTIER_FILES = {
 }
 #: The committed GPU runs the notebooks read (:func:`load_run`): key → file under ``data/measured/``.
 RUN_FILES = {
-    # scripts/flce_dial_precision_stages.py
+    # studies/flce_dial_precision_stages.py
     "dial": "gpu_runs/fused_linear_cross_entropy_dial.csv",
     "precision": "gpu_runs/fused_linear_cross_entropy_precision.csv",
     "stages": "gpu_runs/fused_linear_cross_entropy_stages.csv",
-    # scripts/flce_frontier.py: its parts' files (FRONTIER_FILES), some under a key of their own
+    # studies/flce_frontier.py: its parts' files (FRONTIER_FILES), some under a key of their own
     **{key: FRONTIER_FILES[part] for key, part in {
         "frontier": "frontier", "frontier_forward": "forward", "frontier_stages": "stages", "frontier_default": "default",
         "frontier_profile": "profile", "exponentials_ab": "exponentials", "class_major": "class_major",
         "timeline": "timeline", "quack_ab": "quack_ab", "quack_pairs": "quack_pairs", "wide_class_major": "wide_class_major",
         "past_floor": "past_floor", "past_floor_rounds": "past_floor_rounds", "gluon": "gluon"}.items()},
-    # python -m kernels_lib.workbench.bench.gluon_scaled_product_ab (the Gluon dx GEMM's A/B)
+    # python -m studies.bench.gluon_scaled_product_ab (the Gluon dx GEMM's A/B)
     "gluon_scaled_product": "gpu_runs/gluon_scaled_product_ab.csv",
 }
-#: The candidates of the Gluon A/B (``scripts/flce_frontier.py --parts gluon``) as its CSV names them.
+#: The candidates of the Gluon A/B (``studies/flce_frontier.py --parts gluon``) as its CSV names them.
 GLUON_AB_CUBLAS, GLUON_AB_TL, GLUON_AB_GLUON = ("cuBLAS logits matmul alone", "logits_logsumexp None",
                                                 "logits_logsumexp {'GLUON': True}")
 #: The other arm of the shifted exponentials' A/B: kernels_lib's default with the logits stored and the
-#: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``scripts/flce_frontier.py --parts exponentials``).
+#: kernel's pass 2 (``STORE_EXPONENTIALS`` off; ``studies/flce_frontier.py --parts exponentials``).
 LOGITS_ARM = "kernels_lib[store_exponentials=False]"
 #: The other arm of the wide class-major A/B: the default with ``CLASS_MAJOR_ROWS_PER_HIDDEN = 2``, one
-#: class-major chunk at ``H < N ≤ 2H`` (``scripts/flce_frontier.py --parts wide_class_major``). The
+#: class-major chunk at ``H < N ≤ 2H`` (``studies/flce_frontier.py --parts wide_class_major``). The
 #: default was 1 at the first run in ``gpu_runs/fused_linear_cross_entropy_wide_class_major_ab.csv``, 2
 #: from 29f4f42 to 9e3752a (those runs' arm: :data:`WIDE_CLASS_MAJOR_ARM_BEFORE`), 1 again since.
 WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
 #: The arm's name in the runs made while the default was 2: the chunked route.
 WIDE_CLASS_MAJOR_ARM_BEFORE = "kernels_lib[class_major_rows_per_hidden=1]"
-#: The other arm of the ``dx`` block A/B (``scripts/flce_frontier.py --parts past_floor``): the default with
+#: The other arm of the ``dx`` block A/B (``studies/flce_frontier.py --parts past_floor``): the default with
 #: :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS` at its value of before, each float32 ``dx`` product
 #: twice the rows (and bytes) of today's.
 DX_BLOCK_ROWS_BEFORE = 2048
@@ -185,7 +185,7 @@ def memory_by_round(rounds: pd.DataFrame, mode: str = "full") -> pd.DataFrame:
 
 
 def profile_kernels(profile: pd.DataFrame, top: int = 3) -> pd.DataFrame:
-    """Per provider and N of a ``profile`` run (``scripts/flce_frontier.py --parts profile``): the device
+    """Per provider and N of a ``profile`` run (``studies/flce_frontier.py --parts profile``): the device
     time per step of its GPU kernels (the rows with no CPU time: not the torch ops that launch them),
     of those that are GEMMs (:data:`GEMM_KERNEL_NAMES`) and of the rest, their number, and the ``top``
     longest with their ms per step. Rows without ``kernel_provider`` (runs

@@ -3,7 +3,7 @@
 On the GPU machine, from the repository root (the peers come as wheels in ``.whl/``):
 
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
-    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/flce_dial_precision_stages.py --out $OUT
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python -m studies.flce_dial_precision_stages --out $OUT
 
 Parts, each written under ``--out`` as soon as it is done, in the layout of ``data/measured/``
 (copy ``--out``'s content there and commit it; a failing part is reported and the others still run;
@@ -44,7 +44,7 @@ import torch
 import kernels_lib
 from kernels_lib.workbench import data
 from kernels_lib.workbench.bench import cli
-from kernels_lib.workbench.bench import flce_studies
+from studies.bench import flce_studies
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.sweep import available_providers

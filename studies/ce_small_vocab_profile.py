@@ -16,7 +16,7 @@ and backward; ``do_bench`` of the chain alone and of the whole step,
 three rounds in alternating order, and the loss's share, step minus chain: what the loss adds to a
 step once the host runs ahead of the GPU.
 
-On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python3 scripts/ce_small_vocab_profile.py --out $OUT``
+On the GPU machine: ``KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python -m studies.ce_small_vocab_profile --out $OUT``
 (about a minute); writes ``gpu_runs/cross_entropy_small_vocab_profile.csv`` and
 ``gpu_runs/cross_entropy_small_vocab_ops.csv`` (and ``..._breakdown.csv``, ``..._step.csv``) under ``--out``.
 ``--size small`` runs it on a CPU.
@@ -38,8 +38,8 @@ from kernels_lib.cross_entropy import _validate as cross_entropy_checks
 from kernels_lib._target_totals import target_totals
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient
-from kernels_lib.workbench.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain, write_tables
-from kernels_lib.workbench.bench.host_profile import step_rows as host_profile_step_rows
+from studies.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain, write_tables
+from studies.bench.host_profile import step_rows as host_profile_step_rows
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 
 #: chart -> (rows, logits dtype, reduction), the published workloads at V = 4096 and 8192

@@ -1,0 +1,201 @@
+r"""The stored-exponentials route of the sequence losses (DPO, ORPO, CPO, SimPO, KTO, GRPO): a study's copy of
+:func:`kernels_lib._sequence_logprobs.sequence_logprobs` that takes it, put in place for an A/B arm's calls.
+
+A chunk's logits come from the fused cross-entropy's epilogue GEMM, which gives each row's lse and target
+logit as it goes and stores the shifted exponentials ``ẽ`` (:func:`kernels_lib._flce.epilogue._logits_with_loss`),
+so the stats pass and the gradient pass over the ``chunk × V`` buffer both go. A token's log-prob is
+``−(lse − c_y)``, and with ``dz = w (onehot(y) − p) = −w · diag(u) ẽ`` the weights join the row factors ``u``
+on ``x`` and ``dx`` (:meth:`~kernels_lib._flce.gradient_sums._GradientSums.add_exponentials`), as the fused
+cross-entropy's default route does at its matmul floor. Taken where that route would be: one target, no
+entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that the epilogue GEMM
+takes (Hopper; in Triton's interpreter when
+:data:`kernels_lib.fused_linear_cross_entropy.EPILOGUE_GEMM_WHEN_INTERPRETED` asks). Without a gradient (a
+reference model's pass, or ``no_grad``) the log-probs come from that GEMM over all rows, no buffer at all,
+as the fused CE's loss without a gradient, where that runs. Everything else is the library's two passes.
+
+Not the library's default: it has not been measured against the two passes on a GPU
+(``python -m studies.bench.sequence_exponentials_ab``). :func:`arm` gives the settings that put it in place
+(:func:`studies.bench.arms.constants_set`): every module of the package that calls ``sequence_logprobs``
+gets this one for the calls inside.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+import torch
+
+from kernels_lib._autocast import compute_dtype_for
+from kernels_lib._flce.epilogue import _epilogue_loss, _logits_with_loss
+from kernels_lib._flce.gradient_sums import _GradientSums
+from kernels_lib._flce.matmuls import _logits_chunk
+from kernels_lib._flce.operands import _Operands
+from kernels_lib._sequence_logprobs import Coefficients, TokenCoefficients
+from kernels_lib._vocab_parallel import VocabShard
+from kernels_lib.kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
+
+#: The fused CE's module, for its route predicates (the package's attribute of that name is the function).
+FLCE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
+#: The package's modules that call ``sequence_logprobs`` (by the name they imported), where :func:`arm` puts this one.
+CALLERS = ("kernels_lib._sequence_logprobs", "kernels_lib._paired_logprobs", "kernels_lib.fused_linear_kto",
+           "kernels_lib.fused_linear_grpo")
+
+
+class _IgnoreIndex(NamedTuple):
+    """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` and ``_epilogue_loss`` read of the fused
+    CE's options."""
+
+    ignore_index: int
+    pre_scale: float = 1.0
+
+
+def _route_applies(target2, token_entropy, shard) -> bool:
+    """Whether the route can take these log-probs at all: one target, no entropy, no shard."""
+    return target2 is None and token_entropy is None and shard is None
+
+
+def _exponentials_route(x_c: torch.Tensor, w: torch.Tensor, grads) -> bool:
+    """Whether a gradient chunk, where :func:`_route_applies`, takes the stored exponentials: the fused
+    CE's own predicate on the operands, not float16 (its ``dz`` is scaled: ``grads.wide``)."""
+    return grads is not None and not grads.wide and x_c.dtype != torch.float16 and FLCE._epilogue_gemm_takes(x_c, w)
+
+
+def sequence_logprobs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    *,
+    seq_len: int,
+    rows_per_chunk: int,
+    ignore_index: int,
+    target2: torch.Tensor | None = None,
+    coefficients: Coefficients | None = None,
+    needs: tuple[bool, bool, bool] = (False, False, False),
+    accurate: bool = False,
+    logit_scale: float = 1.0,
+    token_coefficients: TokenCoefficients | None = None,
+    token_logps: torch.Tensor | None = None,
+    token_entropy: torch.Tensor | None = None,
+    shard: VocabShard | None = None,
+):
+    """:func:`kernels_lib._sequence_logprobs.sequence_logprobs` with the stored-exponentials route taken
+    where it applies (module docstring); the same arguments and results. Per-sequence summed log-probs of
+    ``target`` (and ``target2``), and the fused gradients.
+
+    Args:
+        x: ``(S·T, H)`` rows, sequence after sequence (``T = seq_len`` rows each).
+        weight, bias: the head ``(V, H)`` and optional ``(V,)``.
+        target, target2: ``(S·T,)`` class indices in ``[0, V)`` or ``ignore_index`` (checked by the caller).
+        rows_per_chunk: a multiple of ``seq_len`` (see :func:`chunk_rows`); chunks never split a
+            sequence, nor anything the caller's ``coefficients`` needs together.
+        coefficients: turns a chunk's sums into the per-sequence weights ``w`` (and ``w2``);
+            called only when ``any(needs)``.
+        needs: whether ``dx``, ``dW``, ``db`` are wanted.
+        accurate: float32 accumulation of ``dW``/``db`` across chunks (as in cross-entropy).
+        logit_scale: the logits are ``logit_scale · (x Wᵀ + b)`` (e.g. ``1/temperature``); the weights
+            stay ``∂L/∂log p`` and the pipeline multiplies them by ``logit_scale``.
+        token_coefficients: instead of ``coefficients`` (and without ``target2``): per-token weights
+            from the chunk's per-token log-probs, one weight per row in the gradient pass.
+        token_logps, token_entropy: optional float32 ``(S·T,)`` outputs: each row's log-prob of
+            ``target`` (0 at ignored rows) and its softmax's entropy (0 at ignored rows).
+        shard: this rank's slice of a vocabulary split over a process group (module docstring);
+            ``weight``/``bias`` are then the shard's rows, the targets global. No ``token_entropy``.
+
+    Returns:
+        ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
+        ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
+        dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
+        scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
+        otherwise underflow float16; the note in :mod:`kernels_lib._flce.gradient_sums`).
+    """
+    if token_coefficients is not None and (coefficients is not None or target2 is not None):
+        raise ValueError("token_coefficients replaces coefficients and takes no target2")
+    if shard is not None and token_entropy is not None:
+        raise NotImplementedError("token_entropy on a vocabulary shard (process_group): not implemented")
+    compute_dtype = compute_dtype_for(x)  # the autocast dtype inside torch.autocast, else x's
+    with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
+        col_offset = 0 if shard is None else shard.offset
+        n_rows = x.shape[0]
+        n_seqs = n_rows // seq_len
+        route = _route_applies(target2, token_entropy, shard)
+        epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
+        if route and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
+            every_logp = -_epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
+            if token_logps is not None:
+                token_logps.copy_(every_logp)
+            return every_logp.view(n_seqs, seq_len).sum(1), None, None
+        ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
+        lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
+        logp2 = None if target2 is None else torch.empty_like(logp)
+        sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
+        sums2 = None if target2 is None else torch.empty_like(sums)
+        grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+        exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
+        one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
+        for rows, x_c, buffer in ops.chunks():
+            n = rows.stop - rows.start
+            seqs = slice(rows.start // seq_len, rows.stop // seq_len)
+            y2 = None if target2 is None else target2[rows]
+            if exponentials is None:
+                exponentials = route and _exponentials_route(x_c, ops.w, grads)
+            if exponentials:
+                # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
+                e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
+                                               exponentials=True)
+                logp[:n].neg_()  # lse − c_y (0 at ignored rows) → the log-prob
+            else:
+                logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+                launch_token_logprobs(
+                    logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+                    target2=y2, logp2=None if y2 is None else logp2[:n],
+                    entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+                )
+            if shard is not None:
+                pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
+                shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
+            sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
+            if sums2 is not None:
+                sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+            if token_logps is not None:
+                token_logps[rows] = logp[:n]
+            if grads is None:
+                continue
+            if token_coefficients is not None:
+                w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+            else:
+                w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+                rows_per_weight = seq_len
+            if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
+                w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
+            if exponentials:  # dz = −w · diag(u) ẽ: the weights, one per row, join the factors
+                row_w = w if rows_per_weight == 1 else w.repeat_interleave(rows_per_weight)
+                grads.add_exponentials(e, factors * -row_w, one, x_c, ops.w, rows)
+                continue
+            # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
+            unscale = grads.dz_unscale(
+                lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max()
+            )
+            if unscale != 1.0:
+                w, w2 = w / unscale, None if w2 is None else w2 / unscale
+            launch_token_logprobs_grad(
+                logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(),
+                rows_per_weight=rows_per_weight,
+                ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
+                col_offset=col_offset,
+            )
+            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+        if shard is not None and grads is not None and grads.dx is not None:
+            shard.sum_(grads.dx)
+    return sums, sums2, None if grads is None else grads.result()
+
+
+def arm(interpreted_gemm: bool = True) -> dict:
+    """The settings for :func:`studies.bench.arms.constants_set` that put the route in place: this
+    :func:`sequence_logprobs` in every caller (:data:`CALLERS`), and, with ``interpreted_gemm``, the epilogue
+    GEMM in Triton's interpreter too (there the route is otherwise never taken)."""
+    settings = {name: {"sequence_logprobs": sequence_logprobs} for name in CALLERS}
+    if interpreted_gemm:
+        settings[FLCE.__name__] = {"EPILOGUE_GEMM_WHEN_INTERPRETED": True}
+    return settings

@@ -1,0 +1,1 @@
+"""The studies' tests (CPU paths, and the GPU-only ones marked ``gpu``)."""

@@ -1,0 +1,43 @@
+"""The profiling and A/B scripts of ``studies/`` at CPU size: each runs end to end and writes its tables."""
+
+from __future__ import annotations
+
+
+def test_small_vocab_profile_script_cpu_path(tmp_path):
+    """The small-vocabulary profile at CPU size: every chart, provider and mode timed, host times
+    positive, the profiled ops of kernels_lib's full step, each file with its provenance."""
+    import importlib
+
+    import pandas as pd
+
+    script = importlib.import_module("studies.ce_small_vocab_profile")
+    assert script.main(["--out", str(tmp_path), "--size", "small"]) == 0
+    times = pd.read_csv(tmp_path / script.FILES["times"])
+    assert set(times.chart) == set(script.CHARTS) and set(times["mode"]) == {"forward", "full"}
+    assert set(times.provider) == {"kernels_lib", "kernels_lib[host_checks=False]", "torch"}
+    assert (times[["host ms per call, back to back", "host ms of one call after a sync"]] > 0).all().all()
+    ops = pd.read_csv(tmp_path / script.FILES["ops"])
+    assert "_CrossEntropyFunction" in set(ops.op) and "kernels_lib_commit" in ops.columns
+    stages = pd.read_csv(tmp_path / script.FILES["breakdown"])
+    assert set(stages.chart) == set(script.CHARTS) and "kernels_lib_commit" in stages.columns
+    assert {"target_totals + range check", "cross_entropy_rows launch (fused)", "bare Triton launch"} <= set(stages.stage)
+    assert (stages["host us per call"] > 0).all()
+    steps = pd.read_csv(tmp_path / script.FILES["step"])
+    assert set(steps.chart) == set(script.CHARTS) and set(steps.provider) == set(script.providers())
+    assert (steps["step ms"] > 0).all() and (steps["chain ms"] > 0).all() and "kernels_lib_commit" in steps.columns
+    # The CSV rounds each column on its own: the difference holds to the last digit written.
+    assert ((steps["loss in step ms"] - (steps["step ms"] - steps["chain ms"])).abs() < 1e-9 * steps["step ms"]).all()
+
+
+def test_sequence_chunk_ab_script_small_path(tmp_path):
+    """The sequence A/B script at CPU size: a row per B and chunk, times positive, appended with provenance."""
+    import importlib
+
+    import pandas as pd
+
+    script = importlib.import_module("studies.sequence_chunk_ab")
+    args = ["--out", str(tmp_path), "--route", "r", "--losses", "kto_loss", "--chunks", "default,16", "--size", "small"]
+    assert script.main(args) == 0 and script.main(args) == 0
+    rows = pd.read_csv(tmp_path / script.FILE)
+    assert len(rows) == 2 * 3 * 2 and set(rows.chunk.astype(str)) == {"default", "16"}
+    assert (rows[["full_ms", "forward_ms"]] > 0).all().all() and {"route", "kernels_lib_commit", "gpu_name"} <= set(rows.columns)
