@@ -70,10 +70,28 @@ def test_chart_counts_lines_and_bands_for_known_inputs():
         assert list(line.x) == sorted(line.x), line.name
         assert ("(published)" in line.name) != ("(measured)" in line.name)
         assert ("GPU P" in line.name) == ("(published)" in line.name)
-        assert line.line.dash == ("dash" if "(published)" in line.name else "solid"), line.name
+        # published dashed; each measured GPU a line style of its own (GPU M first: solid, GPU N: dash-dot)
+        assert line.line.dash == {"P": "dash", "M": "solid", "N": "dashdot"}[line.name.split("GPU ")[1][0]], line.name
     # One legend entry per name even when a series appears in two panels.
     shown = [line.name for line in lines if line.showlegend]
     assert sorted(shown) == sorted(set(names))
+
+
+def test_chart_shows_each_measured_gpu_beside_the_published_rows_labelled():
+    """The newest run of each GPU (an H100 80GB and an H200) beside the published A100 rows: each line named
+    with its GPU's short label, one colour per provider on every GPU, a line style per GPU."""
+    xs = [2, 4]
+    published = pd.DataFrame(_rows("NVIDIA A100-SXM4-80GB", "liger", "full", "speed", xs))
+    measured = pd.DataFrame(_rows("NVIDIA H200", "kernels_lib", "full", "speed", xs) + _rows("NVIDIA H200", "liger", "full", "speed", xs)
+                            + _rows("NVIDIA H100 80GB HBM3", "kernels_lib", "full", "speed", xs))
+    lines = {line.name: line for line in line_traces(scaling_chart(published, measured, x_label="B", title="t"))}
+    assert set(lines) == {"liger · A100 80GB (published)", "kernels_lib · H200 (measured)", "liger · H200 (measured)",
+                          "kernels_lib · H100 80GB (measured)"}
+    assert lines["kernels_lib · H200 (measured)"].line.color == lines["kernels_lib · H100 80GB (measured)"].line.color
+    assert lines["liger · A100 80GB (published)"].line.color == lines["liger · H200 (measured)"].line.color
+    styles = {name: line.line.dash for name, line in lines.items()}
+    assert styles["kernels_lib · H100 80GB (measured)"] == "solid" and styles["kernels_lib · H200 (measured)"] == "dashdot"
+    assert styles["liger · H200 (measured)"] == "dashdot" and styles["liger · A100 80GB (published)"] == "dash"
 
 
 def test_chart_axes_log_and_linear():
@@ -109,9 +127,9 @@ def test_chart_of_the_committed_kl_data():
     assert len(_bands(figure)) == len(lines)
     published_lines = [line for line in lines if line.name.endswith("(published)")]
     assert len(published_lines) == 6
-    assert all("NVIDIA H100 PCIe" in line.name and line.line.dash == "dash" for line in published_lines)
+    assert all(" · H100 PCIe (published)" in line.name and line.line.dash == "dash" for line in published_lines)
     measured_lines = [line for line in lines if line.name.endswith("(measured)")]
-    assert all("NVIDIA H200" in line.name and line.line.dash == "solid" for line in measured_lines)
+    assert all(" · H200 (measured)" in line.name and line.line.dash == "solid" for line in measured_lines)
     assert {x for line in lines for x in line.x} == {4096, 8192, 16384, 32768, 65536, 131072}
 
 

@@ -1,8 +1,10 @@
 """The reports index's dashboard (kernels_lib.workbench.dashboard) against the measured CSVs themselves.
 
 Every expected number here is computed straight from ``data/measured/*.csv`` with pandas (the newest
-run of the chart, the median of each provider at the x), not through the dashboard's helpers; the
-index page must show each number of the dashboard, formatted.
+run of the chart on its GPU, the median of each provider at the x), not through the dashboard's helpers;
+the index page must show each number of the dashboard, formatted. Synthetic rows of two GPUs (an H100
+80GB and an H200) check that each GPU's newest run is shown beside the other's, labelled, never paired
+with it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def test_headline_ratios_equal_the_csv(board, kernel_name):
     published = _published_max_x(kernel_name)
     x = published if published in speed.index else float(speed["kernels_lib"].dropna().index.max())
     # A file may hold several charts (ORPO at T = 1024 and 4096): the one of this run.
-    rows = board[(board.kernel_name == kernel_name) & (board.kind == "ratio") & (board.commit == run.kernels_lib_commit.iloc[0])]
+    rows = board[(board.kernel_name == kernel_name) & (board.kind == "ratio") & (board.commit == run.kernels_lib_commit.iloc[0])
+                 & (board.gpu == H200)]
     peers = sorted(p for p in speed.columns if p != "kernels_lib" and "[" not in p)
     assert sorted(rows.peer) == peers and len(peers) >= 2
     for _, row in rows.iterrows():
@@ -69,26 +72,8 @@ def test_headline_ratios_equal_the_csv(board, kernel_name):
         assert row["ours ms"] == pytest.approx(speed.loc[x, "kernels_lib"], rel=1e-12)
         assert row["time ratio"] == pytest.approx(speed.loc[x, "kernels_lib"] / speed.loc[x, row.peer], rel=1e-12, nan_ok=True)
         assert row["memory ratio"] == pytest.approx(memory.loc[x, "kernels_lib"] / memory.loc[x, row.peer], rel=1e-12, nan_ok=True)
-
-
-@pytest.mark.parametrize("kernel_name, target, metric, peer, bound", [
-    ("kto_loss", "full ≤ 0.6× Liger", "speed", "liger", 0.6),
-    ("kto_loss", "memory full ≤ Liger", "memory", "liger", 1.0),
-    ("kl_div", "full ≤ 0.6× Liger", "speed", "liger", 0.6),
-    ("fused_linear_cpo_loss", "full ≤ 0.85× huggingface", "speed", "huggingface", 0.85),
-    ("distill_jsd_loss", "full ≤ 0.8× Liger", "speed", "liger", 0.8),
-])
-def test_target_verdicts_equal_the_csv(board, kernel_name, target, metric, peer, bound):
-    """An upper-bound target over every x of the newest run: its worst ratio, where, and met / missed."""
-    table = _full(_newest_run(kernel_name), metric)
-    ratios = (table["kernels_lib"] / table[peer]).dropna()
-    row = board[(board.kernel_name == kernel_name) & (board.kind == "target") & (board.target == target)]
-    assert len(row) == 1
-    row = row.iloc[0]
-    assert row.bound == bound
-    assert row["worst ratio"] == pytest.approx(ratios.max(), rel=1e-12)
-    assert row["worst at x"] == ratios.idxmax()
-    assert row.status == ("met" if (ratios <= bound).all() else "missed")
+        assert row["time tone"] == ("better" if row["time ratio"] < 1 else "worse" if row["time ratio"] > 1 else "even")
+        assert row["gpu label"] == "H200"
 
 
 def test_tensor_parallel_ratios_equal_the_csv(board):
@@ -104,29 +89,20 @@ def test_tensor_parallel_ratios_equal_the_csv(board):
                 if px == x and (t == tp2 and p != "kernels_lib" or (p, t) == ("kernels_lib", 1)) and not pd.isna(v)}  # a failed provider has no ratio
     assert len(expected) >= 2
     assert dict(zip(shown.peer, shown["time ratio"])) == pytest.approx(expected, rel=1e-12)
-    targets = board[(board.kernel_name == dashboard.TENSOR_PARALLEL) & (board.kind == "target")]
-    tp2_time = targets[targets.target.str.startswith("kernels_lib TP = 2 full")].iloc[0]  # issue 11's: at TP = 2
-    per_n = (medians.xs(("kernels_lib", 2), level=(1, 2)) / medians.xs(("kernels_lib", 1), level=(1, 2))).dropna()
-    assert tp2_time["worst ratio"] == pytest.approx(per_n.max(), rel=1e-12)
-    assert tp2_time.status == ("met" if (per_n <= tp2_time.bound).all() else "missed")
-    tp8_time = targets[targets.target.str.startswith("kernels_lib TP = 8 / TP = 1 full")].iloc[0]  # issue 15's: at TP = 8
-    if tp2 < 8:
-        assert tp8_time.status == "not measured" and pd.isna(tp8_time["worst ratio"])
-    else:
-        per_n = (medians.xs(("kernels_lib", 8), level=(1, 2)) / medians.xs(("kernels_lib", 1), level=(1, 2))).dropna()
-        assert tp8_time["worst ratio"] == pytest.approx(per_n.max(), rel=1e-12)
 
 
-def test_every_measured_loss_has_a_chart_with_peers_and_targets(board):
-    """Each report's losses (REPORTS) measured on the H200 appear, each with ratios to at least one peer;
-    every loss but the logits-level CE charts (judged on the tensor-parallel chart) with targets."""
+def test_every_measured_loss_has_a_chart_with_peers_and_a_floor_and_no_target(board):
+    """Each report's losses (REPORTS) measured on a GPU appear, each with ratios to at least one peer and,
+    where the loss has a bench spec, its floor; no row, column or word of the index is a target of ours."""
     measured = {name for name in dashboard.REPORTS if (data.MEASURED_DIR / f"{name}.csv").exists()}
     assert set(board.kernel_name) == measured
     for name in measured:
         kinds = set(board[board.kernel_name == name].kind)
         assert "ratio" in kinds, name
-        assert ("target" in kinds) == (name not in ("cross_entropy", "megatron_cross_entropy")), name
-    assert set(board[board.kind == "target"].status) <= {"met", "missed", "not measured"}
+        assert ("floor" in kinds) == (name not in (dashboard.TENSOR_PARALLEL, dashboard.TRAINING_STEP)), name
+    assert set(board.kind) == {"ratio", "floor"}
+    assert not {"target", "status", "bound", "worst ratio", "time status"} & set(board.columns)
+    assert set(board[board.kind == "ratio"]["time tone"]) <= {"better", "worse", "even", "not measured"}
 
 
 def _shown(value: float, bound: float) -> str:
@@ -152,25 +128,31 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
              for k, c, t in re.findall(r'<span class="num" data-key="([^"]*)" data-col="([^"]*)">([^<]*)</span>', page)}
     expected = {}
     for _, row in board.iterrows():
-        # A target badge names its worst ratio only where the target was measured (a peer missing from the run: none).
-        columns = {"ratio": ("time ratio", "memory ratio"), "floor": ("time ratio",)}.get(
-            row.kind, ("worst ratio",) * (not pd.isna(row["worst ratio"])))
-        for column in columns:
-            bound = row.bound if column == "worst ratio" else row.get(column.replace("ratio", "bound"))
-            expected[(row.key, column)] = _shown(row[column], bound)
-        if row.kind == "target" and not pd.isna(row["worst ratio"]):
-            worst_at = row["worst at x"]
-            expected[(row.key, "worst at x")] = worst_at if isinstance(worst_at, str) else f"{worst_at:g}"
-    first_ratio = board[board.kind == "ratio"].groupby("chart", sort=False).key.first()
-    for chart, key in first_ratio.items():
+        for column in {"ratio": ("time ratio", "memory ratio"), "floor": ("time ratio",)}[row.kind]:
+            expected[(row.key, column)] = _shown(row[column], float("nan"))
+    first_ratio = board[board.kind == "ratio"].groupby(["chart", "gpu"], sort=False).key.first()
+    for _, key in first_ratio.items():
         expected[(key, "x")] = f"{board[board.key == key].x.iloc[0]:g}"
     assert {k: v for k, v in shown.items() if k in expected} == expected
     assert set(shown) == set(expected)
     assert page.count('class="chart"') == board.chart.nunique()
-    for _, row in board[board.kind == "target"].iterrows():
-        assert f'data-key="{html.escape(row.key)}" data-status="{html.escape(row.status)}"' in page
-    assert page.count("<svg") == board.chart.nunique()
-    assert 'data-card="gpu-test-runs"' in page
+    assert page.count('<div class="gpu-run" data-gpu=') == board.groupby(["chart", "gpu"]).ngroups + _grpo_gpus()
+    assert page.count("<svg") == board.groupby(["chart", "gpu"]).ngroups
+    assert 'data-card="gpu-test-runs"' in page and "badge" not in page
+    # the first screen: what the site is, the GPUs measured, the two commands, before any report's card
+    first = page[: page.index('<ul class="cards">')]
+    assert "Triton kernels for the LM-head losses" in first and "./workbench reports" in first and "./workbench test" in first
+    assert "Measured on: <strong>" + ", ".join(sorted({data.gpu_label(g) for g in board.gpu})) + "</strong>" in first
+    # per chart and GPU a headline row (× the fastest peer, × the leanest peer's memory, × the floor) linked to its report
+    heads = dashboard.headlines(board)
+    assert first.count("<tr data-chart=") == len(heads) == board.groupby(["chart", "gpu"]).ngroups
+    for _, head in heads.iterrows():
+        assert f'<a href="{head.report}.html">{html.escape(head.chart)}</a>' in first
+    # no target of ours, no issue number, no commit hash in the page's prose (a commit only in a run's provenance line)
+    prose = re.sub(r'<p class="run[^"]*">.*?</p>|<code>[0-9a-f]{7,12}</code>|<tr data-target.*?</tr>', "", page)
+    ours = r"issue \d|(?<!test )target|≤|missed"  # "the GPU test target" is ./workbench test --gpu, not a target of ours
+    assert not re.search(ours, prose, re.I), re.search(r".{40}(" + ours + r").{40}", prose, re.I)
+    assert not re.search(r"\b[0-9a-f]{7}\b(?![^<]*</code>)", re.sub(r"<[^>]+>", " ", prose).replace("#", " ")), "a commit hash in prose"
 
 
 @pytest.mark.parametrize("kernel_name", ["fused_linear_dpo_loss", "kto_loss", "kl_div"])
@@ -215,37 +197,25 @@ def test_a_floor_without_the_runs_ceilings_is_not_measured(board):
     assert dashboard.ratio_text(row["time ratio"]) == "not measured"
 
 
-def test_a_ratio_cell_is_coloured_by_its_targets_verdict(board):
-    """Each ratio cell's class is the verdict of the target that judges it (met / missed / not measured),
-    none where no target does; Liger's time cell on the FLCE card carries the verdict of full ≤ 0.6× Liger."""
-    flce = board[board.kernel_name == "fused_linear_cross_entropy"]
-    liger = flce[(flce.kind == "ratio") & (flce.peer == "liger")].iloc[0]
-    target = flce[(flce.kind == "target") & (flce.target == "full ≤ 0.6× Liger")].iloc[0]
-    assert liger["time status"] == target.status
+def test_a_ratio_cell_is_toned_by_its_comparison(board):
+    """Each ratio cell's class is its tone: better below 1, worse above, not measured without a ratio
+    (Hugging Face's ORPO head at B = 16 did not fit): the comparison, not a target of ours."""
+    by_chart: dict = {}
     for chart in dashboard.charts():
-        rows = board[board.chart == chart.title].reset_index(drop=True)
-        section = dashboard.chart_section(chart, rows)
+        by_chart.setdefault(chart.title, []).append(chart)
+    for title, group in by_chart.items():
+        rows = board[board.chart == title].reset_index(drop=True)
+        section = dashboard.chart_section(group, rows)
         for _, row in rows[rows.kind == "ratio"].iterrows():
             for column in ("time", "memory"):
-                status = row[f"{column} status"]
                 cell = re.search(r'<td( class="([^"]*)")?><span class="num" data-key="' + re.escape(html.escape(row.key))
                                  + f'" data-col="{column} ratio">', section)
                 assert cell, (row.key, column)
-                assert cell.group(2) == (status.replace(" ", "-") if isinstance(status, str) else None), (row.key, column)
-
-
-def test_a_cell_without_a_ratio_is_not_measured_whatever_its_target_says(board):
-    """A peer not measured at the card's x (Hugging Face's ORPO head at B = 16 did not fit) shows
-    "not measured" in grey, not the colour of its target's verdict over the x where it was measured."""
-    ratios = board[board.kind == "ratio"]
-    for column in ("time", "memory"):
-        judged = ratios[ratios[f"{column} status"].notna()]
-        empty = judged[judged[f"{column} ratio"].isna()]
-        assert (empty[f"{column} status"] == "not measured").all(), empty[["key", f"{column} status"]]
-    orpo = ratios[(ratios.kernel_name == "fused_linear_orpo_loss") & (ratios.peer == "huggingface")]
-    assert (orpo["time ratio"].isna() <= (orpo["time status"] == "not measured")).all()
-    targets = board[(board.kernel_name == "fused_linear_orpo_loss") & (board.kind == "target")]
-    assert (targets.target.str.contains("huggingface") & (targets.status == "met")).any(), "judged where measured"
+                value = row[f"{column} ratio"]
+                expected = "not-measured" if pd.isna(value) else "better" if value < 1 else "worse" if value > 1 else "even"
+                assert cell.group(2) == expected, (row.key, column)
+    orpo = board[(board.kernel_name == "fused_linear_orpo_loss") & (board.kind == "ratio") & (board.peer == "huggingface")]
+    assert (orpo["time ratio"].isna() == (orpo["time tone"] == "not measured")).all()
 
 
 def test_ratio_text_shows_which_side_of_the_bound():
@@ -297,14 +267,14 @@ def test_a_chart_of_two_runs_is_refused():
 
 
 def test_a_peer_missing_from_the_run_is_not_measured(board):
-    """CCE is in older FLCE runs; where the newest run lacks it, its targets read "not measured", whatever an
+    """CCE is in older FLCE runs; where the newest run lacks it, it has no ratio on the card, whatever an
     older run measured."""
     run = _newest_run("fused_linear_cross_entropy")
-    targets = board[(board.kernel_name == "fused_linear_cross_entropy") & (board.kind == "target")].set_index("target")
-    in_run = "cce" in set(run.kernel_provider)
-    assert (targets.loc["full ≤ 0.5× CCE", "status"] == "not measured") == (not in_run)
+    flce = board[(board.kernel_name == "fused_linear_cross_entropy") & (board.gpu == H200)]
+    in_run = "cce" in set(run[run.kernel_operation_mode == "full"].kernel_provider)
+    cce = flce[(flce.kind == "ratio") & (flce.peer == "cce")]
+    assert (len(cce) > 0 and cce["time ratio"].notna().any()) == in_run
     assert "cce" in set(pd.read_csv(data.MEASURED_DIR / "fused_linear_cross_entropy.csv").kernel_provider)
-    flce = board[board.kernel_name == "fused_linear_cross_entropy"]
     assert set(flce.run) == {f"run of commit {run.kernels_lib_commit.iloc[0]} on {H200} ({run.timestamp.max()[:10]})"}
 
 
@@ -362,29 +332,33 @@ GPU_RUNS = """timestamp,kernels_lib_commit,gpu_name,torch_version,triton_version
 2026-12-03 09:00,2222222,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,905,0,8,1,11.0,./workbench test --gpu
 2026-12-02 08:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,reports,10,0,0,0,5.0,./workbench reports --device cuda
 2026-12-04 18:59,3333333,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu selection,49,0,0,0,0.9,./workbench test --gpu tests/test_x.py
+2026-11-20 07:00,0aaaaaa,NVIDIA H100 80GB HBM3,2.11.0,3.6.0,5.17.0,1.16.0,gpu,880,3,30,0,14.0,./workbench test --gpu
+2026-11-25 07:00,0bbbbbb,NVIDIA H100 80GB HBM3,2.11.0,3.6.0,5.17.0,1.16.0,gpu,890,1,25,0,13.5,./workbench test --gpu
 """
 
 
-def test_gpu_test_runs_card_shows_the_newest_run_per_target(tmp_path):
+def test_gpu_test_runs_card_shows_the_newest_run_per_gpu_model_and_target(tmp_path):
     path = tmp_path / "gpu_test_runs.csv"
     path.write_text(GPU_RUNS)
     newest = dashboard.gpu_test_runs(path)
-    assert dict(zip(newest.target, newest.kernels_lib_commit.astype(str))) == {"gpu": "2222222", "reports": "1111111",
-                                                                               "gpu selection": "3333333"}
+    assert dict(zip(zip(newest.gpu_name, newest.target), newest.kernels_lib_commit.astype(str))) == {
+        (H200, "gpu"): "2222222", (H200, "reports"): "1111111", (H200, "gpu selection"): "3333333",
+        ("NVIDIA H100 80GB HBM3", "gpu"): "0bbbbbb"}  # an older GPU model's newest run stays beside the H200's
     card = dashboard.gpu_test_runs_card(path)
     assert "GPU test runs" in card and "2222222" in card and "905 passed · 0 failed · 8 skipped · 1 deselected" in card
     assert "900 passed" not in card and "./workbench reports --device cuda" in card and "11.0 min" in card
     # a newer run of one file is shown as a selection, beside the whole target's run, not in its place
     assert "GPU tests, a selection" in card and "49 passed" in card and card.index("2222222") > card.index("3333333")
+    assert "<td>H100 80GB</td>" in card and "890 passed" in card and "880 passed" not in card and "<td>H200</td>" in card
     assert "No run recorded" in dashboard.gpu_test_runs_card(tmp_path / "absent.csv")
     (tmp_path / "bad.csv").write_text("timestamp,target\n2026-12-01,gpu\n")
     with pytest.raises(ValueError, match="bad.csv lacks the column"):
         dashboard.gpu_test_runs(tmp_path / "bad.csv")
 
 
-def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
-    """The GRPO family card: a row per loss type of the newest H200 run, kernels_lib's time over the floor and over
-    each peer's from that run alone; not measured without the file."""
+def test_grpo_family_card_is_one_run_of_the_loss_types_per_gpu(tmp_path):
+    """The GRPO family card: per GPU a row per loss type of its newest run, kernels_lib's time over the floor and
+    over each peer's from that run alone (another GPU's run in a block of its own); not measured without the file."""
     import re
 
     from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
@@ -394,12 +368,17 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
     assert "Not measured" in dashboard.grpo_family_card(tmp_path / "absent.csv")
     if committed is None or not (committed.gpu_name == "NVIDIA H200").any():
         pytest.skip("no H200 run of scripts/grpo_loss_types.py committed")
-    # another run beside it, on another GPU and commit: the card must not mix it in
-    other = committed.assign(kernels_lib_commit="0000000", gpu_name="NVIDIA A100", y_value_50=committed.y_value_50 * 3)
+    # another run beside it, on another GPU and commit, three times slower: shown in its own block, never mixed in
+    committed = committed[committed.gpu_name == H200]
+    other = committed.assign(kernels_lib_commit="0000000", gpu_name="NVIDIA H100 80GB HBM3", y_value_50=committed.y_value_50 * 3)
     path = tmp_path / "loss_types.csv"
     pd.concat([committed, other]).to_csv(path, index=False)
-    card = dashboard.grpo_family_card(path)
-    table = grpo_bench.loss_type_table(data.one_run(committed[committed.gpu_name == "NVIDIA H200"]))
+    both = dashboard.grpo_family_card(path)
+    assert both.count('<div class="gpu-run" data-gpu=') == 2 and "<h4>H100 80GB</h4>" in both and "<h4>H200</h4>" in both
+    h100 = both[both.index('data-gpu="NVIDIA H100 80GB HBM3"'):both.index('data-gpu="NVIDIA H200"')]
+    assert "0000000" in h100 and "run of commit 0000000 on NVIDIA H100 80GB HBM3" in h100
+    card = dashboard.grpo_family_card(path, gpu_name=H200)
+    table = grpo_bench.loss_type_table(data.one_run(committed))
     rows = re.findall(r'<tr data-loss-type="(\w+)">(.*?)</tr>', card)
     assert [name for name, _ in rows] == list(table.index)
     for name, cells in rows:
@@ -409,7 +388,7 @@ def test_grpo_family_card_is_one_run_of_the_loss_types(tmp_path):
         assert values[3:6] == [dashboard.ratio_text(table.loc[name, f"kernels_lib / {peer}"]) for peer in ("torch", "liger", "trl")]
         assert values[6] == dashboard.ratio_text(table.loc[name, "kernels_lib MB"] / table.loc[name, "liger MB"])
     assert card.count("× floor") == 1
-    assert "0000000" not in card and "A100" not in card
+    assert "0000000" not in card and "H100" not in card
 
 
 def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
@@ -418,9 +397,87 @@ def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     assert "No run recorded" in dashboard.gpu_test_runs_card()
     assert "Not measured" in dashboard.grpo_family_card()
+    assert dashboard.charts() == [] and len(dashboard.dashboard()) == 0
     assert not [c for c in dashboard.charts() if "training step" in c.title]  # neither training-step file is there
     row = {"timestamp": "2026-12-05 01:00:00", "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200", "target": "gpu",
            "passed": 3, "failed": 0, "skipped": 1, "minutes": 0.5}
     pd.DataFrame([row]).to_csv(tmp_path / dashboard.GPU_TEST_RUNS, index=False)
     assert list(dashboard.gpu_test_runs().kernels_lib_commit) == ["abc1234"]
     assert "abc1234" in dashboard.gpu_test_runs_card()
+
+
+# --------------------------------------------------------------------------- two GPUs, synthetic
+
+
+def _kl_rows(gpu: str, commit: str, stamp: str, providers: dict[str, float]) -> pd.DataFrame:
+    """KL rows at the published sizes (N = 16384 rows, as the committed rows name them), ``full`` time and memory per
+    provider at V = 65536 and 131072: ``ms`` at the largest V, half of it at the other; memory 10 × ms."""
+    rows = []
+    for provider, ms in providers.items():
+        for v, scale in ((65536.0, 0.5), (131072.0, 1.0)):
+            for metric, value in (("speed", ms * scale), ("memory", 10 * ms * scale)):
+                rows.append({"kernel_name": "kl_div", "kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": metric,
+                             "metric_unit": "ms", "x_name": "V", "x_label": "vocab size", "x_value": v, "y_value_50": value,
+                             "y_value_20": value, "y_value_80": value,
+                             "extra_benchmark_config_str": json.dumps({"N": 16384, "V": int(v), "dtype": "torch.float32",
+                                                                       "reduction": "batchmean", "log_target": False}),
+                             "gpu_name": gpu, "timestamp": stamp, "kernels_lib_commit": commit, "torch_version": "2.11.0",
+                             "triton_version": "3.6.0", "device": "cuda", "timer": "cuda_events_do_bench"})
+    return pd.DataFrame(rows)
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_each_gpu_shows_its_newest_run_beside_the_others_labelled(monkeypatch, tmp_path):
+    """KL measured on an H200 (an old run with torch and liger, a newer one with liger only) and on an H100
+    80GB (older than both, with torch and liger): a chart per GPU, each from its own newest run; the headline
+    per GPU (× the fastest peer, × the leanest peer's memory, × the floor from that run's ceilings); the index
+    shows both GPUs, labelled, and never pairs a number of one with one of the other."""
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    pd.concat([_kl_rows(H200, "h200old", "2026-12-01 10:00:00", {"kernels_lib": 2.0, "torch": 8.0, "liger": 4.0}),
+               _kl_rows(H200, "h200new", "2026-12-03 10:00:00", {"kernels_lib": 1.0, "liger": 4.0}),
+               _kl_rows(H100, "h100run", "2026-11-20 10:00:00", {"kernels_lib": 3.0, "torch": 12.0, "liger": 5.0})]
+              ).to_csv(tmp_path / "kl_div.csv", index=False)
+    ceilings = [{"kernel_name": name, "kernel_provider": "torch", "kernel_operation_mode": "forward", "metric_name": "rate",
+                 "x_value": 0, "y_value_50": rate, "gpu_name": gpu, "kernels_lib_commit": commit, "timestamp": stamp, "device": "cuda",
+                 "extra_benchmark_config_str": "{}"}
+                for gpu, commit, stamp, copy in ((H200, "h200new", "2026-12-03 10:00:00", 4000.0), (H100, "h100run", "2026-11-20 10:00:00", 3000.0))
+                for name, rate in (("copy", copy), ("matmul", 700.0))]
+    pd.DataFrame(ceilings).to_csv(tmp_path / "ceilings.csv", index=False)
+    chart_list = [c for c in dashboard.charts() if c.kernel_name == "kl_div"]
+    assert [(c.gpu_label, c.commit) for c in chart_list] == [("H100 80GB", "h100run"), ("H200", "h200new")]
+    assert len({c.key for c in chart_list}) == 2 and len({c.title for c in chart_list}) == 1
+    board = dashboard.dashboard(chart_list)
+    ratios = board[board.kind == "ratio"].set_index(["gpu label", "peer"])
+    assert ratios.loc[("H200", "liger"), "time ratio"] == pytest.approx(1.0 / 4.0)
+    assert ("H200", "torch") not in ratios.index  # torch was only in the older H200 run: not borrowed from it
+    assert ratios.loc[("H100 80GB", "torch"), "time ratio"] == pytest.approx(3.0 / 12.0)
+    assert ratios.loc[("H100 80GB", "liger"), "memory ratio"] == pytest.approx(30.0 / 50.0)
+    assert set(board.run) == {"run of commit h100run on NVIDIA H100 80GB HBM3 (2026-11-20)", "run of commit h200new on NVIDIA H200 (2026-12-03)"}
+    heads = dashboard.headlines(board).set_index("gpu label")
+    assert heads.loc["H100 80GB", "fastest peer"] == "liger" and heads.loc["H100 80GB", "time ratio"] == pytest.approx(3.0 / 5.0)
+    assert heads.loc["H200", "leanest peer"] == "liger" and heads.loc["H200", "memory ratio"] == pytest.approx(10.0 / 40.0)
+    floor_ms = {gpu: 12 * 16384 * 131072 / (copy * 1e9) * 1e3 for gpu, copy in (("H200", 4000.0), ("H100 80GB", 3000.0))}
+    for gpu, ours in (("H200", 1.0), ("H100 80GB", 3.0)):
+        assert heads.loc[gpu, "floor ratio"] == pytest.approx(ours / floor_ms[gpu], rel=1e-9)
+    # the index: one section for the chart, a block per GPU, a headline row per GPU
+    (tmp_path / "out" / "executed").mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# KL")]), tmp_path / "out" / "executed" / "02_kl_divergence.ipynb")
+    page = report.write_index(tmp_path / "out", [(tmp_path / "out" / "02_kl_divergence.html", 1.0, "")],
+                              report.notebook_parameters("cpu")).read_text(encoding="utf-8")
+    assert "Measured on: <strong>H100 80GB, H200</strong>" in page
+    section = page[page.index('<section class="chart"'):page.index("</section>")]
+    assert section.count('<div class="gpu-run"') == 2 and section.index("<h4>H100 80GB</h4>") < section.index("<h4>H200</h4>")
+    assert "run of commit h100run on NVIDIA H100 80GB HBM3 (2026-11-20)" in section
+    headline_rows = re.findall(r'<tr data-chart="[^"]*" data-gpu="([^"]*)">', page)
+    assert headline_rows == [H100, H200]
+    assert "H200: runs of 2026-12-03" in page and "H100 80GB: runs of 2026-11-20" in page  # the generated provenance line
+    # only one GPU asked for: the other is not shown
+    assert [c.gpu for c in dashboard.charts(H100) if c.kernel_name == "kl_div"] == [H100]
+
+
+def _grpo_gpus() -> int:
+    """How many GPUs the committed GRPO loss-type file has a run of (each a block of the GRPO family card)."""
+    path = data.measured_file(dashboard.GRPO_LOSS_TYPES)
+    return len(data.gpus_measured(pd.read_csv(path))) if path.exists() else 0

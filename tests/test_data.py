@@ -293,3 +293,58 @@ def test_an_all_digit_or_float_looking_commit_stays_text(tmp_path):
     newest = data.newest_run(read)
     assert len(newest) == 1 and newest.y_value_50.item() == 3.0
     assert "4375441" in data.run_label(newest)
+
+
+# --------------------------------------------------------------------------- the GPU as a dimension
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+def _runs_of_two_gpus() -> pd.DataFrame:
+    """Synthetic rows: two H200 runs (old: kernels_lib, liger; new: kernels_lib only), one H100 80GB run
+    (kernels_lib, liger) older than both, and a CPU row that names no GPU of ours."""
+    rows = []
+    for commit, gpu, device, stamp, providers in (
+        ("h200old", H200, "cuda", "2026-12-01 10:00:00", {"kernels_lib": 2.0, "liger": 4.0}),
+        ("h200new", H200, "cuda", "2026-12-03 10:00:00", {"kernels_lib": 1.0}),
+        ("h100run", H100, "cuda", "2026-11-20 10:00:00", {"kernels_lib": 3.0, "liger": 5.0}),
+        ("cpurun", "CPU (Triton interpreter)", "cpu", "2026-12-04 10:00:00", {"kernels_lib": 900.0}),
+    ):
+        for provider, ms in providers.items():
+            rows.append({"kernel_name": "toy", "kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": "speed",
+                         "x_value": 1024.0, "y_value_50": ms, "gpu_name": gpu, "device": device, "kernels_lib_commit": commit,
+                         "timestamp": stamp})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("name, label", [(H100, "H100 80GB"), (H200, "H200"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+                                         ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA B200", "B200"),
+                                         ("CPU (Triton interpreter)", "CPU (Triton interpreter)")])
+def test_gpu_label_is_the_short_name(name, label):
+    assert data.gpu_label(name) == label
+
+
+def test_gpus_measured_are_every_cuda_gpu_none_preferred():
+    rows = _runs_of_two_gpus()
+    assert data.gpus_measured(rows) == [H100, H200]  # by label; the CPU rows measured on no GPU
+    assert data.gpus_measured(rows[rows.gpu_name == H200]) == [H200]
+    assert data.gpus_measured(rows.iloc[:0]) == []
+    with pytest.raises(ValueError, match="gpu_name"):
+        data.gpus_measured(rows.drop(columns="gpu_name"))
+
+
+def test_newest_run_per_gpu_is_one_run_of_each_gpu():
+    runs = data.newest_run_per_gpu(_runs_of_two_gpus())
+    assert list(runs) == [H100, H200]
+    assert set(runs[H200].kernels_lib_commit) == {"h200new"}  # the newest H200 run, not the older one with liger
+    assert set(runs[H100].kernels_lib_commit) == {"h100run"}  # older than both H200 runs, still shown for its GPU
+    for gpu, run in runs.items():
+        assert data.run_label(run).startswith(f"run of commit {run.kernels_lib_commit.iloc[0]} on {gpu}")
+    # a ratio is taken inside one run on one GPU: the H200's liger was not in its newest run, the H100's was
+    h200 = data.same_run_pairs(runs[H200], "kernels_lib", ["liger"])
+    assert h200.ratio.isna().all()
+    assert data.same_run_pairs(runs[H100], "kernels_lib", ["liger"]).ratio.tolist() == pytest.approx([3.0 / 5.0])
+    with pytest.raises(ValueError, match="one run expected"):
+        data.same_run_pairs(pd.concat(runs.values()), "kernels_lib", ["liger"])
+    assert data.newest_run_per_gpu(_runs_of_two_gpus().iloc[:0]) == {}

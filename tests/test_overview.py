@@ -11,7 +11,9 @@ import pytest
 import notebook_runs  # each notebook executed once, shared with the browser tests
 import torch
 
-from kernels_lib.workbench import charts, overview, report
+import nbformat
+
+from kernels_lib.workbench import charts, data, overview, report
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "00_overview.ipynb"
@@ -187,18 +189,24 @@ def test_overview_notebook_runs_and_exports_every_chart():
     html_path, results, executed_path = notebook_runs.executed(NOTEBOOK)
     coverage = pd.read_csv(results / "coverage.csv")
     published = overview.workloads()
-    assert len(coverage) == len(published)
+    # one coverage row per (chart, GPU we measured it on), one per chart measured on none
+    assert len(coverage) == sum(max(1, len(w.gpus)) for w in published)
+    assert set(coverage["measured on"]) == {data.gpu_label(g) for w in published for g in w.gpus} | ({"none yet"} if any(
+        not w.gpus for w in published) else set())
     agreement = pd.read_csv(results / "agreement.csv")
     measured = [w for w in published if len(w.measured)]
     assert set(agreement.workload) == {w.title for w in measured if set(w.measured.kernel_provider) & set(w.published.kernel_provider)}
+    assert set(agreement.gpu) <= {data.gpu_label(g) for w in measured for g in w.gpus}
     assert agreement.verdict.isin(["agrees", "slower than the GPUs explain", "faster than the GPUs explain"]).all()
     html = html_path.read_text(encoding="utf-8")
-    assert html.count("Plotly.newPlot(") == len(published) + len(measured)  # a scaling chart each, speed vs memory where measured
+    speed_memory = sum(overview.speed_memory_x(w.on(g)) is not None for w in measured for g in w.gpus)
+    assert html.count("Plotly.newPlot(") == len(published) + speed_memory  # a scaling chart each, speed vs memory per GPU
     unmeasured = [w for w in published if not len(w.measured)]
     # The notice itself (bold), not the markdown cell that explains it (italic).
-    assert ("<strong>No H200 rows yet</strong>" in html) == bool(unmeasured)
-    assert ("Every workload has H200 rows." in html) == (not unmeasured)
+    assert ("<strong>No measured rows yet</strong>" in html) == bool(unmeasured)
+    assert ("Every workload has rows measured on" in html) == (not unmeasured)
     assert "NVIDIA datasheets" in html and "H100 PCIe" in html
+    assert "overview.H200" not in "".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code")
 
 
 def test_across_runs_shows_one_providers_time_in_every_run():
@@ -268,3 +276,48 @@ def test_agreement_pairs_a_published_mode_with_the_mode_of_ours_that_measures_th
     assert table["backward", 4096] == 7.0 and table["full", 4096] == 7.0 and table["forward", 4096] == 3.0
     kl = overview.agreement_table(_kl_workload(published.assign(kernel_name="kl_div"), measured.assign(kernel_name="kl_div")), None)
     assert kl.set_index(["mode", "x"])["measured ms"]["backward", 4096] == 0.5
+
+
+# --------------------------------------------------------------------------- two GPUs
+
+
+def test_a_chart_holds_the_newest_run_of_each_gpu_labelled(tmp_path, monkeypatch):
+    """KL measured on an H200 (two runs) and on an H100 80GB (one, older): the chart holds the newest run of
+    each GPU, none preferred; coverage, floors and the agreement are per GPU, each with its own ceilings
+    and datasheet."""
+    from kernels_lib.workbench import data
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    h200_old = pd.concat([_rows(overview.H200, p, 2.0, commit="h200old") for p in ("kernels_lib", "torch")])
+    h200_new = _rows(overview.H200, "kernels_lib", 1.0, commit="h200new", timestamp="2026-03-01 00:00:00")
+    h100 = pd.concat([_rows(overview.H100, p, ms, commit="h100run", timestamp="2026-02-01 00:00:00")
+                      for p, ms in (("kernels_lib", 1.5), ("torch", 3.0))])
+    pd.concat([h200_old, h200_new, h100]).to_csv(tmp_path / "kl_div.csv", index=False)
+    (kl,) = [w for w in overview.workloads() if w.kernel_name == "kl_div"]
+    assert kl.gpus == [overview.H100, overview.H200]
+    assert set(kl.on(overview.H200).kernels_lib_commit) == {"h200new"} and set(kl.on(overview.H100).kernels_lib_commit) == {"h100run"}
+    assert set(kl.measured.gpu_name) == {overview.H100, overview.H200}
+    assert "run of commit h100run on NVIDIA H100 80GB HBM3" in kl.run and "run of commit h200new on NVIDIA H200" in kl.run
+    assert [w.gpus for w in overview.workloads(overview.H100) if w.kernel_name == "kl_div"] == [[overview.H100]]
+    rows = {r["measured on"]: r for r in overview.coverage_rows(kl)}
+    assert set(rows) == {"H100 80GB", "H200"}
+    assert rows["H200"]["not in this run"].startswith("torch") and rows["H100 80GB"]["measured providers"] == "kernels_lib, torch"
+    assert overview.coverage(kl)["measured on"] == "H100 80GB; H200"
+    ceilings = pd.concat([_ceilings({"h200new": (4000.0, "2026-03-01 00:00:00")}),
+                          _ceilings({"h100run": (3000.0, "2026-02-01 00:00:00")}).assign(gpu_name=overview.H100)])
+    floors = overview.workload_floors(kl, ceilings)
+    assert set(floors) == {overview.H100, overview.H200}
+    assert floors[overview.H100].copy_gbps == 3000.0 and floors[overview.H100].commit == "h100run"
+    assert floors[overview.H200].copy_gbps == 4000.0 and floors[overview.H200].same_run
+    assert overview.workload_floor(kl, ceilings).gpu_name == overview.H200  # the newest kernels_lib row's GPU
+    published = _rows("NVIDIA H100 PCIe", "torch", 10.0)
+    workload = overview.Workload("kl_div", {"B": 8, "T": 2048}, published, kl.measured, kl.runs)
+    table = overview.agreement_table(workload, floors)
+    assert set(table.gpu) == {"H100 80GB"}  # torch was in the H100's run only (the H200's newest has none)
+    assert table.expected.unique() == pytest.approx([2.0 / 3.35])  # the H100 PCIe over the H100 80GB's bandwidth
+    compact = overview.agreement_compact(table)
+    assert list(compact.columns[:3]) == ["chart", "GPU", "provider"] and list(compact.GPU) == ["H100 80GB"]
+    assert "on the H100 80GB" in overview.agreement_sentences(table.assign(ratio=table.ratio * 3, **{"ratio / expected": 3.0},
+                                                                          verdict="slower than the GPUs explain"))
+    ratios = overview.datasheet_ratios({"NVIDIA A100-SXM4-80GB"}, [overview.H100, overview.H200]).set_index("measured on")
+    assert ratios.loc["H200", "bandwidth ×"] == pytest.approx(4.8 / 2.039) and ratios.loc["H100 80GB", "bf16 rate ×"] == pytest.approx(989 / 312)

@@ -23,6 +23,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .data import gpu_label
+
 PANELS = (("speed", "forward"), ("speed", "full"), ("memory", "full"))
 #: A provider's colour, by base name (:func:`base_provider`), in every figure. ``torch`` and
 #: ``huggingface`` share the baseline's blue: Liger's published rows call torch's path "huggingface".
@@ -47,6 +49,9 @@ COLORS = {
 #: Colours for a provider not in :data:`COLORS`, picked by a hash of its base name (the same in every figure).
 SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 UNITS = {"speed": "ms", "memory": "MB"}
+#: The line of each GPU's measured rows in a scaling chart, in :func:`.data.gpus_measured`' order (the
+#: published rows are dashed, a floor dotted).
+MEASURED_DASHES = ("solid", "dashdot", "longdash", "longdashdot")
 #: The y title of each metric: a median time is "time", whatever the CSV's metric is called.
 METRIC_TITLES = {"speed": "time (ms)", "memory": "memory (MB)"}
 #: One name per swept axis, whatever the published CSV or a preset calls it.
@@ -62,7 +67,7 @@ AXIS_TITLES = {
 
 def base_provider(name: str) -> str:
     """A trace's or a row's provider, without its dial and its series: ``kernels_lib[chunk_size=512]``,
-    ``kernels_lib · NVIDIA H200 (measured)`` and ``kernels_lib OOM`` are all ``kernels_lib``."""
+    ``kernels_lib · H200 (measured)`` and ``kernels_lib OOM`` are all ``kernels_lib``."""
     return re.split(r"[\[ ·]", str(name).strip(), maxsplit=1)[0]
 
 
@@ -135,9 +140,10 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def _series(frame: pd.DataFrame, source: str):
-    """Yield (name, provider, source, rows sorted by x) per (GPU, provider) of ``frame``."""
+    """Yield (name, provider, rows sorted by x) per (GPU, provider) of ``frame``, named with the GPU's short
+    label (:func:`.data.gpu_label`): ``kernels_lib · H100 80GB (measured)``."""
     for (gpu, provider), rows in frame.groupby(["gpu_name", "kernel_provider"], sort=False):
-        yield f"{provider} · {gpu} ({source})", provider, rows.sort_values("x_value")
+        yield f"{provider} · {gpu_label(gpu)} ({source})", provider, rows.sort_values("x_value")
 
 
 def scaling_chart(
@@ -151,21 +157,26 @@ def scaling_chart(
 ) -> go.Figure:
     """The published scaling chart with our measured rows beside it.
 
-    ``published`` and ``measured``: rows of one loss (either may be None or empty). Each panel
-    shows the rows of its (metric, mode); a line per (GPU, provider, source) with its p20–p80 band.
-    Published lines are dashed, measured ones solid.
+    ``published`` and ``measured``: rows of one loss (either may be None or empty; ``measured`` may hold
+    the newest run of several GPUs, :func:`.data.newest_run_per_gpu`). Each panel shows the rows of its
+    (metric, mode); a line per (GPU, provider, source) with its p20–p80 band, named with the GPU's short
+    label. Published lines are dashed; measured ones solid on the first GPU, dotted-dashed on a second, and so on.
     """
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{'time' if m == 'speed' else m} · {mode}" for m, mode in panels])
     x_label = axis_title(x_label)
     xs_seen = []
-    sources = [(published, "published", "dash"), (measured, "measured", "solid")]
+    sources = [(published, "published"), (measured, "measured")]
+    # one dash per measured GPU (the first solid), the published rows dashed: a provider keeps its colour on every GPU
+    measured_gpus = sorted({str(g) for g in measured.gpu_name}, key=lambda g: (gpu_label(g), g)) if measured is not None and len(measured) else []
+    dashes = {gpu: MEASURED_DASHES[i % len(MEASURED_DASHES)] for i, gpu in enumerate(measured_gpus)}
     legend_seen = set()
     for col, (metric, mode) in enumerate(panels, start=1):
-        for frame, source, dash in sources:
+        for frame, source in sources:
             if frame is None or not len(frame):
                 continue
             rows = frame[(frame.metric_name == metric) & (frame.kernel_operation_mode == mode)]
             for name, provider, series in _series(rows, source):
+                dash = "dash" if source == "published" else dashes[str(series.gpu_name.iloc[0])]
                 color = provider_color(provider)
                 x = series.x_value.tolist()
                 xs_seen += x

@@ -7,6 +7,7 @@ that names it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -145,6 +146,44 @@ def one_run(rows: pd.DataFrame, commit: str | None = None, gpu_name: str | None 
         gpu_name = str(newest.gpu_name) if gpu_name is None else gpu_name
     chosen = (rows.kernels_lib_commit.astype(str) == str(commit)) & (rows.gpu_name.astype(str) == str(gpu_name))
     return rows[chosen].reset_index(drop=True)
+
+
+#: The words of a GPU's full name that say nothing a reader of a chart needs (the vendor; the memory's
+#: technology, where its size is named too).
+_LABEL_DROPPED = re.compile(r"^NVIDIA\s+|\s+HBM\w*$", re.I)
+
+
+def gpu_label(gpu_name: str) -> str:
+    """A GPU's short name as the charts and cards print it: ``NVIDIA H100 80GB HBM3`` → ``H100 80GB``,
+    ``NVIDIA H200`` → ``H200``, ``NVIDIA A100-SXM4-80GB`` → ``A100 80GB``, ``NVIDIA H100 PCIe`` →
+    ``H100 PCIe``; a name it cannot shorten (``CPU (Triton interpreter)``) is kept."""
+    name = _LABEL_DROPPED.sub("", str(gpu_name).strip())
+    name = re.sub(r"-SXM\d*-", " ", name)
+    return re.sub(r"-PCIE-?", " PCIe ", name, flags=re.I).strip() or str(gpu_name)
+
+
+def _cuda(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows measured on a CUDA GPU (all of them where the rows name no ``device``)."""
+    return rows[rows.device.astype(str) == "cuda"] if "device" in rows.columns else rows
+
+
+def gpus_measured(rows: pd.DataFrame) -> list[str]:
+    """The GPUs (``gpu_name``) whose CUDA rows ``rows`` hold, by short label (:func:`gpu_label`): every GPU
+    the charts, cards and the overview show beside the published rows, none preferred."""
+    if not len(rows):
+        return []
+    if "gpu_name" not in rows.columns:
+        raise ValueError("rows lack the column gpu_name: which GPU measured them is unknown")
+    names = {str(g) for g in _cuda(rows).gpu_name.dropna()}
+    return sorted(names, key=lambda g: (gpu_label(g), g))
+
+
+def newest_run_per_gpu(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per GPU of :func:`gpus_measured`, the rows of its newest run (:func:`one_run` of that GPU's CUDA
+    rows: the commit of its newest kernels_lib row). Each value is one run, so every ratio taken in it
+    (:func:`same_run_pairs`) is within one commit on one GPU; two GPUs are never paired."""
+    cuda = _cuda(rows)
+    return {gpu: one_run(cuda[cuda.gpu_name.astype(str) == gpu]) for gpu in gpus_measured(rows)}
 
 
 def same_run_pairs(rows: pd.DataFrame, ours: str, peers: list[str] | tuple[str, ...], metric: str = "speed",

@@ -6,9 +6,10 @@ configuration (ORPO was published at two sequence lengths, so it makes two; JSD 
 rows belong to a workload when they sweep the same axis (``x_name``) and their configuration has the
 same sizes (the configs' upper-case keys: ``H``, ``V``, ``T``, ...; :data:`SIZE_ALIASES` for the
 lower-case ones of Liger's model-config benchmarks) and dtype. A workload's measured rows are those of
-one run (:func:`.data.one_run`: the newest kernels_lib run of that chart, one commit on one GPU), so that
-every ratio taken from them (a target, a floor, the agreement with the published figure) is within
-that run, and a provider the run did not measure is absent rather than filled in from another run.
+run per GPU we measured (:func:`.data.newest_run_per_gpu`: the newest kernels_lib run of that chart on
+each GPU, one commit on one GPU), so that every ratio taken from them (a floor, the agreement with the
+published figure) is within one run, a provider the run did not measure is absent rather than filled
+in from another run, and no GPU is preferred: each is shown beside the published rows, labelled.
 Everything here reads ``data/`` only:
 it works for any loss that has published rows, and picks up ``data/measured/<kernel_name>.csv`` as
 soon as it exists.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -28,8 +29,10 @@ from .data import run_commit  # noqa: F401  (the notebooks call overview.run_com
 from .bench.analysis import ceiling_run
 from .bench.registry import get_spec
 
-#: The GPU we measure on.
+#: Names of GPUs we have measured on, as ``gpu_name`` records them (names of :data:`DATASHEETS`); no
+#: function defaults to one: every GPU in the rows is shown.
 H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
 
 #: Datasheet figures of the GPUs in the published and measured rows (NVIDIA's datasheets: HBM
 #: bandwidth, dense bf16 tensor-core rate without sparsity, SXM parts unless named PCIe; the B200 per GPU
@@ -38,7 +41,7 @@ DATASHEETS = pd.DataFrame(
     [
         ("NVIDIA A100-SXM4-80GB", "80 GB HBM2e", 2.039, 312),
         ("NVIDIA H100 PCIe", "80 GB HBM2e", 2.0, 756),
-        ("NVIDIA H100 80GB HBM3", "80 GB HBM3", 3.35, 989),
+        (H100, "80 GB HBM3", 3.35, 989),
         (H200, "141 GB HBM3e", 4.8, 989),
         ("NVIDIA B200", "180 GB HBM3e", 7.7, 2250),
     ],
@@ -61,12 +64,30 @@ def chart_title(kernel_name: str, config: dict, x_name: str | None = None) -> st
 
 @dataclass(frozen=True)
 class Workload:
-    """One published chart: its rows, the measured rows of the same configuration, and its sizes."""
+    """One published chart: its rows, the measured rows of the same configuration (the newest run of each
+    GPU, together), and its sizes. ``runs``: GPU → that GPU's rows (by default ``measured`` split by GPU)."""
 
     kernel_name: str
     config: dict  # the published configuration, without "mode"
     published: pd.DataFrame
     measured: pd.DataFrame
+    runs: dict = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.runs is None:
+            measured = self.measured
+            split = {gpu: measured[measured.gpu_name.astype(str) == gpu].reset_index(drop=True)
+                     for gpu in data.gpus_measured(measured.assign(device="cuda"))} if len(measured) else {}
+            object.__setattr__(self, "runs", split)
+
+    @property
+    def gpus(self) -> list[str]:
+        """The GPUs with measured rows of this chart (:func:`.data.gpus_measured`' order)."""
+        return list(self.runs)
+
+    def on(self, gpu_name: str) -> pd.DataFrame:
+        """The rows of the newest run on ``gpu_name`` (empty where that GPU has none)."""
+        return self.runs.get(gpu_name, self.measured.iloc[:0])
 
     @property
     def title(self) -> str:
@@ -86,8 +107,9 @@ class Workload:
 
     @property
     def run(self) -> str:
-        """Which run the measured rows come from (:func:`.data.run_label`), or "" when there are none."""
-        return data.run_label(self.measured) if len(self.measured) else ""
+        """Which run the measured rows of each GPU come from (:func:`.data.run_label`, joined by "; "), or ""
+        when there are none."""
+        return "; ".join(data.run_label(rows) for rows in self.runs.values() if len(rows))
 
 
 #: Sizes that Liger's model-config benchmarks name in lower case, by our specs' names (their ``bsz``
@@ -119,11 +141,14 @@ def _spec_baseline(kernel_name: str) -> str | None:
         return None
 
 
-def measured_on(kernel_name: str, gpu_name: str = H200, latest: bool = True) -> pd.DataFrame:
-    """Our rows of ``kernel_name`` measured on ``gpu_name`` (CUDA runs): the newest row per point, or
-    with ``latest=False`` every run's."""
+def measured_on(kernel_name: str, gpu_name: str | None = None, latest: bool = True) -> pd.DataFrame:
+    """Our rows of ``kernel_name`` measured on ``gpu_name`` (CUDA runs; every GPU's when None): the newest
+    row per point, or with ``latest=False`` every run's."""
     rows = data.load_measured(kernel_name, latest=latest)
-    return rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")] if len(rows) else rows
+    if not len(rows):
+        return rows
+    chosen = rows.device == "cuda"
+    return rows[chosen & (rows.gpu_name == gpu_name)] if gpu_name is not None else rows[chosen]
 
 
 def _published_options(kernel_name: str, measured_config: dict) -> bool:
@@ -160,8 +185,9 @@ def newest_per_point(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values("timestamp", kind="stable").drop_duplicates(key, keep="last").sort_index()
 
 
-def workload_runs(workload: "Workload", gpu_name: str = H200) -> pd.DataFrame:
-    """Every run's rows of ``workload``'s chart on ``gpu_name`` (its ``measured`` keeps the newest per point)."""
+def workload_runs(workload: "Workload", gpu_name: str | None = None) -> pd.DataFrame:
+    """Every run's rows of ``workload``'s chart on ``gpu_name`` (every GPU's when None; its ``measured``
+    keeps the newest run of each GPU, the newest row per point)."""
     return of_chart(measured_on(workload.kernel_name, gpu_name, latest=False), workload.config, workload.x_name)
 
 
@@ -170,7 +196,7 @@ def across_runs(rows: pd.DataFrame, provider: str, mode: str, metric: str = "spe
     per x: one column per run's commit, oldest first (:func:`.data.runs`), and ``newest / oldest`` and
     ``max / min`` across them. Whether a point is the kernel's or the run's: the same kernel's time that
     moves between runs where its other points do not is the run's spread (the logits-level JSD at
-    V ≤ 8192 on the H200, notebook 07). Raises ValueError when ``rows`` hold runs of two GPUs."""
+    V ≤ 8192, notebook 07). Raises ValueError when ``rows`` hold runs of two GPUs."""
     chosen = rows[(rows.kernel_provider == provider) & (rows.kernel_operation_mode == mode) & (rows.metric_name == metric)]
     runs = data.runs(chosen)
     gpus = {gpu for _, gpu in runs}
@@ -220,11 +246,11 @@ def _elements(config: str) -> float:
     return float(rows) * float(sizes["V"])
 
 
-def workloads(gpu_name: str = H200) -> list[Workload]:
-    """Every published chart, in the published CSV's order, with our rows of ``gpu_name`` (CUDA runs)
-    for the same axis and configuration, of one run: the newest kernels_lib run of the chart
-    (:func:`.data.one_run`), newest row per point within it. The published "huggingface" provider is renamed
-    as the spec names its baseline (``torch`` for fused linear cross-entropy)."""
+def workloads(gpu_name: str | None = None) -> list[Workload]:
+    """Every published chart, in the published CSV's order, with our rows (CUDA runs) for the same axis and
+    configuration: per GPU we measured (only ``gpu_name`` when given), its newest kernels_lib run of the
+    chart (:func:`.data.newest_run_per_gpu`), newest row per point within it. The published "huggingface"
+    provider is renamed as the spec names its baseline (``torch`` for fused linear cross-entropy)."""
     published = data.load_published()
     result = []
     for kernel_name in published.kernel_name.unique():
@@ -236,9 +262,11 @@ def workloads(gpu_name: str = H200) -> list[Workload]:
         configs = rows.extra_benchmark_config_str.map(lambda s: json.dumps(_config(s), sort_keys=True))
         for key in configs.unique():
             config = json.loads(key)
-            mine = newest_per_point(data.one_run(of_chart(measured, config, rows[configs == key].x_name.iloc[0])))
+            of_gpu = data.newest_run_per_gpu(of_chart(measured, config, rows[configs == key].x_name.iloc[0]))
+            per_gpu = {gpu: newest_per_point(run).reset_index(drop=True) for gpu, run in of_gpu.items()}
+            mine = pd.concat(per_gpu.values(), ignore_index=True) if per_gpu else measured.iloc[:0].reset_index(drop=True)
             ordered = {k: config[k] for k in _config(rows[configs == key].extra_benchmark_config_str.iloc[0])}
-            result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine.reset_index(drop=True)))
+            result.append(Workload(kernel_name, ordered, rows[configs == key].reset_index(drop=True), mine, per_gpu))
     return result
 
 
@@ -293,11 +321,13 @@ class Floor:
                 f"copy {self.copy_gbps:.0f} GB/s, matmul {self.matmul_tflops:.0f} TFLOP/s")
 
 
-def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str = H200) -> Floor | None:
-    """The floor of ``workload`` at its published and measured x, with the ceilings of the run of its
-    measured rows (:func:`run_commit`), at the sizes of the spec's published preset of the chart's axis
-    (:meth:`~.bench.spec.LossSpec.published_preset`: JSD's token sweep is its ``published_tokens``). None
-    when the loss has no bench spec, the spec has no preset on the chart's axis, or ``gpu_name`` has
+def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str | None = None) -> Floor | None:
+    """The floor of ``workload`` on ``gpu_name`` at its published and measured x, with the ceilings of the
+    run of its rows on that GPU (:func:`run_commit`), at the sizes of the spec's published preset of the
+    chart's axis (:meth:`~.bench.spec.LossSpec.published_preset`: JSD's token sweep is its
+    ``published_tokens``). ``gpu_name`` None: the GPU of the workload's newest kernels_lib row, or
+    without measured rows the GPU of the newest ceilings (:func:`workload_floors` gives every GPU's).
+    None when the loss has no bench spec, the spec has no preset on the chart's axis, or the GPU has
     no ceilings."""
     try:
         spec = get_spec(workload.kernel_name)
@@ -306,16 +336,22 @@ def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward",
     preset = spec.published_preset(workload.x_name)
     if preset is None:
         return None
+    if gpu_name is None:
+        newest = data.one_run(workload.measured) if len(workload.measured) else ceilings.sort_values("timestamp", kind="stable").tail(1)
+        if not len(newest):
+            return None
+        gpu_name = str(newest.gpu_name.iloc[0])
     measured_on_gpu = ceilings[ceilings.gpu_name == gpu_name]
     if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
         return None
-    commit = run_commit(workload.measured)
+    rows = workload.on(gpu_name)
+    commit = run_commit(rows)
     copy_gbps, copy_commit = ceiling_run(ceilings, "copy", gpu_name, commit)
     matmul_tflops, _ = ceiling_run(ceilings, "matmul", gpu_name, commit)
     dtype_name = workload.config.get("dtype", str(preset["dtype"]))
     dtype = getattr(torch, dtype_name.replace("torch.", ""))
     base = {**preset["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
-    xs = sorted(set(workload.published.x_value) | set(workload.measured.get("x_value", [])))
+    xs = sorted(set(workload.published.x_value) | set(rows.get("x_value", [])))
     ms, bound = {}, {}
     for mode in modes:
         ms[mode] = {}
@@ -324,41 +360,91 @@ def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward",
     return Floor(pd.DataFrame(ms), pd.Series(bound, name="bound"), gpu_name, commit, copy_gbps, matmul_tflops, copy_commit)
 
 
-def coverage(workload: Workload) -> dict:
-    """What a workload holds: published GPU and providers, our providers measured on the H200 and
-    those of its spec that are not (yet), and the run."""
+def workload_floors(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full")) -> dict[str, Floor]:
+    """The floor of ``workload`` on each GPU it was measured on (:func:`workload_floor`), GPUs without
+    ceilings left out; without measured rows, the floor on the GPU of the newest ceilings alone."""
+    gpus = workload.gpus or [None]
+    floors = {gpu: workload_floor(workload, ceilings, modes, gpu) for gpu in gpus}
+    return {floor.gpu_name: floor for floor in floors.values() if floor is not None}
+
+
+def gpus_measured(workload_list: list[Workload]) -> list[str]:
+    """Every GPU with measured rows in ``workload_list`` (:func:`.data.gpus_measured`' order)."""
+    return sorted({gpu for workload in workload_list for gpu in workload.gpus}, key=lambda g: (data.gpu_label(g), g))
+
+
+def coverage_rows(workload: Workload) -> list[dict]:
+    """What a workload holds, one row per GPU we measured it on (one row, ``none yet``, where none):
+    published GPU and providers, our providers measured on that GPU and those of its spec that its run
+    did not measure, and the run (commit, date)."""
     published = sorted(set(workload.published.kernel_provider))
-    measured = sorted(set(workload.measured.kernel_provider)) if len(workload.measured) else []
     try:
         expected = [p for p in get_spec(workload.kernel_name).providers if "[" not in p]
     except ValueError:
         expected = ["kernels_lib", *published]
-    return {
-        "workload": workload.title,
-        "published on": workload.published_gpu,
-        "published providers": ", ".join(published),
-        "measured on the H200": ", ".join(measured) or "none yet",
-        "not in this run": ", ".join(p for p in expected if p not in measured) or "–",
-        "commit": run_commit(workload.measured) or "–",
-        "measured": workload.measured.timestamp.max()[:10] if len(workload.measured) else "–",
-    }
+    common = {"workload": workload.title, "published on": data.gpu_label(workload.published_gpu),
+              "published providers": ", ".join(published)}
+    if not workload.gpus:
+        return [{**common, "measured on": "none yet", "measured providers": "–", "not in this run": ", ".join(expected),
+                 "commit": "–", "measured": "–"}]
+    out = []
+    for gpu in workload.gpus:
+        rows = workload.on(gpu)
+        measured = sorted(set(rows.kernel_provider))
+        out.append({**common, "measured on": data.gpu_label(gpu), "measured providers": ", ".join(measured),
+                    "not in this run": ", ".join(p for p in expected if p not in measured) or "–",
+                    "commit": run_commit(rows) or "–", "measured": str(rows.timestamp.max())[:10]})
+    return out
 
 
-def agreement_table(workload: Workload, floor: Floor | None, tolerance: float = 0.25, gpu_name: str = H200) -> pd.DataFrame:
-    """Where our re-measurement of a published provider agrees with its published time.
+def coverage(workload: Workload) -> dict:
+    """:func:`coverage_rows` as one row: each per-GPU field joined by "; " (in the order of ``measured on``)."""
+    rows = coverage_rows(workload)
+    return {key: rows[0][key] if key in ("workload", "published on", "published providers") else "; ".join(r[key] for r in rows)
+            for key in rows[0]}
 
-    One row per (provider, mode, x) measured in both: both medians, ``ratio`` = our time on
-    ``gpu_name`` / the published time on the published GPU, and ``expected``: the ratio the GPUs
-    alone explain, from :data:`DATASHEETS` (published rate / ours, the bandwidth where the floor is
-    bytes, the bf16 rate where it is the matmuls; NaN without a floor). ``verdict``: ``agrees`` when
-    ratio / expected is within ``tolerance`` of 1, else ``slower`` or ``faster than the GPUs explain``.
-    A published mode whose harness measured another of ours (the spec's ``published_modes``: Megatron's
-    ``backward`` is a forward and a backward) is paired with that mode of ours, named as published.
+
+def datasheet_ratios(published_gpus, measured_gpus) -> pd.DataFrame:
+    """Per (published GPU, measured GPU) of :data:`DATASHEETS`, how much more bandwidth and bf16 rate the
+    measured GPU has: what the GPUs alone explain of a ratio of our time to a published one."""
+    rows = []
+    for theirs in sorted(set(published_gpus)):
+        for ours in measured_gpus:
+            a, b = DATASHEETS.loc[theirs], DATASHEETS.loc[ours]
+            rows.append({"published on": data.gpu_label(theirs), "measured on": data.gpu_label(ours),
+                         "bandwidth ×": b["bandwidth TB/s"] / a["bandwidth TB/s"],
+                         "bf16 rate ×": b["bf16 dense TFLOP/s"] / a["bf16 dense TFLOP/s"]})
+    return pd.DataFrame(rows, columns=["published on", "measured on", "bandwidth ×", "bf16 rate ×"])
+
+
+def agreement_table(workload: Workload, floor: "Floor | dict[str, Floor] | None", tolerance: float = 0.25,
+                    gpu_name: str | None = None) -> pd.DataFrame:
+    """Where our re-measurement of a published provider agrees with its published time, on each GPU we
+    measured (only ``gpu_name`` when given).
+
+    One row per (GPU, provider, mode, x) measured in both: both medians, ``ratio`` = our time on that
+    GPU / the published time on the published GPU, and ``expected``: the ratio the GPUs alone explain,
+    from :data:`DATASHEETS` (published rate / ours, the bandwidth where the floor is bytes, the bf16 rate
+    where it is the matmuls; NaN without a floor). ``floor``: one :class:`Floor` (what bounds the loss at
+    each x: its bytes or its matmuls, a property of the loss and its sizes) or per GPU a dict of them
+    (:func:`workload_floors`). ``verdict``: ``agrees`` when ratio / expected is within ``tolerance`` of
+    1, else ``slower`` or ``faster than the GPUs explain``. A published mode whose harness measured
+    another of ours (the spec's ``published_modes``: Megatron's ``backward`` is a forward and a
+    backward) is paired with that mode of ours, named as published.
     """
-    columns = ["workload", "provider", "mode", "x", "published ms", "measured ms", "ratio", "expected", "ratio / expected", "verdict"]
-    published, measured = workload.published, workload.measured
+    columns = ["workload", "gpu", "provider", "mode", "x", "published ms", "measured ms", "ratio", "expected", "ratio / expected",
+               "verdict"]
+    gpus = workload.gpus if gpu_name is None else [g for g in workload.gpus if g == gpu_name]
+    parts = [_agreement_on(workload, gpu, floor.get(gpu) if isinstance(floor, dict) else floor, tolerance) for gpu in gpus]
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
+
+
+def _agreement_on(workload: Workload, gpu_name: str, floor: "Floor | None", tolerance: float) -> pd.DataFrame:
+    """:func:`agreement_table`'s rows of one GPU."""
+    published, measured = workload.published, workload.on(gpu_name)
     if not len(measured):
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame()
     speed = lambda rows: rows[rows.metric_name == "speed"].set_index(["kernel_provider", "kernel_operation_mode", "x_value"]).y_value_50  # noqa: E731
     try:
         published_modes = get_spec(workload.kernel_name).published_modes
@@ -384,8 +470,10 @@ def agreement_table(workload: Workload, floor: Floor | None, tolerance: float = 
             verdict = "agrees"
         else:
             verdict = "slower than the GPUs explain" if relative > 1 else "faster than the GPUs explain"
-        rows.append([workload.title, provider, mode, x, row["published ms"], row["measured ms"], ratio, expected, relative, verdict])
-    return pd.DataFrame(rows, columns=columns)
+        rows.append({"workload": workload.title, "gpu": data.gpu_label(gpu_name), "provider": provider, "mode": mode, "x": x,
+                     "published ms": row["published ms"], "measured ms": row["measured ms"], "ratio": ratio, "expected": expected,
+                     "ratio / expected": relative, "verdict": verdict})
+    return pd.DataFrame(rows)
 
 
 def environment_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -442,11 +530,12 @@ def speed_memory_x(rows: pd.DataFrame, mode: str = "full") -> int | None:
 
 
 def agreement_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, provider, mode) of an :func:`agreement_table`: the range of ``ratio``,
+    """One row per (workload, GPU, provider, mode) of an :func:`agreement_table`: the range of ``ratio``,
     the ``expected`` ratio, and how many x agree, out of how many."""
+    keys = ["workload", *(["gpu"] if "gpu" in table.columns else []), "provider", "mode"]
     if not len(table):
-        return pd.DataFrame(columns=["workload", "provider", "mode", "ratio min", "ratio max", "expected", "agree", "of", "finding"])
-    grouped = table.groupby(["workload", "provider", "mode"], sort=False)
+        return pd.DataFrame(columns=[*keys, "ratio min", "ratio max", "expected", "agree", "of", "finding"])
+    grouped = table.groupby(keys, sort=False)
     summary = grouped.agg(**{
         "ratio min": ("ratio", "min"),
         "ratio max": ("ratio", "max"),
@@ -478,7 +567,7 @@ def _agreement_cell(part: pd.DataFrame) -> str:
 
 
 def agreement_compact(table: pd.DataFrame) -> pd.DataFrame:
-    """The agreement of an :func:`agreement_table` (of every workload), one row per (chart, provider):
+    """The agreement of an :func:`agreement_table` (of every workload), one row per (chart, GPU, provider):
     ``GPUs explain`` (the ``expected`` ratio, or its range) and one column per mode, ``ours / published``
     (the range of ``ratio`` over x) and its verdict (``agrees`` at every x, else how many points agree and
     how many are slower / faster than the GPUs explain). The per-point table stays in the CSV."""
@@ -488,8 +577,10 @@ def agreement_compact(table: pd.DataFrame) -> pd.DataFrame:
     modes = [m for m in ("forward", "backward", "full") if m in set(judged["mode"])]
     modes += sorted(set(judged["mode"]) - set(modes))
     rows = []
-    for (chart, provider), part in judged.groupby(["workload", "provider"], sort=False):
-        row = {"chart": chart, "provider": provider, "GPUs explain": _span(part.expected.min(), part.expected.max())}
+    judged = judged if "gpu" in judged.columns else judged.assign(gpu="")
+    for (chart, gpu, provider), part in judged.groupby(["workload", "gpu", "provider"], sort=False):
+        row = {"chart": chart, **({"GPU": gpu} if gpu else {}), "provider": provider,
+               "GPUs explain": _span(part.expected.min(), part.expected.max())}
         for mode in modes:
             at = part[part["mode"] == mode]
             row[f"{mode}: ours / published"] = _agreement_cell(at) if len(at) else "–"
@@ -502,13 +593,14 @@ def agreement_sentences(table: pd.DataFrame) -> str:
     departure (its workload, provider, mode and ``ratio / expected``)."""
     judged = table[table["ratio / expected"].notna()] if len(table) else table
     if not len(judged):
-        return "No provider is both published and measured on the H200 yet: nothing to compare."
+        return "No provider is both published and measured on a GPU of ours yet: nothing to compare."
     agree = int((judged.verdict == "agrees").sum())
     text = (f"{agree} of {len(judged)} points ({agree / len(judged):.0%}) agree with the published times once the GPUs' "
             f"datasheet rates are accounted for.")
     off = judged[judged.verdict != "agrees"]
     if len(off):
         worst = off.loc[(off["ratio / expected"].map(lambda r: max(r, 1 / r))).idxmax()]
-        text += (f" The largest departure is {worst.provider} `{worst['mode']}` on `{worst.workload}`: {worst['ratio / expected']:.2f}× "
+        on = f" on the {worst.gpu}" if "gpu" in off.columns and isinstance(worst.gpu, str) and worst.gpu else ""
+        text += (f" The largest departure is {worst.provider} `{worst['mode']}` on `{worst.workload}`{on}: {worst['ratio / expected']:.2f}× "
                  f"what the GPUs explain ({worst.verdict.replace(' than the GPUs explain', '')}); software versions differ too.")
     return text

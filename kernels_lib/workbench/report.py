@@ -7,8 +7,9 @@ On a CPU machine the notebooks run at ``size="small"`` (kernels through Triton's
 a GPU at ``size="full"`` (the published workloads). Each notebook runs non-interactively
 (``interactive=False``: static figures for a fixed grid, no widgets). Executed notebooks go to
 ``<out>/executed/``, self-contained HTML reports (figures embedded with plotly.js, readable offline)
-to ``<out>/``, with an ``index.html`` listing them by title with a one-line status and, per report, the
-H200 measurements it judges (:mod:`kernels_lib.workbench.dashboard`): headline ratios, targets, a sparkline. Cells tagged
+to ``<out>/``, with an ``index.html`` that says what the site is, gives per loss and GPU its headline
+comparisons, and lists the reports by title with a one-line status and, per report, the measurements of
+each GPU it shows (:mod:`kernels_lib.workbench.dashboard`): ratios to each peer and the floor, a sparkline. Cells tagged
 ``hide-input`` show their output only. Formulas are converted from TeX to MathML at export
 (:mod:`kernels_lib.workbench.mathml`), which browsers render without MathJax or a network. A failing
 notebook stops the run with exit code 1, naming the notebook and the cell; its partial output stays in
@@ -40,7 +41,7 @@ from nbconvert.preprocessors import Preprocessor, TagRemovePreprocessor
 from papermill.engines import NBClientEngine, papermill_engines
 
 from .._runtime import default_device
-from . import dashboard
+from . import dashboard, data
 from .mathml import MathMLPreprocessor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +260,7 @@ def describe(executed: Path) -> tuple[str, int]:
     return title, figures
 
 
-#: The index's style: system fonts, a readable measure, tables and target badges.
+#: The index's style: system fonts, a readable measure, tables.
 INDEX_STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
        max-width: 72rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.5; color: #1f2328; background: #fff; }
@@ -279,26 +280,45 @@ table.ratios thead th { border-bottom: 2px solid #d0d7de; font-weight: 600; }
 td.better { color: #1a7f37; } td.worse { color: #cf222e; }
 figure.spark { margin: 0; font-size: .8rem; color: #57606a; }
 figure.spark figcaption span { margin-right: .6rem; white-space: nowrap; }
-.badges { display: flex; flex-wrap: wrap; gap: .4rem; margin: .5rem 0; }
-.badge { font-size: .8rem; border-radius: 999px; padding: .1rem .6rem; border: 1px solid; }
-.badge.met { color: #1a7f37; border-color: #1a7f37; background: #dafbe1; }
-.badge.missed { color: #a40e26; border-color: #cf222e; background: #ffebe9; }
-.badge.not-measured { color: #57606a; border-color: #8c959f; background: #f6f8fa; }
 """
 
 
 #: The dashboard's cards are drawn by :mod:`.dashboard` (its numbers, colours and sparklines in one place).
 chart_section, sparkline = dashboard.chart_section, dashboard.sparkline
 
+#: What the site is, in one sentence (the index's first line).
+SITE = ("Triton kernels for the LM-head losses of LLM training (cross-entropy, KL, ORPO, KTO, DPO, CPO, SimPO, GRPO, JSD, "
+        "TVD, distillation), computed without materializing the logits; one report per loss derives it, checks it against "
+        "its baseline in float64 and sets Liger-Kernel&#39;s published charts beside what we measured.")
+
+
+def provenance_line(chart_list: list) -> str:
+    """The generated line beside the measured data: per GPU, the dates of the runs the index shows, the
+    versions recorded beside their rows (torch, triton) and how many commits they ran."""
+    parts = []
+    for gpu in sorted({c.gpu for c in chart_list}, key=lambda g: (data.gpu_label(g), g)):
+        of_gpu = [c for c in chart_list if c.gpu == gpu]
+        rows = pd.concat([c.rows for c in of_gpu], ignore_index=True)
+        dates = sorted({c.date for c in of_gpu})
+        versions = ", ".join(f"{name} {' / '.join(sorted(set(rows[f'{name}_version'].dropna().astype(str))))}"
+                             for name in ("torch", "triton") if f"{name}_version" in rows and rows[f"{name}_version"].notna().any())
+        commits = len({c.commit for c in of_gpu})
+        when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        parts.append(f"{data.gpu_label(gpu)}: runs of {when}" + (f", {versions}" if versions else "")
+                     + f", {commits} commit{'s' if commits != 1 else ''}")
+    return "; ".join(parts) or "no GPU run yet"
+
 
 def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: dict) -> Path:
-    """An index page with a card per report ``(html path, seconds, failure message or "")``: its title
-    (linked to the report, or to the partial executed notebook of a failed one), a one-line status, and
-    for each measured chart the report judges (:mod:`.dashboard`, from ``data/measured``) the headline
-    ratios of kernels_lib against each peer, its targets as met / missed badges and a sparkline."""
+    """An index page: what the site is, the GPUs measured and the two commands; per chart and GPU the
+    headline comparisons (:func:`.dashboard.headline_table`: × the fastest peer, × the leanest peer's
+    memory, × the floor) linked to its report; then a card per report ``(html path, seconds, failure
+    message or "")``: its title (linked to the report, or to the partial executed notebook of a failed
+    one), a one-line status, and for each measured chart it shows (:mod:`.dashboard`, from
+    ``data/measured``) the ratios of kernels_lib to each peer and to the floor on each GPU, with a sparkline."""
     chart_list = dashboard.charts()
     board = dashboard.dashboard(chart_list)
-    items = []
+    items, links = [], {}
     for path, seconds, failure in reports:
         executed = out / "executed" / path.with_suffix(".ipynb").name
         title, figures = describe(executed)
@@ -308,22 +328,33 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         else:
             status = f"{path.stem}: every cell ran, in {seconds:.0f} s on {parameters['device']} (size {parameters['size']}) · {figures} figures"
             link = path.name
-        sections = "".join(chart_section(chart, board[board.chart == chart.title].reset_index(drop=True))
-                           for chart in chart_list if chart.report == path.stem)
+        links[path.stem] = link
+        mine = [chart for chart in chart_list if chart.report == path.stem]
+        by_title: dict[str, list] = {}
+        for chart in mine:
+            by_title.setdefault(chart.title, []).append(chart)
+        sections = "".join(chart_section(group, board[board.chart == title].reset_index(drop=True)) for title, group in by_title.items())
         items.append(f'<li class="card{" failed" if failure else ""}" data-report="{html.escape(path.stem)}">'
                      f'<h2><a href="{html.escape(link)}">{html.escape(title)}</a></h2><small>{html.escape(status)}</small>{sections}</li>')
+    gpus = ", ".join(data.gpu_label(g) for g in sorted({c.gpu for c in chart_list}, key=data.gpu_label)) or "none yet"
     page = (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>kernels_lib reports</title><style>{INDEX_STYLE}{dashboard.STYLE}</style></head><body>"
         "<h1>kernels_lib reports</h1>"
-        f"<p>Executed with parameters <code>{html.escape(str(parameters))}</code>. Each report is one self-contained "
-        "file: figures embedded with plotly.js and formulas as MathML, readable offline. Under each report, the H200 "
-        "measurements it judges (<code>data/measured/</code>, the newest run of each chart): kernels_lib&#39;s "
-        "<code>full</code> time and memory over each peer&#39;s measured in the same run (below 1: kernels_lib is faster or "
-        "smaller), its time over the loss&#39;s floor (the longer of its matmul FLOPs at the matmul ceiling and its minimal "
-        "bytes at the copy bandwidth, both measured in that run; a loss that mostly reads can run slightly under a copy&#39;s "
-        "read-and-write bandwidth, so a bytes floor may read just under 1×), and its targets.</p>"
-        '<ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card() + dashboard.grpo_family_card()
+        f"<p class=\"site\">{SITE} Measured on: <strong>{html.escape(gpus)}</strong>; the published rows are on the GPUs "
+        "their charts name.</p>"
+        "<p>On any machine (no GPU needed): <code>./workbench reports</code> runs every notebook and writes these pages; "
+        "<code>./workbench test</code> runs the test suite.</p>"
+        "<h2>Per loss, on each GPU</h2><p>kernels_lib&#39;s <code>full</code> (forward and backward) time over the fastest "
+        "peer&#39;s, its memory over the leanest peer&#39;s, both measured in the same run, and its time over the loss&#39;s "
+        "floor (the longer of its matmul FLOPs at the matmul rate and its minimal bytes at the copy bandwidth, both measured "
+        "in that run; a loss that mostly reads can run slightly under a copy&#39;s bandwidth, so a bytes floor may read just "
+        "under 1×). Below 1: kernels_lib is faster or smaller.</p>"
+        + dashboard.headline_table(board, links)
+        + f'<p class="run provenance">Data: {html.escape(provenance_line(chart_list))} · these pages executed on '
+        f"{html.escape(str(parameters['device']))} at size {html.escape(str(parameters['size']))}.</p>"
+        + '<h2>The reports</h2><ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card()
+        + dashboard.grpo_family_card()
         + "</body></html>"
     )
     index = out / "index.html"
