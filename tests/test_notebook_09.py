@@ -42,7 +42,9 @@ def test_tensor_parallel_notebook_runs_its_check_and_draws_the_charts():
     if not len(tp.load_runs()):
         assert "H200 rows not measured yet" in html and "scripts/tensor_parallel_bench.py --out data/measured" in html
     else:
-        assert "Issue 11" in html and ("**met**" in html or "<strong>met</strong>" in html or "missed" in html)
+        assert "Against TP = 1, the peers and the floor" in html
+        assert "**met**" in html or "<strong>met</strong>" in html or "missed" in html
+        assert "Conclusion" in html and "scales at an efficiency of" in html  # the generated conclusion
 
 
 def _rows(kernel_name, provider, tp_size, x, full_ms, memory, comm_ms=float("nan")):
@@ -101,3 +103,44 @@ def test_check_says_where_it_cannot_run(monkeypatch):
     assert tensor_parallel.check_unavailable() is None
     monkeypatch.setattr(kernels_lib, "INTERPRETED", False)
     assert "CPU tensors" in tensor_parallel.check_unavailable()
+
+
+def _run(rows):
+    return pd.DataFrame(rows).assign(kernels_lib_commit="abc1234", gpu_name="NVIDIA H100 80GB HBM3", timestamp="t", device="cuda")
+
+
+def test_verdict_lines_say_the_range_and_why_a_target_is_missed():
+    """Each target one bullet: met at every point, or missed with the worst point's share of the collectives
+    and of dx (from the rows, H and dtype from the run's configuration)."""
+    rows = []
+    rows += _rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0)
+    rows += _rows("fused_linear_cross_entropy", "kernels_lib", 2, 8192, 70.0, 500.0, comm_ms=14.0)
+    frame = _run(rows).assign(extra_benchmark_config_str='{"H": 4096, "dtype": "torch.bfloat16"}', comm_bytes=2 * 8192 * 4096 * 2.0)
+    lines = tp.verdict_lines(frame).splitlines()
+    assert len(lines) == len(tp.TARGETS)
+    time_line = next(line for line in lines if line.startswith(f"- {tp.TARGETS['tp2_time'][0]}"))
+    assert "0.70–0.70×" in time_line and "**missed** at 1 of 1 points" in time_line and "14.0 ms (20%" in time_line
+    assert "50% of it $dx$" in time_line and "without them 0.56× TP = 1" in time_line
+    memory_line = next(line for line in lines if line.startswith(f"- {tp.TARGETS['tp2_memory'][0]}"))
+    assert "**met** at every point" in memory_line
+    assert sum("**not measured**" in line for line in lines) == len(tp.TARGETS) - 2  # no peer rows: nothing invented
+
+
+def test_conclusion_states_each_tp_from_the_run():
+    rows = []
+    for provider, times in (("kernels_lib", (100.0, 60.0)), ("megatron-core", (200.0, 100.0))):
+        rows += _rows("fused_linear_cross_entropy", provider, 1, 8192, times[0], 1000.0)
+        rows += _rows("fused_linear_cross_entropy", provider, 2, 8192, times[1], 540.0)
+    said = tp.conclusion(_run(rows))
+    assert said.startswith("On the H100 80GB HBM3, at TP = 2 kernels_lib's `full` scales at an efficiency of 0.83 (the peers 1.00)")
+    assert "its per-GPU memory 0.54× TP = 1's" in said and "run of commit abc1234" in said
+    assert tp.conclusion(pd.DataFrame()) == "No GPU rows yet: the scaling is not measured."
+    only_one = _run(_rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0))
+    assert tp.conclusion(only_one) == "The run measured TP = 1 only: no scaling to state."
+
+
+def test_same_sizes_ignores_tp_and_v():
+    published = {"S": 2048, "B": 4, "V": 32000, "TP": 1, "dtype": "bf16"}
+    assert tp.same_sizes('{"S": 2048, "B": 4, "V": 128256, "TP": 2}', published)
+    assert not tp.same_sizes('{"S": 1024, "B": 4, "V": 32000, "TP": 1}', published)
+    assert not tp.same_sizes("not json", published)

@@ -1,5 +1,5 @@
-r"""Notebook 09's logic: the vocabulary-parallel check on spawned gloo ranks, the verdicts of issue 11, and
-the scaling over 1, 2, 4 and 8 GPUs of issue 15.
+r"""Notebook 09's logic: the vocabulary-parallel check on spawned gloo ranks, the comparisons at TP = 2, and
+the scaling over 1, 2, 4 and 8 GPUs.
 
 **The check** (:func:`run_check`): ``world`` processes on this machine (torch.multiprocessing,
 spawn, gloo), each holding an uneven slice of the classes (``V = 1031``: 700 + 331, or 400 + 231 +
@@ -18,6 +18,7 @@ each TP of the same run against TP = 1, and :data:`SCALING_TARGETS` at TP = 8.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import warnings
@@ -179,7 +180,7 @@ def run_check(worlds=(2, 3), seed: int = 0) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-# The H200 rows and issue 11's targets
+# The GPU rows and the targets at TP = 2
 
 #: name -> (what, limit): each a ratio of medians of the same run that must be <= limit.
 TARGETS = {
@@ -193,7 +194,7 @@ TARGETS = {
 }
 
 
-#: Issue 15's targets at TP = 8 (name -> (what, limit)): ratios to kernels_lib's own TP = 1 row of the same run.
+#: The targets at TP = 8 (name -> (what, limit)): ratios to kernels_lib's own TP = 1 row of the same run.
 SCALING_TARGETS = {
     "tp8_memory": ("kernels_lib TP = 8 / TP = 1 per-GPU memory beyond the inputs (full)", 0.2),
     "tp8_time": ("kernels_lib TP = 8 / TP = 1 full time", 0.25),
@@ -278,7 +279,7 @@ def scaling_verdicts(rows: pd.DataFrame) -> pd.DataFrame:
 
 def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     """Every target of :data:`TARGETS` at every point where both sides were measured: the ratio, the
-    limit, met or not, and by how much a miss exceeds it (``ratio / limit - 1``). Issue 11's targets
+    limit, met or not, and by how much a miss exceeds it (``ratio / limit - 1``). These targets
     are at TP = 2, whatever larger TP the run also measured."""
     out = []
     tp2 = 2
@@ -311,3 +312,109 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         for v in logits.index:
             judge("logits_vs_liger", f"{workload} V={v}", get(logits, v, "kernels_lib", 1), get(logits, v, "liger", 1))
     return pd.DataFrame(out, columns=["target", "what", "x", "ratio", "limit", "met", "over by"])
+
+
+# ---------------------------------------------------------------------------------------------
+# What notebook 09 draws and says, from the rows
+
+
+def _config(text: str) -> dict:
+    """A row's ``extra_benchmark_config_str`` as a dict ({} when it is not JSON)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+
+
+def same_sizes(config_text: str, published_config: dict) -> bool:
+    """Whether a measured row's configuration is the published workload's, whatever its TP: every size the
+    published configuration names (upper-case keys) but TP and the swept V agrees."""
+    config = _config(config_text)
+    return all(config.get(k) == v for k, v in published_config.items() if k.isupper() and k not in ("TP", "V"))
+
+
+def logits_rows(name: str, published: pd.DataFrame, gpu_name: str, launches: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows of the logits-level chart ``name`` beside ``published``: ``gpu_name``'s CUDA rows of
+    the same workload, of one run (the tensor-parallel launch's where it measured this chart, else the
+    newest), one row per point; empty when none."""
+    from . import overview
+
+    measured = data.load_measured(name, latest=False)
+    if not len(measured):
+        return measured
+    published_config = _config(published.extra_benchmark_config_str.iloc[0])
+    measured = measured[(measured.gpu_name == gpu_name) & (measured.device == "cuda")
+                        & measured.extra_benchmark_config_str.map(lambda t: same_sizes(t, published_config))]
+    launch = launches[launches.kernel_name == name] if len(launches) else launches
+    measured = data.one_run(measured, str(launch.kernels_lib_commit.iloc[0]), gpu_name) if len(launch) else data.one_run(measured)
+    return overview.newest_per_point(measured)
+
+
+def _why(name: str, worst, runs: pd.DataFrame, scaling: pd.DataFrame, limit: float) -> str:
+    """What the measurement says about a missed target's worst point."""
+    config = _config(runs[runs.kernel_name == "fused_linear_cross_entropy"].extra_benchmark_config_str.iloc[0])
+    element = torch.empty((), dtype=getattr(torch, str(config.get("dtype", "bfloat16")).replace("torch.", ""))).element_size()
+    if name == "tp2_time":
+        ours = scaling.xs(("kernels_lib", 2), level=("provider", "TP")).loc[worst.x]
+        single = scaling.xs(("kernels_lib", 1), level=("provider", "TP")).loc[worst.x]
+        rest = (ours["full ms"] - ours["collectives alone ms"]) / single["full ms"]
+        dx_share = int(worst.x) * config["H"] * element / ours["wire bytes (full)"]
+        return (f" At N = {worst.x}: TP = 2 takes {ours['full ms']:.1f} ms, of which the collectives alone "
+                f"{ours['collectives alone ms']:.1f} ms ({ours['comm share of full']:.0%}; {ours['wire bytes (full)'] / 1e6:.1f} MB "
+                f"per rank, {dx_share:.0%} of it $dx$); without them {rest:.2f}× TP = 1, against the 0.5× of a perfect split.")
+    if name == "tp2_memory":
+        ours = scaling.xs(("kernels_lib", 2), level=("provider", "TP")).loc[worst.x, "memory MiB (full)"]
+        whole = int(worst.x) * config["H"] * element / 2**20
+        return (f" At N = {int(worst.x)}: {ours:.0f} MiB per GPU at TP = 2; what does not split with the vocabulary is "
+                f"N × H-sized: $dx$ alone is {whole:.0f} MiB on every rank, plus the chunk's buffers.")
+    return f" Worst at {worst.x}: {worst.ratio:.2f}× against ≤ {limit}."
+
+
+def verdict_lines(runs: pd.DataFrame) -> str:
+    """A bullet per target of :data:`TARGETS`: the measured range, met or by how much it is missed, and for
+    a miss what the measurement says about why (markdown)."""
+    verdict, scaling = verdicts(runs), scaling_table(runs)
+    lines = []
+    for name, (what, limit) in TARGETS.items():
+        rows = verdict[verdict.target == name]
+        if not len(rows):
+            lines.append(f"- {what} ≤ {limit}: **not measured** (a provider's rows are missing or NaN; see the notes above)")
+            continue
+        missed = rows[~rows.met]
+        head = f"- {what} ≤ {limit}: {rows.ratio.min():.2f}–{rows.ratio.max():.2f}×, "
+        if not len(missed):
+            lines.append(head + "**met** at every point")
+            continue
+        worst = missed.sort_values("over by").iloc[-1]
+        lines.append(head + f"**missed** at {len(missed)} of {len(rows)} points, by up to {worst['over by']:.1%}."
+                     + _why(name, worst, runs, scaling, limit))
+    return "\n".join(lines)
+
+
+def conclusion(runs: pd.DataFrame) -> str:
+    """The scaling in one paragraph, from the run: kernels_lib's and the peers' efficiency of ``full`` and
+    kernels_lib's per-GPU memory at each TP measured beyond 1 (markdown); "not measured" without rows."""
+    if not len(runs):
+        return "No GPU rows yet: the scaling is not measured."
+    table = scaling_efficiency(runs)
+    full = table[(table["mode"] == "full") & table.efficiency.notna() & (table.TP > 1)]
+    if not len(full):
+        return "The run measured TP = 1 only: no scaling to state."
+    parts = []
+    for k, at in full.groupby("TP"):
+        ours, peers = at[at.provider == "kernels_lib"], at[at.provider != "kernels_lib"]
+        said = f"at TP = {k} kernels_lib's `full` scales at an efficiency of {_range(ours.efficiency)}"
+        if len(peers):
+            said += f" (the peers {_range(peers.efficiency)})"
+        said += f", its per-GPU memory {_range(ours['MiB / TP = 1'])}× TP = 1's"
+        parts.append(said)
+    gpu = str(runs.gpu_name.iloc[0]).replace("NVIDIA ", "")
+    return f"On the {gpu}, " + "; ".join(parts) + f" (the {data.run_label(runs[runs.kernel_name == 'fused_linear_cross_entropy'])})."
+
+
+def _range(values: pd.Series) -> str:
+    values = values.dropna()
+    if not len(values):
+        return "not measured"
+    low, high = f"{values.min():.2f}", f"{values.max():.2f}"
+    return low if low == high else f"{low}–{high}"

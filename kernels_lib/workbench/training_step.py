@@ -1,5 +1,5 @@
 """What the LM head costs in a whole training step: model shapes, providers, one measured step, the sweep,
-the targets, and the analytic costs to put beside them (issue 10, part D).
+the targets, and the analytic costs to put beside them.
 
 A *point* is one (model shape, provider, gradient checkpointing, batch × sequence tokens): a fresh model
 of the shape (random init, same seed for every provider, parameters in bf16), ``torch.optim.AdamW``
@@ -671,7 +671,7 @@ def largest_fit(rows: pd.DataFrame) -> pd.DataFrame:
                                       "stopped by", "bounded by OOM"])
 
 
-#: Issue 10's targets for the training step (same GPU, same run, per model and checkpointing):
+#: The targets for the training step (same GPU, same run, per model and checkpointing):
 #: label → (quantity, bound, direction). Times are medians; "≤" bounds hold at every tokens per step
 #: both providers measured.
 TRAINING_TARGETS = {
@@ -707,7 +707,7 @@ def step_ratios(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
 
 
 def training_verdicts(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
-    """Issue 10's targets (:data:`TRAINING_TARGETS`) per (model, checkpointing) for the newest run of
+    """The targets (:data:`TRAINING_TARGETS`) per (model, checkpointing) for the newest run of
     each model: the ratio that decides (worst over the sizes for the time bounds; at the largest size
     both fit for memory; largest fits for the size bound), where, the bound, and ``met``, ``missed``
     or ``not judged`` (a peer not measured; or, for the size bound, neither an OOM of ``provider`` nor
@@ -919,3 +919,71 @@ def step_chart(rows: pd.DataFrame, model: str):
     gpu = rows.gpu_name.iloc[0] if len(rows) else ""
     figure.update_layout(title=f"{model}: a training step on {gpu} (forward, backward, AdamW)", height=700)
     return kernels_lib_on_top(figure)
+
+
+#: SPEC §7's reference measurement: one H200, random init, bf16, AdamW, 16 × 2048 tokens per step, peak GiB
+#: per (model, checkpointing, LM head); "fused" is a minimal hand patch with kernels_lib's loss. Notebook 05
+#: sets :func:`step_memory_estimate` beside it.
+REFERENCE_PEAK_GIB = {("llama-3.2-1b", False, "unfused"): 107.5, ("llama-3.2-1b", False, "fused"): 62.0,
+                      ("llama-3.2-1b", True, "unfused"): 56.4, ("llama-3.2-1b", True, "fused"): 13.9,
+                      ("qwen2.5-0.5b", False, "unfused"): 100.7, ("qwen2.5-0.5b", False, "fused"): 45.8,
+                      ("qwen2.5-0.5b", True, "unfused"): 60.0, ("qwen2.5-0.5b", True, "fused"): 6.8}
+
+
+def estimate_beside_reference(tokens: int = 16 * SEQ) -> pd.DataFrame:
+    """:func:`step_memory_estimate`'s peak (GiB) per (model, checkpointing, LM head) beside
+    :data:`REFERENCE_PEAK_GIB`, and their ratio."""
+    rows = []
+    for (model, ckpt, head), measured_gib in REFERENCE_PEAK_GIB.items():
+        estimate = step_memory_estimate(model, tokens, ckpt).groupby("LM head").GB.sum()[head] * 1e9 / GIB
+        rows.append({"model": model, "checkpointing": ckpt, "LM head": head, "estimate (GiB)": estimate,
+                     "reference, SPEC §7 (GiB)": measured_gib, "estimate / reference": estimate / measured_gib})
+    return pd.DataFrame(rows).set_index(["model", "checkpointing", "LM head"])
+
+
+def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Series, verdicts: pd.DataFrame | None = None,
+                     small_ratios: pd.DataFrame | None = None, convergence: pd.DataFrame | None = None) -> str:
+    """Notebook 05's conclusion as markdown bullets, every figure from its arguments: ``costs`` one model's
+    row of :func:`analytic_costs`, ``curve_distance`` kernels_lib's largest loss difference from the
+    unpatched model per dtype, ``verdicts`` :func:`training_verdicts` of the newest GPU run (None: not
+    measured), ``small_ratios`` the small steps' :func:`step_ratios`, ``convergence`` the 16-bit runs'
+    summary (mode, provider, ``max_abs_diff_huggingface``, ``weights_rel_dist_huggingface``)."""
+    vocab, hidden = int(costs["vocab"]), int(costs["hidden"])
+    lines = [
+        f"- **The head, not the model, fills a small model's training step.** Unfused, the logits, their float32 upcast and "
+        f"their gradient cost {costs['LM head per token (MB)']:.2f} MB per token: at 16 × 2048 tokens "
+        f"{costs['LM head at 16 × 2048 tokens (GB)']:.0f} GB, {costs['LM head at 16 × 2048 tokens (GB)'] / costs['weights + grads + AdamW (GB)']:.1f}× "
+        f"the {costs['weights + grads + AdamW (GB)']:.1f} GB of weights, gradients and AdamW state. Gradient checkpointing "
+        "removes most activations and none of it.",
+        f"- **On this machine** ({check_model}), a fused head keeps per token exactly the unfused one's minus $4V$ bytes, and the "
+        "patched model's loss curve follows the unpatched one's to " + ", ".join(f"{v:.0e} ({d})" for d, v in curve_distance.items())
+        + f" over 20 AdamW steps. kernels_lib and Liger form $dW$ in forward and keep it until backward (a fixed $2VH$ bytes: "
+        f"{2 * vocab * hidden / 1e9:.2f} GB at V = {vocab}, H = {hidden}); TRL recomputes the logits in backward instead.",
+    ]
+    if verdicts is None or not len(verdicts):
+        lines.append("- **Not measured on a GPU yet** (section 4): the step's time and memory are not compared here.")
+    else:
+        for (model, ckpt), group in verdicts.groupby(["model", "checkpointing"], sort=False):
+            met = group[group.status == "met"].target.tolist()
+            lines.append(f"- **{model}, checkpointing {'on' if ckpt else 'off'}**: {len(met)} of {len(group)} held"
+                         + "".join(f"; short of {r['target']} ({r['ratio']:.2f} at {r['at tokens']:,.0f} tokens)"
+                                   for _, r in group[group.status == "missed"].iterrows())
+                         + "".join(f"; not compared: {r['target']} ({r['detail'] or 'a peer not measured'})"
+                                   for _, r in group[group.status == "not judged"].iterrows()) + ".")
+    if small_ratios is not None and len(small_ratios):
+        worst = small_ratios.groupby("model")["time / huggingface"].max()
+        tokens = small_ratios.tokens
+        lines.append("- **Small steps** (4b): kernels_lib's step takes at most " + ", ".join(f"{v:.3f}× ({m})" for m, v in worst.items())
+                     + f" Hugging Face's at {int(tokens.min())}–{int(tokens.max())} tokens per step.")
+    if convergence is not None and len(convergence):
+        by = convergence.set_index(["mode", "provider"])
+        ours = by.xs("kernels_lib", level="provider")["max_abs_diff_huggingface"]
+        spread = convergence[convergence.provider != "huggingface"]["weights_rel_dist_huggingface"].dropna()
+        lines.append("- **Training follows in 16 bits** (4c): over the run every fused head's loss stays within "
+                     f"{by['max_abs_diff_huggingface'].max():.2f} of Hugging Face's at any step (kernels_lib "
+                     + ", ".join(f"{v:.2f} ({m})" for m, v in ours.items()) + "). The final weights of the heads lie "
+                     + (f"{spread.min():.2f}" + ("" if f"{spread.min():.2f}" == f"{spread.max():.2f}" else f"–{spread.max():.2f}")
+                        if len(spread) else "an unmeasured distance")
+                     + " apart in relative norm from Hugging Face's: 16-bit training amplifies any rounding difference, so one seed "
+                     "cannot separate the heads further.")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Sentences generated from measured rows: the headlines and conclusions the notebooks print.
+
+Every figure a notebook states in prose comes from here, computed from the rows it has just drawn, so
+the text and the chart above it cannot disagree. A figure the rows do not hold reads "not measured";
+nothing is filled in from another run. Each function returns markdown (one sentence or a bullet list).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from . import data
+from .bench.analysis import medians
+
+#: How the sentences name a provider (the bench's provider names otherwise).
+NAMES = {"kernels_lib": "kernels_lib", "liger": "Liger", "torch": "torch", "huggingface": "the baseline",
+         "trl": "TRL", "quack": "QuACK", "megatron-core": "Megatron-core", "torch_loss_parallel": "`loss_parallel`"}
+
+
+def name(provider: str) -> str:
+    """A provider as a sentence says it (``liger`` → ``Liger``)."""
+    return NAMES.get(provider, provider)
+
+
+def span(values, digits: int = 2, suffix: str = "×") -> str:
+    """``0.38–0.41×`` over the finite ``values`` (one figure when they round alike), ``not measured`` when none is."""
+    finite = [float(v) for v in (values if hasattr(values, "__iter__") else [values]) if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return "not measured"
+    low, high = f"{min(finite):.{digits}f}", f"{max(finite):.{digits}f}"
+    return f"{low}{suffix}" if low == high else f"{low}–{high}{suffix}"
+
+
+def x_span(index, x_name: str) -> str:
+    """``V = 4096–131072`` (or ``V = 4096``) over the x values ``index``."""
+    xs = sorted({int(x) if float(x).is_integer() else float(x) for x in index})
+    if not xs:
+        return f"no {x_name}"
+    return f"{x_name} = {xs[0]}" if len(xs) == 1 else f"{x_name} = {xs[0]}–{xs[-1]}"
+
+
+def ratios(rows: pd.DataFrame, ours: str, peer: str, metric: str = "speed", mode: str = "full") -> pd.Series:
+    """Per x, ``ours``' median over ``peer``'s, both of ``rows`` (one run); empty where either is missing."""
+    table = medians(rows, metric, mode)
+    if ours not in table or peer not in table:
+        return pd.Series(dtype=float)
+    return (table[ours] / table[peer]).dropna()
+
+
+def headline(rows: pd.DataFrame, peers: list[str] | tuple[str, ...], *, ours: str = "kernels_lib", mode: str = "full",
+             x_name: str = "x", memory: bool = True) -> str:
+    """One sentence per GPU, from the newest run of each (:func:`data.one_run`): ``ours``' ``mode`` time (and
+    memory) as multiples of each peer's, over the run's x. "Not measured yet" where ``rows`` hold no GPU row."""
+    cuda = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
+    if not len(cuda):
+        return "Not measured on a GPU yet: the published rows alone are drawn below."
+    sentences = []
+    for gpu in sorted(cuda.gpu_name.astype(str).unique()):
+        run = data.one_run(cuda[cuda.gpu_name.astype(str) == gpu])
+        parts = []
+        for peer in peers:
+            time = ratios(run, ours, peer, "speed", mode)
+            if not len(time):
+                parts.append(f"{name(peer)} not measured in that run")
+                continue
+            part = f"{span(time)} {name(peer)}'s time"
+            space = ratios(run, ours, peer, "memory", mode) if memory else pd.Series(dtype=float)
+            if len(space):
+                part += f" at {span(space)} its memory"
+            parts.append(part + f" ({x_span(time.index, x_name)})")
+        sentences.append(f"On the {gpu.replace('NVIDIA ', '')}, {name(ours)}'s `{mode}` takes " + "; ".join(parts)
+                         + f": the {data.run_label(run)}.")
+    return " ".join(sentences)
+
+
+def floor_lines(floors: pd.DataFrame, chart: str = "chart", providers: tuple[str, ...] = ("kernels_lib", "liger"),
+                floor: str = "floor") -> str:
+    """A bullet per chart: each provider's time as multiples of the floor, from a table with a ``chart``
+    column and ``<provider> / floor`` columns (one row per x)."""
+    if not len(floors):
+        return "No GPU rows with a floor yet: nothing to set against it."
+    lines = []
+    for label, group in floors.groupby(chart, sort=False):
+        said = [f"{name(p)} {span(group[f'{p} / floor'])}" for p in providers if f"{p} / floor" in group]
+        lines.append(f"- `{label}`: `full` at " + ", ".join(said) + f" the {floor}.")
+    return "\n".join(lines)
+
+
+def ratio_lines(tables: dict[str, pd.DataFrame], columns: dict[str, str], x_name: str = "x") -> str:
+    """A bullet per table (a chart's ratios, one row per x): each of ``columns`` (column → what it says)
+    as its range over the x, e.g. ``full / Liger`` → "0.38–0.41× Liger's time"."""
+    if not tables:
+        return "No GPU rows yet: nothing to compare."
+    lines = []
+    for label, table in tables.items():
+        said = [f"{span(table[column])} {what}" for column, what in columns.items() if column in table and table[column].notna().any()]
+        lines.append(f"- `{label}` ({x_span(table.index, x_name)}): " + ("; ".join(said) or "no ratio measured") + ".")
+    return "\n".join(lines)
+
+
+def where_above(series: pd.Series, bound: float, x_name: str = "x") -> str:
+    """The x values at which ``series`` exceeds ``bound``, said in words ("nowhere" when none does)."""
+    above = series[series > bound].dropna()
+    return "nowhere" if not len(above) else f"at {x_name} = " + ", ".join(f"{int(x) if float(x).is_integer() else x}" for x in above.index)
+
+
+def floor_margin(ours_ms: float, peer_ms: float, floor_ms: float, bound: float, peer: str = "liger", at: str = "") -> str:
+    """Where a bound on the peer's time falls against the floor: ``ours`` and the peer's time as multiples
+    of ``floor_ms``, and what ``≤ bound × the peer's time`` asks as a multiple of the floor (markdown)."""
+    if not all(math.isfinite(v) and v > 0 for v in (ours_ms, peer_ms, floor_ms)):
+        return f"Not measured{' ' + at if at else ''}: no floor margin to state."
+    asked, ours, theirs = bound * peer_ms / floor_ms, ours_ms / floor_ms, peer_ms / floor_ms
+    verdict = "within reach" if asked >= ours else ("below the floor: out of reach for any kernel" if asked < 1 else "below where kernels_lib runs")
+    return (f"{'At ' + at + ', ' if at else ''}kernels_lib's `full` runs at {ours:.2f}× the floor and {name(peer)}'s at {theirs:.2f}×, "
+            f"so ≤ {bound:g}× {name(peer)}'s time asks for {asked:.2f}× the floor: {verdict}.")
+
+
+def floor_multiples(times: dict, floor_ms: float, at: str = "", what: str = "the floor") -> str:
+    """Each provider's time (``{provider: ms}``) as a multiple of ``floor_ms``, in one sentence; a provider
+    without a time reads "not measured"."""
+    if not (math.isfinite(floor_ms) and floor_ms > 0):
+        return f"No floor measured{' ' + at if at else ''}: nothing to set against it."
+    said = [f"{name(p)} {ms / floor_ms:.2f}×" if ms is not None and math.isfinite(ms) else f"{name(p)} not measured"
+            for p, ms in times.items()]
+    return f"{'At ' + at + ', ' if at else ''}`full` against {what}: " + ", ".join(said) + "."
