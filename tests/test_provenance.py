@@ -152,3 +152,22 @@ def test_the_overview_prints_the_compact_agreement_and_each_charts_run():
     assert "overview.agreement_compact(" in code and "overview.agreement_sentences(" in code
     assert "agreement_summary" not in code  # the 70-line list is gone
     assert "workload.run" in code
+
+
+def test_no_function_of_the_charts_cards_or_overview_defaults_to_a_gpu():
+    """The GPU is a dimension: no parameter of the modules behind the charts, the index and the overview
+    defaults to a GPU's name (each shows every GPU measured, or the one it is given)."""
+    import inspect
+
+    from kernels_lib.workbench import charts, dashboard, report
+
+    gpus = set(overview.DATASHEETS.index) | {data.gpu_label(g) for g in overview.DATASHEETS.index}
+    found = []
+    for module in (data, overview, dashboard, charts, report):
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ != module.__name__:
+                continue
+            for parameter in inspect.signature(function).parameters.values():
+                if isinstance(parameter.default, str) and parameter.default in gpus:
+                    found.append(f"{module.__name__}.{name}({parameter.name}={parameter.default!r})")
+    assert found == [], f"parameters that default to a GPU: {found}"

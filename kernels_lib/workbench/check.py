@@ -26,7 +26,7 @@ from .bench.registry import get_spec
 
 #: How much more error than the baseline's own a kernel may have where both exceed the tolerance.
 #: Two equally exact float32 summation orders land apart by a random factor on ill-conditioned sums:
-#: 1.2× measured on the H200 (KTO's float32 dW, B = 8, T = 512, V = 128256, both errors ~1e-5).
+#: 1.2× measured on an H200 (KTO's float32 dW, B = 8, T = 512, V = 128256, both errors ~1e-5).
 BASELINE_MARGIN = 1.5
 
 #: Relative-error tolerance per input dtype. The outputs are rounded to the input dtype, whose
@@ -35,7 +35,7 @@ BASELINE_MARGIN = 1.5
 #: rounding of each output (about 0.5-1 ulp relative, in norm) with a factor of 2-4 of headroom.
 #: On CUDA the float32 bound is 3e-5: cuBLAS and the Triton GEMMs sum float32 products in tile and
 #: split orders of their own, and on a loss whose terms cancel (GRPO's clipped ratios) that gave
-#: 1.14e-5 on the H200 where the baseline's own error was 5.8e-6. 3e-5 stays ten times below a
+#: 1.14e-5 on an H200 where the baseline's own error was 5.8e-6. 3e-5 stays ten times below a
 #: matmul that slipped into tf32 (~3e-4), which still fails.
 TOLERANCE = {torch.float32: 1e-5 if INTERPRETED else 3e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
