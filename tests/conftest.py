@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
         return
     card, name = _target.card_gib(), torch.cuda.get_device_name()
     phase = os.environ.get(_target.PHASE_ENV)
-    share = float(os.environ.get(_target.SHARE_ENV) or card)
+    share = float(os.environ.get(_target.BOUNDARY_ENV) or card)  # the parallel phase's share: which phase a test is in
     needs = [_target.declared_gib(item.get_closest_marker("gpu_memory")) for item in items]
     kept = []
     for item, (runs, reason) in zip(items, _target.schedule(needs, card, name, share, phase)):

@@ -367,6 +367,7 @@ def test_cli_rejects_axes_the_loss_lacks(extra, fragment, measured_dir, capsys):
     assert fragment in capsys.readouterr().err
 
 
+@pytest.mark.gpu_memory(5)  # on a GPU: the matmul ceiling's operands
 def test_cli_sweeps_another_axis_given_the_fixed_sizes(measured_dir, capsys):
     args = ["kl_div", "--x", "N", "--values", "1,2", "--size", "V=33", "--providers", "kernels_lib", "--modes", "forward", "--dry-run"]
     assert cli.main(args) == 0

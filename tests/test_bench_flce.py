@@ -310,6 +310,7 @@ def test_check_table_passes_over_options():
     assert_checks_pass(table)
 
 
+@pytest.mark.gpu_memory(5)  # on a GPU: the published sizes' ceilings
 def test_cli_dry_run(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path / "measured")
     code = cli.main(["fused_linear_cross_entropy", "--preset", "small", "--values", "4", "--providers",

@@ -64,6 +64,8 @@ MEMORY_COLUMNS = ["gpu_name", "kernels_lib_commit", "nodeid", "phase", "declared
 GIB = 2**30
 #: The environment the target hands to pytest: which phase runs, each process's share, where peaks go.
 PHASE_ENV, SHARE_ENV, MEMORY_LOG_ENV = "KERNELS_LIB_GPU_PHASE", "KERNELS_LIB_GPU_SHARE_GIB", "KERNELS_LIB_GPU_MEMORY_LOG"
+#: The parallel phase's share in every phase: a test that declares more runs alone.
+BOUNDARY_ENV = "KERNELS_LIB_GPU_BOUNDARY_GIB"
 SHARED, ALONE = "shared", "alone"
 #: The phase that runs the tests that outgrew their share once more with the whole card, to measure
 #: what to declare (they stay failed).
@@ -144,6 +146,7 @@ def log_test_memory(folder: str, nodeid: str, peak_gib: float, declared: float, 
                     out_of_memory: bool = False) -> None:
     """Append one test's peak to this process's file in ``folder`` (the target merges them)."""
     path = Path(folder) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.csv"
+    nodeid = re.sub(r"@[\w.-]+$", "", nodeid) if os.environ.get("PYTEST_XDIST_WORKER") else nodeid  # loadgroup's "@group"
     with path.open("a", newline="") as handle:
         csv.writer(handle).writerow([nodeid, phase, f"{declared:g}", f"{peak_gib:.3f}", int(out_of_memory)])
 
@@ -318,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_tests: {gpu_name}, {card_gib():.1f} GiB: {workers} workers of {share:.1f} GiB each, then the tests "
           f"that declare more one at a time with {alone:.1f} GiB", flush=True)
     base_env = dict(os.environ, KERNELS_LIB_ROUTE_ERRORS=str(args.out / "gpu_route_errors.csv"), PYTHONUNBUFFERED="1",
-                    **{MEMORY_LOG_ENV: str(memory_log)})
+                    **{MEMORY_LOG_ENV: str(memory_log), BOUNDARY_ENV: f"{share:.2f}"})
     start = time.monotonic()
     phases = [(SHARED, workers, share, args.out / "junit.xml", args.out / "pytest.log"),
               (ALONE, 0, alone, args.out / "junit-alone.xml", args.out / "pytest-alone.log")]
