@@ -70,7 +70,7 @@ def test_training_step_conclusion_from_its_arguments():
                                 "max_abs_diff_huggingface": [0.0, 0.29], "weights_rel_dist_huggingface": [0.0, 0.45]})
     said = ts.conclusion_lines(costs, "llama-tiny", pd.Series({"float32": 1e-6}), verdicts, small, convergence)
     assert f"{costs['LM head per token (MB)']:.2f} MB per token" in said and "1e-06 (float32)" in said
-    assert "1 of 2 held; short of t2 (1.07 at 8,192 tokens)" in said
+    assert "1 of 2 targets met; short of t2 (1.07 at 8,192 tokens)" in said
     assert "at most 0.970× (m) Hugging Face's at 8192–32768 tokens" in said
     assert "kernels_lib 0.29 (bf16)" in said and "lie 0.45 apart" in said  # Hugging Face against itself left out
     assert "Not measured on a GPU yet" in ts.conclusion_lines(costs, "llama-tiny", pd.Series(dtype=float))

@@ -90,7 +90,7 @@ def test_scaling_efficiency_and_the_tp8_targets():
     below = [r for r in rows if r["tp"] <= 4]
     missing = tp.scaling_verdicts(pd.DataFrame(below))
     assert missing.ratio.isna().all() and (missing.status == "not measured (TP ≤ 4 in this run)").all()
-    # Issue 11's targets stay at TP = 2 when the run also has TP = 8.
+    # The TP = 2 targets stay at TP = 2 when the run also has TP = 8.
     assert tp.verdicts(pd.DataFrame(rows)).set_index("target").loc["tp2_time", "ratio"] == pytest.approx(0.55)
 
 

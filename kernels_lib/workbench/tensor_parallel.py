@@ -333,21 +333,15 @@ def same_sizes(config_text: str, published_config: dict) -> bool:
     return all(config.get(k) == v for k, v in published_config.items() if k.isupper() and k not in ("TP", "V"))
 
 
-def logits_rows(name: str, published: pd.DataFrame, gpu_name: str, launches: pd.DataFrame) -> pd.DataFrame:
-    """The measured rows of the logits-level chart ``name`` beside ``published``: ``gpu_name``'s CUDA rows of
-    the same workload, of one run (the tensor-parallel launch's where it measured this chart, else the
-    newest), one row per point; empty when none."""
-    from . import overview
-
+def logits_rows(name: str, published: pd.DataFrame, gpu_name: str) -> pd.DataFrame:
+    """The measured rows of the logits-level chart ``name`` beside ``published``: ``gpu_name``'s CUDA rows of the
+    same workload (:func:`same_sizes`), every run's (pick one with :func:`.data.one_run`); empty when none."""
     measured = data.load_measured(name, latest=False)
     if not len(measured):
         return measured
     published_config = _config(published.extra_benchmark_config_str.iloc[0])
-    measured = measured[(measured.gpu_name == gpu_name) & (measured.device == "cuda")
-                        & measured.extra_benchmark_config_str.map(lambda t: same_sizes(t, published_config))]
-    launch = launches[launches.kernel_name == name] if len(launches) else launches
-    measured = data.one_run(measured, str(launch.kernels_lib_commit.iloc[0]), gpu_name) if len(launch) else data.one_run(measured)
-    return overview.newest_per_point(measured)
+    chosen = (measured.gpu_name == gpu_name) & (measured.device == "cuda")
+    return measured[chosen & measured.extra_benchmark_config_str.map(lambda t: same_sizes(t, published_config))].reset_index(drop=True)
 
 
 def _why(name: str, worst, runs: pd.DataFrame, scaling: pd.DataFrame, limit: float) -> str:

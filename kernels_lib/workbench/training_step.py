@@ -965,7 +965,7 @@ def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Seri
     else:
         for (model, ckpt), group in verdicts.groupby(["model", "checkpointing"], sort=False):
             met = group[group.status == "met"].target.tolist()
-            lines.append(f"- **{model}, checkpointing {'on' if ckpt else 'off'}**: {len(met)} of {len(group)} held"
+            lines.append(f"- **{model}, checkpointing {'on' if ckpt else 'off'}**: {len(met)} of {len(group)} targets met"
                          + "".join(f"; short of {r['target']} ({r['ratio']:.2f} at {r['at tokens']:,.0f} tokens)"
                                    for _, r in group[group.status == "missed"].iterrows())
                          + "".join(f"; not compared: {r['target']} ({r['detail'] or 'a peer not measured'})"
