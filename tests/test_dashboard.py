@@ -72,7 +72,8 @@ def test_headline_ratios_equal_the_csv(board, kernel_name):
         assert row["ours ms"] == pytest.approx(speed.loc[x, "kernels_lib"], rel=1e-12)
         assert row["time ratio"] == pytest.approx(speed.loc[x, "kernels_lib"] / speed.loc[x, row.peer], rel=1e-12, nan_ok=True)
         assert row["memory ratio"] == pytest.approx(memory.loc[x, "kernels_lib"] / memory.loc[x, row.peer], rel=1e-12, nan_ok=True)
-        assert row["time tone"] == ("better" if row["time ratio"] < 1 else "worse" if row["time ratio"] > 1 else "even")
+        shown = round(row["time ratio"], 2)
+        assert row["time tone"] == ("better" if shown < 1 else "worse" if shown > 1 else "even")
         assert row["gpu label"] == "H200"
 
 
@@ -212,10 +213,17 @@ def test_a_ratio_cell_is_toned_by_its_comparison(board):
                                  + f'" data-col="{column} ratio">', section)
                 assert cell, (row.key, column)
                 value = row[f"{column} ratio"]
-                expected = "not-measured" if pd.isna(value) else "better" if value < 1 else "worse" if value > 1 else "even"
+                shown = round(value, 2)  # the tone of the ratio as printed: 1.0002 prints as 1.00, even
+                expected = "not-measured" if pd.isna(value) else "better" if shown < 1 else "worse" if shown > 1 else "even"
                 assert cell.group(2) == expected, (row.key, column)
     orpo = board[(board.kernel_name == "fused_linear_orpo_loss") & (board.kind == "ratio") & (board.peer == "huggingface")]
     assert (orpo["time ratio"].isna() == (orpo["time tone"] == "not measured")).all()
+
+
+def test_tone_is_the_comparison_as_printed():
+    assert [dashboard.tone(r) for r in (0.5, 0.994, 0.996, 1.0002, 1.004, 1.006, 3.0)] == [
+        "better", "better", "even", "even", "even", "worse", "worse"]
+    assert dashboard.tone(float("nan")) == "not measured"
 
 
 def test_ratio_text_shows_which_side_of_the_bound():

@@ -251,11 +251,13 @@ def headline_x(chart: Chart) -> float:
 
 
 def tone(ratio: float) -> str:
-    """How a ratio of kernels_lib's to a peer's reads on the index: ``better`` below 1 (faster or
-    smaller), ``worse`` above, ``even`` at 1, ``not measured`` without one."""
+    """How a ratio of kernels_lib's to a peer's reads on the index, as printed (two decimals,
+    :func:`ratio_text`): ``better`` below 1.00 (faster or smaller), ``worse`` above, ``even`` where it
+    prints as 1.00, ``not measured`` without one."""
     if pd.isna(ratio):
         return NOT_MEASURED
-    return "better" if ratio < 1 else "worse" if ratio > 1 else "even"
+    shown = round(float(ratio), 2)
+    return "better" if shown < 1 else "worse" if shown > 1 else "even"
 
 
 def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
