@@ -16,6 +16,7 @@ if str(TESTS) not in sys.path:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: a CUDA-only route (deselected, not skipped, on a machine without CUDA)")
+    config.addinivalue_line("markers", "gpu_memory(gib): the test's measured peak reserved device memory in GiB (tests/conftest.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_lib.workbench.bench import analysis, flce_studies
+from kernels_lib.workbench.bench.analysis import target_verdicts
+from studies.bench import analysis, flce_studies
 
 DIAL = "kernels_lib[chunk_size=512 accurate=False]"
 
@@ -67,7 +68,7 @@ def test_fastest_peer_ratios_and_verdicts():
     assert table["full ≤ 1.0× fastest peer"].tolist() == [True, False]
     assert table["memory full ≤ 0.6× fastest peer's"].tolist() == [True, True]
     assert table["forward_no_grad ≤ 1.0× QuACK"].tolist() == [True, False]
-    verdicts = analysis.target_verdicts(table, analysis.FRONTIER_TARGETS)
+    verdicts = target_verdicts(table, analysis.FRONTIER_TARGETS)
     assert verdicts.status.tolist() == ["missed", "met", "missed"]
     assert verdicts.loc["full ≤ 1.0× fastest peer", "worst at x"] == 8192
 
@@ -87,7 +88,7 @@ def test_missing_quack_leaves_its_verdict_unjudged():
     assert table["forward_no_grad / QuACK"].isna().all()
     assert table["forward_no_grad ≤ 1.0× QuACK"].isna().all()
     assert table["fastest peer"].tolist() == ["liger", "torch"]
-    verdicts = analysis.target_verdicts(table, analysis.FRONTIER_TARGETS)
+    verdicts = target_verdicts(table, analysis.FRONTIER_TARGETS)
     assert verdicts.loc["forward_no_grad ≤ 1.0× QuACK", "status"] == "not measured"
     assert verdicts.loc["full ≤ 1.0× fastest peer", "status"] == "missed"
 
@@ -201,7 +202,7 @@ def test_past_floor_ratios_and_verdicts():
     assert table.loc[8192, "full / Liger CuTe"] == pytest.approx(37 / 39.5)
     assert table.loc[8192, "memory / Liger CuTe"] == pytest.approx(2200 / 3100)
     assert pd.isna(table.loc[4096, "full / Liger CuTe"]) and table["full / CCE"].isna().all()
-    verdicts = analysis.target_verdicts(table, analysis.PAST_FLOOR_TARGETS)
+    verdicts = target_verdicts(table, analysis.PAST_FLOOR_TARGETS)
     assert verdicts.loc["full ≤ 0.92× three matmuls", "status"] == "missed"  # 1.0 at N = 8192
     assert verdicts.loc["full ≤ 0.92× three matmuls", "worst at x"] == 8192
     assert verdicts.loc["full ≤ 0.95× QuACK", "status"] == "missed"  # 18/19 = 0.947 met, 37/38 = 0.974 not

@@ -1,4 +1,4 @@
-"""The Gluon kernel of the stored exponentials' dx (kernels_lib.kernels.gluon_scaled_product).
+"""The Gluon kernel of the stored exponentials' dx (studies.kernels.gluon_scaled_product).
 
 On every machine: it compiles for ``sm_90a`` (Gluon does not run in Triton's interpreter, so CI's CPU
 compiles it, in a subprocess with ``TRITON_INTERPRET=0``) at its default and each of its variants, for
@@ -28,13 +28,13 @@ import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib._flce import matmuls
-from kernels_lib.kernels import gluon_scaled_product as g
-from kernels_lib.workbench.bench import gluon_scaled_product_ab as ab
+from studies.kernels import gluon_scaled_product as g
+from studies.bench import gluon_scaled_product_ab as ab
 from kernels_lib.workbench.check import relative_error
 
 _COMPILE = r"""
 import json, sys, torch
-from kernels_lib.kernels import gluon_scaled_product as g
+from studies.kernels import gluon_scaled_product as g
 out = []
 for case in json.loads(sys.argv[1]):
     config = dict(case["config"])
