@@ -317,7 +317,7 @@ class Floor:
         else:
             run = (f"the run of commit {self.ceilings_commit}: the rows' run ({self.commit}) measured no ceilings, so a ratio "
                    "to this floor compares two runs")
-        return (f"floor: {bounds}, with the ceilings measured on the {self.gpu_name} in {run}: "
+        return (f"floor: {bounds}, with the ceilings measured on the {data.gpu_label(self.gpu_name)} in {run}: "
                 f"copy {self.copy_gbps:.0f} GB/s, matmul {self.matmul_tflops:.0f} TFLOP/s")
 
 
