@@ -41,6 +41,8 @@ def test_orpo_notebook_runs_checks_and_exports_figures():
     checks = pd.read_csv(results / "orpo_checks.csv")
     assert len(checks) == 2 * 3 * 3 and checks["passed"].all()
     assert "log1mexp" in html and "The naive form is infinite" in html
+    _says_headline_and_conclusion(html, "9. Conclusion")
+    assert "the floor and Liger" in html or "no floor margin to state" in html  # the generated margin, or why there is none
 
 
 @pytest.mark.notebook
@@ -54,3 +56,11 @@ def test_kto_notebook_runs_checks_and_exports_figures():
     assert len(labels) == 12 and labels["passed"].all()
     assert set(labels["labels"]) == {"mixed", "all desirable", "all undesirable"}
     assert "Published H100" in html
+    _says_headline_and_conclusion(html, "9. Conclusion")
+    assert "against the matmul floor" in html or "Not measured on a GPU yet" in html
+
+
+def _says_headline_and_conclusion(html: str, conclusion: str) -> None:
+    """The generated headline (from the newest GPU run, or why there is none) and the conclusion before any appendix."""
+    assert "In one sentence.</strong> On the " in html or "In one sentence.</strong> Not measured on a GPU yet" in html
+    assert conclusion in html and html.index(conclusion) < html.index("Appendix")
