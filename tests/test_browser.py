@@ -6,11 +6,14 @@
   its figure has in the executed notebook, without a page error, without a request that leaves the file
   and without a stderr box; a screenshot is written next to it. In every figure no two text boxes
   overlap or are clipped, and a provider has one colour in every report.
-- The index: a card per report, with the H200 dashboard of :mod:`kernels_lib.workbench.dashboard`;
+- The index: a card per report, with the dashboard of :mod:`kernels_lib.workbench.dashboard` per GPU;
   every number it shows must equal the dashboard's, offline, and no sparkline label is clipped.
 - JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
-  panel appears, a sweep runs, the swept axis is changed, a second sweep runs, and the chart and the
-  table must have changed. The server is stopped whatever happens.
+  panel appears and must say what it measured and what it could not (what will appear before a sweep,
+  the loss, sizes and dtype in its title, on a CPU the interpreter's note, a peer that cannot run
+  unticked and named with its reason, "running 0/N" as a sweep starts, the table's people's names, a
+  colour per provider, a size above its cap capped with a message); the swept axis is changed, a second
+  sweep runs, and the chart and the table must have changed. The server is stopped whatever happens.
 
 Chromium is required: where it is missing these tests fail (``.ci/run`` installs it with apt-get).
 """
@@ -32,6 +35,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+import torch
 
 import notebook_runs  # the notebooks' executions, shared with their own tests
 from kernels_lib.workbench import charts, dashboard, report
@@ -121,8 +125,7 @@ def test_index_links_every_report(browser, reports):
 
 def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
     """The index's cards in the browser, network cut off: a card per report, a section with a sparkline
-    per measured chart, a badge per target with the dashboard's status, and every number shown (ratios,
-    worst ratios, x) equal to :func:`kernels_lib.workbench.dashboard.dashboard`'s, to two decimals."""
+    per measured chart and GPU, no target badge, and every number shown (ratios, x) equal to :func:`kernels_lib.workbench.dashboard.dashboard`'s, to two decimals."""
     out, _ = reports
     board = dashboard.dashboard()
     page = browser.new_page()
@@ -146,18 +149,13 @@ def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
     assert clipped == [], f"sparkline labels outside their picture (text, left, right, width): {clipped[:5]}"
     assert cards == len(list(NOTEBOOKS.glob("*.ipynb")))
     assert len(sections) == board.chart.nunique() and all(lines >= 2 for _, lines in sections)
-    targets = board[board.kind == "target"].set_index("key")
-    assert sorted(key for key, _, _ in badges) == sorted(targets.index)
-    assert all(status == targets.loc[key, "status"] and width > 0 for key, status, width in badges)
+    assert badges == []  # comparisons, not targets of ours
     rows = board.set_index("key")
-    assert len(numbers) >= 2 * (board.kind == "ratio").sum() + len(targets)
+    assert len(numbers) >= 2 * (board.kind == "ratio").sum()
     for key, column, text in numbers:
         value = rows.loc[key, column]
-        if column in ("time ratio", "memory ratio", "worst ratio"):
-            # As many digits as show which side of the target's bound a ratio lies (dashboard.ratio_text).
-            bound = rows.loc[key, {"time ratio": "time bound", "memory ratio": "memory bound", "worst ratio": "bound"}[column]]
-            bound = None if isinstance(bound, str) or pd.isna(bound) else float(bound)
-            assert text == dashboard.ratio_text(value, bound), (key, column, text, value)
+        if column in ("time ratio", "memory ratio"):
+            assert text == dashboard.ratio_text(value), (key, column, text, value)
         else:
             assert text == (value if isinstance(value, str) else f"{value:g}"), (key, column, text, value)
     assert "system-ui" in font
@@ -218,8 +216,9 @@ def _overlap(a: dict, b: dict, tolerance: float = 1.0) -> bool:
 
 def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, reports):
     """Across every report's plotly figures: no two SVG text boxes overlap and none is clipped by its figure;
-    a provider (by base name: ``kernels_lib[chunk_size=256]`` is kernels_lib) is drawn in one colour, the
-    one :func:`kernels_lib.workbench.charts.provider_color` gives it; kernels_lib's lines come after every peer's
+    a provider (by base name: ``kernels_lib[chunk_size=256]`` is kernels_lib) and a variant of its own
+    (``kernels_lib[accurate=True]``, :data:`~kernels_lib.workbench.charts.VARIANT_COLORS`) is drawn in one colour,
+    the one :func:`kernels_lib.workbench.charts.provider_color` gives it; kernels_lib's lines come after every peer's
     (drawn on top)."""
     out, pages = reports
     colours: dict[str, set] = {}
@@ -243,9 +242,9 @@ def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, repo
             if overlapping or clipped:
                 problems.append(f"{where}: overlapping {overlapping[:5]}, clipped {clipped[:5]}")
             lines = [t for t in figure["traces"] if t["fill"] != "toself" and t["name"]]
-            for trace in lines:  # a provider by its base name; any other trace (a bar's component, a floor) by its name
-                base = charts.base_provider(trace["name"])
-                named = base in charts.COLORS or "[" in trace["name"] or " · " in trace["name"]
+            for trace in lines:  # a provider by its palette key; any other trace (a bar's component, a floor) by its name
+                base = charts.palette_key(trace["name"])
+                named = base in charts.COLORS or base in charts.VARIANT_COLORS or "[" in trace["name"] or " · " in trace["name"]
                 colours.setdefault(base if named else trace["name"], set()).add(trace["color"])
             providers = [charts.base_provider(t["name"]) for t in lines if charts.base_provider(t["name"]) in charts.COLORS]
             if "kernels_lib" in providers and providers[providers.index("kernels_lib"):].count("kernels_lib") != len(providers) - providers.index("kernels_lib"):
@@ -253,7 +252,8 @@ def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, repo
     assert problems == [], "\n".join(problems)
     several = {name: sorted(map(str, found)) for name, found in colours.items() if len(found) > 1}
     assert several == {}, f"providers drawn in more than one colour: {several}"
-    wrong = {name: found for name, found in colours.items() if name in charts.COLORS and found != {charts.COLORS[name]}}
+    wrong = {name: found for name, found in colours.items()
+             if (name in charts.COLORS or name in charts.VARIANT_COLORS) and found != {charts.provider_color(name)}}
     assert wrong == {}, f"providers not in their palette colour: {wrong}"
     assert colours.get("kernels_lib") == {charts.COLORS["kernels_lib"]}
 
@@ -315,29 +315,58 @@ def lab(tmp_path):
 
 
 PANEL = ".widget-vbox:has(> .widget-hbox button:has-text('Run sweep'))"
+STATUS = f"{PANEL} > .widget-hbox:has(button:has-text('Run sweep')) .widget-html"
+#: What the panel's chart shows in the browser: its title, its annotations (subplot titles and notes) and per
+#: line its name and the colour plotly drew it in.
+PANEL_CHART_JS = """
+plot => ({title: (plot.layout.title && plot.layout.title.text) || '',
+          notes: (plot.layout.annotations || []).map(a => a.text.replace(/<br>/g, ' ')),
+          lines: (plot._fullData || []).filter(t => t.fill !== 'toself' && t.name).map(t => [t.name, t.line && t.line.color])})
+"""
+#: Records every text the status shows, from now on, in ``window.statusHistory``.
+WATCH_STATUS_JS = """
+element => { window.statusHistory = [];
+  new MutationObserver(() => window.statusHistory.push(element.textContent.trim()))
+    .observe(element, {childList: true, subtree: true, characterData: true}); }
+"""
 
 
 def _panel_state(page) -> tuple[list, str]:
     """The x values of every trace of the panel's chart and the text of its table."""
-    xs = page.eval_on_selector(f"{PANEL} .js-plotly-plot", "plot => plot.data.map(trace => Array.from(trace.x || []))")
+    xs = page.eval_on_selector(f"{PANEL} .js-plotly-plot",
+                               "plot => plot.data.map(trace => Array.from(trace.x || []).filter(x => x !== null))")
     table = page.locator(f"{PANEL} table")
     return xs, table.inner_text() if table.count() else ""
 
 
-def _run_sweep(page, previous: tuple[list, str], timeout: float = 120) -> tuple[list, str]:
-    """Click Run sweep and wait until the chart has traces, the table has changed and the button is back."""
+def _run_sweep(page, previous: tuple[list, str], timeout: float = 240) -> tuple[list, str]:
+    """Click Run sweep and wait until the chart has points, the chart and the table have changed and the button
+    is back (the chart is a new widget after each sweep: the table may show first)."""
     button = page.locator(f"{PANEL} button:has-text('Run sweep')")
     button.click()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         page.wait_for_timeout(500)
         state = _panel_state(page)
-        if state[0] and state[1] and state[1] != previous[1] and button.is_enabled():
+        if any(state[0]) and state[0] != previous[0] and state[1] and state[1] != previous[1] and button.is_enabled():
             return state
     raise AssertionError(f"the sweep did not update the panel within {timeout} s")
 
 
-def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(browser, lab, tmp_path):
+def _panel_chart(page) -> dict:
+    return page.eval_on_selector(f"{PANEL} .js-plotly-plot", PANEL_CHART_JS)
+
+
+def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_says_what_it_measured(browser, lab, tmp_path):
+    """Notebook 02's panel driven as a newcomer would: before a sweep its chart says what will appear; its
+    title names the loss, the fixed size and the dtype (and on a CPU that the times rank nothing); a peer
+    that cannot run here is not ticked, and ticked anyway is named in the status with its reason; the status
+    says "running 0/N" as the sweep starts; the table speaks as people do; each provider has its colour;
+    a subplot with nothing measured says why; the swept axis changes and a second sweep runs that range; a
+    size typed above its cap is set to the cap with a message saying so."""
+    from kernels_lib.workbench import widgets
+
+    cpu = not torch.cuda.is_available()  # the notebook's device is the default one: a CPU here means the interpreter
     base, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
@@ -351,15 +380,54 @@ def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_updates(browser, la
         page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
         page.wait_for_selector(f"{PANEL} button:has-text('Run sweep')", timeout=180_000)
         page.wait_for_selector(f"{PANEL} .js-plotly-plot .main-svg", timeout=60_000)
+        before = _panel_chart(page)
+        liger = page.locator(f"{PANEL} .widget-checkbox:has-text('liger') input")
+        liger_label = page.locator(f"{PANEL} .widget-checkbox:has-text('liger')").text_content()
+        liger_ticked = liger.is_checked()
+        limits = page.locator(f"{PANEL} .widget-html:has-text('Sizes up to')").text_content()
+        if cpu:
+            liger.check()  # asked for anyway: the status must name it with its reason
+        page.eval_on_selector(STATUS, WATCH_STATUS_JS)
         first = _run_sweep(page, _panel_state(page))
+        history = page.evaluate("window.statusHistory")
+        status = page.locator(STATUS).text_content().strip()
+        after = _panel_chart(page)
         page.locator(f"{PANEL} .widget-dropdown:has(label:text-is('sweep')) select").select_option("N")
         second = _run_sweep(page, first)
+        # V is a fixed size now: typed far above its cap, it is set to the cap and the panel says so
+        v_box = page.locator(f"{PANEL} .widget-text:has(label:text-is('V')) input")
+        v_box.fill("99999")
+        v_box.press("Enter")
+        page.get_by_text(re.compile(r"V = 99999 is above this panel's cap")).wait_for(timeout=30_000)
+        capped_to = v_box.input_value()
         page.screenshot(path=str(tmp_path / "jupyterlab.png"))
     finally:
         page.close()
-    assert first[0] and second[0], "the chart has no traces after a sweep"
+    # before the first sweep: what will appear, and on a CPU why memory stays empty
+    assert any("after Run sweep" in note for note in before["notes"]), before["notes"]
+    assert "KL divergence" in before["title"] and "N=16" in before["title"] and "float32" in before["title"], before["title"]
+    assert "V ≤ 8192" in limits and "N ≤ 64" in limits, limits
+    if cpu:
+        assert widgets.INTERPRETER_NOTE in after["title"], after["title"]
+        assert not liger_ticked and "cannot run here" in liger_label, liger_label
+        assert any(note.startswith("not measured here") for note in after["notes"]), after["notes"]
+        assert "not run here: liger (Liger's kernels need CUDA" in status, status
+    # the status changed the moment the sweep started, before the first point was measured
+    assert history and history[0].startswith("running 0/"), history[:3]
+    assert status.startswith("done: "), status
+    # the chart: the baseline under its one name, each provider in its colour of every chart
+    colours = {name.split(" · ")[0]: colour for name, colour in after["lines"]}
+    assert set(colours) == {"kernels_lib", widgets.BASELINE_NAME}, after["lines"]
+    assert all(colour == charts.provider_color(name) for name, colour in colours.items()), colours
+    assert len(set(colours.values())) == len(colours)
+    # the table speaks as people do
+    for column in ("time (ms)", "mode", "provider", "vocabulary size (V)", widgets.BASELINE_NAME):
+        assert column in first[1], f"{column!r} not in the table:\n{first[1]}"
+    assert not any(raw in first[1] for raw in ("metric_name", "kernel_operation_mode", "x_value", "kernel_provider")), first[1]
+    assert any(first[0]) and any(second[0]), "the chart has no points after a sweep"
     assert first[0] != second[0], f"the chart's x values did not change: {first[0]}"
     # the swept N values are the range the view shows (8–16 around the preset's N = 16), no more
     assert {x for trace in second[0] for x in trace} == {8, 16}, f"the sweep ran other points: {second[0]}"
     assert first[1] != second[1], "the table did not change"
+    assert capped_to == "8192", f"V typed as 99999 shows {capped_to}"
     assert errors == [], f"page errors: {errors}"

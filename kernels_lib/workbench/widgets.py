@@ -120,13 +120,20 @@ def chart_panels(modes) -> list[tuple[str, str]]:
     return [("speed", m) for m in modes] + [("memory", "full" if "full" in modes else modes[-1])]
 
 
-def _subplot_note(text: str, col: int, width: int = 34) -> dict:
-    """An annotation in the middle of subplot ``col``, wrapped to lines of ``width`` characters."""
+def _empty_subplot(figure: go.Figure, col: int, text: str, width: int = 34) -> None:
+    """Say ``text`` in the middle of subplot ``col`` (wrapped to lines of ``width`` characters), and draw
+    the subplot without ticks: plotly.js leaves out a subplot with no trace at all, so it gets one
+    invisible, pointless trace."""
     axis = "" if col == 1 else str(col)
-    return {
-        "text": "<br>".join(textwrap.wrap(text, width)), "xref": f"x{axis} domain", "yref": f"y{axis} domain",
-        "x": 0.5, "y": 0.5, "showarrow": False, "font": {"size": 12, "color": "#555"}, "name": "note",
-    }
+    x_domain, y_domain = figure.layout[f"xaxis{axis}"].domain, figure.layout[f"yaxis{axis}"].domain
+    figure.add_annotation(
+        text="<br>".join(textwrap.wrap(text, width)), xref="paper", yref="paper", x=sum(x_domain) / 2, y=sum(y_domain) / 2,
+        xanchor="center", yanchor="middle", showarrow=False, font={"size": 12, "color": "#555"}, name="note",
+    )
+    figure.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="", showlegend=False, hoverinfo="skip",
+                                marker={"opacity": 0}), row=1, col=col)
+    figure.update_xaxes(showticklabels=False, showgrid=False, row=1, col=col)
+    figure.update_yaxes(showticklabels=False, showgrid=False, row=1, col=col)
 
 
 def panel_figure(
@@ -143,12 +150,12 @@ def panel_figure(
     for col, (metric, mode) in enumerate(panels, start=1):
         measured = len(rows) and rows[(rows.metric_name == metric) & (rows.kernel_operation_mode == mode)].y_value_50.notna().any()
         if metric == "memory" and interpreted:
-            figure.add_annotation(**_subplot_note(NO_MEMORY_NOTE, col))
+            _empty_subplot(figure, col, NO_MEMORY_NOTE)
         elif not swept:
             what = MEASURE_NAMES.get(metric, metric)
-            figure.add_annotation(**_subplot_note(f"after Run sweep: {what} of each ticked provider against {axis_title(x_name)}", col))
+            _empty_subplot(figure, col, f"after Run sweep: {what} of each ticked provider against {axis_title(x_name)}")
         elif not measured:
-            figure.add_annotation(**_subplot_note("not measured here: every ticked provider failed at every point (the status says why)", col))
+            _empty_subplot(figure, col, "not measured here: every ticked provider failed at every point (the status says why)")
         if metric == "speed" and interpreted:
             figure.update_yaxes(title_text="interpreter time (ms)", row=1, col=col)
     return figure
@@ -257,7 +264,6 @@ class SweepPanel:
         self.rows = pd.DataFrame()
         self.swept = False
         self.figure = go.FigureWidget(self._chart(self.rows))
-        self.chart_area = w.Box([self.figure])
         self.table = w.Output()
         self.button.on_click(lambda _: self.run())
         for control in (self.dtype, self.modes):
@@ -270,7 +276,7 @@ class SweepPanel:
                 self.size_message,
                 w.HBox([self.dtype, self.modes, w.VBox(list(self.providers.values()) + [self.not_here])]),
                 w.HBox([self.button, self.progress, self.status]),
-                self.chart_area,
+                self.figure,
                 self.table,
             ]
         )
@@ -280,7 +286,7 @@ class SweepPanel:
         if not self.skipped:
             return ""
         items = "".join(f"<li>{display_provider(self.spec, n)}: {skip_reason(why)}</li>" for n, why in self.skipped.items())
-        return f"<small>Not ticked, they cannot run here:<ul style='margin:0'>{items}</ul></small>"
+        return f"<small>Cannot run here, so not ticked:<ul style='margin:0'>{items}</ul></small>"
 
     def _limits_text(self) -> str:
         caps = ", ".join(f"{name} ≤ {cap}" for name, cap in self.caps.items())
@@ -337,12 +343,12 @@ class SweepPanel:
     def _draw(self, chart: go.Figure) -> None:
         """Show ``chart`` in a new FigureWidget: updating the old one's layout would keep the subplots,
         axes and notes that ``chart`` no longer has."""
-        self.figure = go.FigureWidget(chart)
-        self.chart_area.children = (self.figure,)
+        old, self.figure = self.figure, go.FigureWidget(chart)
+        self.widget.children = tuple(self.figure if child is old else child for child in self.widget.children)
 
     def _redraw_placeholder(self) -> None:
         """Before the first sweep, the chart follows the settings (title, subplots, what will appear)."""
-        if hasattr(self, "figure") and not self.swept:
+        if hasattr(self, "widget") and not self.swept:
             self._draw(self._chart(self.rows))
 
     # -------------------------------------------------------------------------------------------- sweep
