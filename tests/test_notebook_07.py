@@ -114,3 +114,11 @@ def test_divergence_notebook_runs_checks_charts_and_judges_the_targets(tmp_path)
     assert "tvd (B = 8, T = 2048)</code>, kernels_lib: at V ≤ 8192 1.00–1.00× the model" in html
     assert "./workbench bench jsd --preset published --modes forward,forward_no_grad,backward,full --device cuda" in html
     assert "full ≤ 0.6× Liger <strong>missed</strong>" in html and "full ≤ 0.6× Liger <strong>met</strong>" in html
+    # The headline and the conclusion, generated from the same synthetic rows (no typed figure to disagree with them).
+    assert "<strong>TVD in one sentence.</strong> On the H200, kernels_lib’s <code>full</code> takes 0.50–0.70× Liger’s time at 0.50× its memory" in html.replace("'", "’")
+    assert "<strong>JSD in one sentence.</strong> Not measured on a GPU yet" in html
+    conclusion = html[html.index("7. Conclusion"):html.index("Appendix A")]
+    assert "0.50–0.70× Liger’s <code>full</code> time; 0.50× Liger’s memory" in conclusion.replace("'", "’")
+    assert f"{FORWARD_SHARE:.2f}× the copy bandwidth in <code>forward</code>" in conclusion
+    liger_floor = sorted({1 / FORWARD_SHARE / r for r in RATIOS[("tvd", "V")].values()})
+    assert f"kernels_lib {1 / FORWARD_SHARE:.2f}×, Liger {liger_floor[0]:.2f}–{liger_floor[-1]:.2f}× the floor" in conclusion
