@@ -10,16 +10,14 @@ import math
 import pandas as pd
 import torch
 
-from kernels_lib import reference
 from kernels_lib._flce.matmuls import _addmm_into
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size, matmul_dtype
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
 from kernels_lib.kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
 from kernels_lib.workbench import data
-from kernels_lib.workbench.check import relative_error
-from kernels_lib.workbench.bench.fused_linear_cross_entropy import KERNEL_NAME, _nhv, make_inputs, variant_name
-from kernels_lib.workbench.bench.spec import Inputs
+from kernels_lib.workbench.fused_cross_entropy import gradient_errors  # noqa: F401  (the studies' precision runs)
+from kernels_lib.workbench.bench.fused_linear_cross_entropy import KERNEL_NAME, _nhv, variant_name
 from kernels_lib.workbench.bench.sweep import run_sweep
 from kernels_lib.workbench.bench.timing import time_callable
 
@@ -232,49 +230,6 @@ def dial_sweep(
             )
             frames.append(rows.assign(kernel_provider=variant_name(options)))
     return pd.concat(frames, ignore_index=True)
-
-
-def _float64_reference(inputs: Inputs):
-    """Loss and gradients of the baseline on float64 copies of ``inputs``."""
-    copies = [t.detach().double().requires_grad_() for t in inputs.grad_inputs]
-    x, weight, target, bias = inputs.args
-    bias64 = copies[2] if bias is not None else None
-    loss = reference.fused_linear_cross_entropy(copies[0], copies[1], target, bias64, **inputs.kwargs)
-    loss.backward()
-    return loss.detach(), [c.grad for c in copies]
-
-
-def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *, seed: int = 0,
-                    options: dict | None = None) -> pd.DataFrame:
-    r"""Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
-    (name → callable with our signature) against the baseline in float64, on the same inputs.
-
-    ``dx`` is formed once per row, so its error is one rounding of the dtype; ``dW`` is a sum over all
-    N rows, so an accumulator in the parameter dtype adds one rounding per chunk (about
-    :math:`\sqrt{n_\text{chunks}}` roundings in norm) where a float32 one rounds once at the end.
-    """
-    inputs = make_inputs(sizes, dtype, device, {"reduction": "mean", **(options or {})}, seed)
-    ref_loss, (ref_dx, ref_dw, *_) = _float64_reference(inputs)
-    rows = []
-    for name, fn in providers.items():
-        for tensor in inputs.grad_inputs:
-            tensor.grad = None
-        loss = fn(*inputs.args, **inputs.kwargs)
-        loss.backward()
-        x, weight = inputs.grad_inputs[:2]
-        rows.append(
-            {
-                "provider": name,
-                "loss err": relative_error(loss, ref_loss),
-                "dx err": relative_error(x.grad, ref_dx),
-                "dW err": relative_error(weight.grad, ref_dw),
-            }
-        )
-    table = pd.DataFrame(rows)
-    n, h, v = _nhv(sizes)
-    table.insert(1, "shape", f"N={n} H={h} V={v}")
-    table.insert(2, "dtype", str(dtype).replace("torch.", ""))
-    return table
 
 
 def _random_head(rows: int, h: int, v: int, dtype: torch.dtype, device: torch.device):

@@ -1,0 +1,123 @@
+"""kernels_lib.workbench.fused_cross_entropy: what notebook 01 computes beyond the bench (the derivation's check,
+the ForCausalLMLoss check, the budget, the precision sentence, and the headline and comparison of a GPU run)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels_lib import default_device
+from kernels_lib.workbench import data
+from kernels_lib.workbench import fused_cross_entropy as fce
+from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+
+CONFIG = json.dumps({"H": 4096, "V": 128256, "dtype": "torch.bfloat16"})
+
+
+def _run(values: dict, gpu: str = "NVIDIA H100 80GB HBM3", commit: str = "abc1234") -> pd.DataFrame:
+    """One run's rows from {(provider, metric): {N: median}} in mode ``full``, at the published workload."""
+    return pd.DataFrame([
+        {"kernel_name": flce.KERNEL_NAME, "kernel_provider": p, "kernel_operation_mode": "full", "metric_name": m,
+         "x_value": n, "y_value_50": y, "extra_benchmark_config_str": CONFIG, "gpu_name": gpu, "device": "cuda",
+         "kernels_lib_commit": commit, "timestamp": "2026-12-05 09:00"}
+        for (p, m), by_n in values.items() for n, y in by_n.items()])
+
+
+RUN = _run({("kernels_lib", "speed"): {4096: 20.0, 8192: 40.0}, ("torch", "speed"): {4096: 25.0, 8192: 50.0},
+            ("liger", "speed"): {4096: 40.0, 8192: 100.0}, (flce.FLOOR, "speed"): {4096: 19.0, 8192: 40.0},
+            ("kernels_lib[chunk_size=256]", "speed"): {4096: 10.0, 8192: 20.0},
+            ("kernels_lib", "memory"): {4096: 1000.0, 8192: 2000.0}, ("torch", "memory"): {4096: 4000.0, 8192: 10000.0}})
+
+
+def _naive(z, y, eps=0.0, lam=0.0, s=None, ignore_index=-100, reduction="mean"):
+    c = s * torch.tanh(z / s) if s else z
+    lse, valid = c.logsumexp(-1), y != ignore_index
+    c_y = c.gather(1, y.clamp(min=0)[:, None])[:, 0]
+    per_row = torch.where(valid, (1 - eps) * (lse - c_y) + eps * (lse - c.mean(-1)) + lam * lse**2, 0.0)
+    return {"none": per_row, "sum": per_row.sum(), "mean": per_row.sum() / valid.sum()}[reduction]
+
+
+def _derived(x, w, y, eps, lam, s, reduction, upstream, ignore_index=-100, sign=1.0):
+    z = x @ w.T
+    c = s * torch.tanh(z / s) if s else z
+    lse = c.logsumexp(-1, keepdim=True)
+    dc = (c - lse).exp() * (1 + 2 * lam * lse) - (1 - eps) * F.one_hot(y.clamp(min=0), w.shape[0]).double() - eps / w.shape[0]
+    dz = dc * (1 - (c / s) ** 2) if s else dc
+    valid = y != ignore_index
+    g = {"none": upstream, "sum": torch.ones_like(lse[:, 0]), "mean": torch.ones_like(lse[:, 0]) / valid.sum()}[reduction]
+    dz = sign * torch.where(valid[:, None], dz * g[:, None], 0.0)
+    return dz @ w, dz.T @ x
+
+
+def test_derivation_check_passes_the_right_gradient_and_names_a_wrong_one():
+    table = fce.derivation_check(_naive, _derived, seed=3)
+    assert len(table) == 5 * 3 and (table.filter(like=" vs ") < 1e-12).all().all()
+    with pytest.raises(AssertionError, match="derivation check failed"):
+        fce.derivation_check(_naive, lambda *args: _derived(*args, sign=-1.0), seed=3)
+
+
+def test_transformers_check_on_a_tiny_batch():
+    row = fce.transformers_check(torch.float32, "sum", (1, 5, 16, 33), 0, default_device())
+    assert row["passed"] and row["kernels_lib loss err"] < 1e-5 and row["shape"] == "B=1 T=5 H=16 V=33"
+
+
+def test_budget_counts_the_three_matmuls_and_the_chunks():
+    sizes = {"N": 8192, "H": 4096, "V": 128256}
+    table, extra = fce.budget(sizes, 600.0, 4096)
+    assert table.loc["matmul TFLOP", "full"] == pytest.approx(3 * 2 * 8192 * 4096 * 128256 / 1e12)
+    assert table.loc["matmul TFLOP", "forward_no_grad"] == pytest.approx(table.loc["matmul TFLOP", "full"] / 3)
+    assert table.iloc[2]["full"] == pytest.approx(table.loc["matmul TFLOP", "full"] / 600.0 * 1e3)
+    assert extra["chunks"] == 2 and extra["logits buffer (MiB)"] == pytest.approx(4096 * 128256 * 2 / 2**20)
+    assert "not measured" in fce.budget(sizes, float("nan"), 4096)[0].index[2]
+
+
+def test_precision_sentence_from_a_table():
+    table = pd.DataFrame({"provider": ["kernels_lib[chunk_size=2 accurate=False]", "kernels_lib[chunk_size=2 accurate=True]", "torch"],
+                          "dW err": [4e-3, 1e-3, 2e-3]})
+    said = fce.precision_sentence(table, 128, 2)
+    assert said.startswith("Here, with 64 chunks, bf16 accumulation gives a dW error of 4.00e-03 against 1.00e-03")
+    assert "(4.0×)" in said and "has 2.00e-03" in said
+
+
+def test_comparison_and_floor_of_one_run():
+    table = fce.comparison(RUN, pd.DataFrame())
+    assert list(table.index) == [4096, 8192]
+    assert table.loc[4096, "× torch"] == pytest.approx(0.8) and table.loc[8192, "× liger"] == pytest.approx(0.4)
+    assert table.loc[8192, "fastest peer"] == "torch", "neither the floor nor a dial point is a peer"
+    assert table.loc[4096, "× floor"] == pytest.approx(20 / 19) and table.loc[8192, "memory × torch"] == pytest.approx(0.2)
+    assert "× kernels_lib[chunk_size=256]" not in table and f"× {flce.FLOOR}" not in table
+    assert fce.matmul_rate(RUN, pd.DataFrame()) == pytest.approx(flce.flops({"N": 8192, "H": 4096, "V": 128256}, "full") / 40e-3 / 1e12)
+
+
+def test_floor_from_the_run_s_matmul_rate_without_the_three_matmuls():
+    run = RUN[RUN.kernel_provider != flce.FLOOR]
+    ceilings = pd.DataFrame([{"kernel_name": "matmul", "gpu_name": "NVIDIA H100 80GB HBM3", "kernels_lib_commit": "abc1234",
+                              "timestamp": "2026-12-05", "y_value_50": 500.0}])
+    floor = fce.floor_ms(run, ceilings)
+    assert floor[8192] == pytest.approx(flce.matmul_floor_ms({"N": 8192, "H": 4096, "V": 128256}, "full", 500.0))
+    assert fce.floor_ms(run, pd.DataFrame(columns=ceilings.columns)).isna().all(), "no rate measured: no floor"
+
+
+def test_headline_per_gpu_from_its_newest_run():
+    other = _run({("kernels_lib", "speed"): {4096: 10.0}, ("torch", "speed"): {4096: 20.0}}, gpu="NVIDIA H200", commit="def5678")
+    runs = fce.gpu_runs(pd.concat([RUN, other], ignore_index=True))
+    assert set(runs) == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    said = fce.headline(runs, pd.DataFrame())
+    assert "On the H100 80GB, kernels_lib's forward and backward take 0.80× torch's time, 0.40–0.50× Liger's time" in said
+    assert ", at 0.20–0.25× torch's memory and 1.00–1.05× the matmul floor (N = 4096–8192; the run of commit abc1234" in said
+    assert "On the H200, kernels_lib's forward and backward take 0.50× torch's time, at torch's memory not measured and no floor " \
+           "measured (N = 4096; the run of commit def5678" in said
+    assert fce.headline({}, pd.DataFrame()).startswith("Not measured on a GPU yet")
+
+
+def test_committed_run_keeps_the_newest_run_of_each_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    assert fce.committed_run(fce.DIAL_FILE) is None
+    path = tmp_path / fce.DIAL_FILE
+    path.parent.mkdir(parents=True)
+    pd.concat([RUN, RUN.assign(kernels_lib_commit="old0001", timestamp="2026-12-01")]).to_csv(path, index=False)
+    assert set(fce.committed_run(fce.DIAL_FILE).kernels_lib_commit) == {"abc1234"}
