@@ -52,7 +52,7 @@ def test_floor_and_ratio_lines_read_their_tables():
     floors = pd.DataFrame({"chart": ["a", "a", "b"], "kernels_lib / floor": [1.2, 1.5, 1.1], "liger / floor": [3.0, 2.9, float("nan")]})
     lines = narrative.floor_lines(floors).splitlines()
     assert lines == ["- `a`: `full` at kernels_lib 1.20–1.50×, Liger 2.90–3.00× the floor.",
-                     "- `b`: `full` at kernels_lib 1.10×, Liger not measured the floor."]
+                     "- `b`: `full` at kernels_lib 1.10× the floor."]
     assert narrative.floor_lines(floors.iloc[:0]).startswith("No GPU rows")
     table = pd.DataFrame({"full / Liger": [0.4, 0.6], "full / TRL": [float("nan")] * 2}, index=[1024, 8192])
     said = narrative.ratio_lines({"fused_linear_jsd": table}, {"full / Liger": "Liger's time", "full / TRL": "TRL's time"}, "BT")

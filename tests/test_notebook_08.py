@@ -127,3 +127,10 @@ def test_distillation_notebook_runs_checks_charts_and_judges_the_targets(tmp_pat
     assert "./workbench bench distill_jsd_loss --preset published --modes forward,full --device cuda" in html
     assert "full ≤ 0.85× torch <strong>missed</strong> (worst 0.90 at BT = 1024)" in html
     assert "full ≤ 0.8× Liger <strong>met</strong>" in html
+    # The headline and the conclusion, generated from the same rows (no typed figure to disagree with them).
+    assert "<strong>Fused linear JSD.</strong> On the H200, kernels_lib's <code>full</code> takes 0.70× Liger's time at 0.75× its memory" in html
+    assert "<strong>Distillation, JSD soft loss.</strong> Not measured on a GPU yet" in html
+    conclusion = html[html.index("7. Conclusion"):html.index("Appendix A")]
+    assert "0.70× Liger's <code>full</code> time; 0.80× torch's; 0.90× TRL's; 0.75× Liger's memory" in conclusion
+    assert "0.75× Liger's <code>full</code> time; 0.80–0.90× torch's; 0.75× Liger's memory" in conclusion
+    assert "<code>fused_linear_jsd</code>: <code>full</code> at kernels_lib 1.25×" in conclusion and "the matmul floor" in conclusion

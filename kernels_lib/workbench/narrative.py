@@ -78,12 +78,13 @@ def headline(rows: pd.DataFrame, peers: list[str] | tuple[str, ...], *, ours: st
 def floor_lines(floors: pd.DataFrame, chart: str = "chart", providers: tuple[str, ...] = ("kernels_lib", "liger"),
                 floor: str = "floor") -> str:
     """A bullet per chart: each provider's time as multiples of the floor, from a table with a ``chart``
-    column and ``<provider> / floor`` columns (one row per x)."""
+    column and ``<provider> / floor`` columns (one row per x); a provider without a figure in a chart is left out."""
     if not len(floors):
         return "No GPU rows with a floor yet: nothing to set against it."
     lines = []
     for label, group in floors.groupby(chart, sort=False):
-        said = [f"{name(p)} {span(group[f'{p} / floor'])}" for p in providers if f"{p} / floor" in group]
+        said = [f"{name(p)} {span(group[f'{p} / floor'])}" for p in providers
+                if f"{p} / floor" in group and group[f"{p} / floor"].notna().any()]  # a provider the chart never measured: left out
         lines.append(f"- `{label}`: `full` at " + ", ".join(said) + f" the {floor}.")
     return "\n".join(lines)
 
