@@ -72,8 +72,8 @@ TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 #: The fewest rows of a default chunk of the sequence losses. At a small ``H`` the lean budget
 #: (``H / 8``) makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
-#: (``H = 1024``, ``T = 512``) took 4.79 ms at B = 4 with 512-row chunks, 4.05 with 1024 and 3.84 with
-#: 2048 on the H200 (``data/measured/gpu_runs/kto_small_batch.csv``).
+#: (``H = 1024``, ``T = 512``) ran faster at B = 4 with 1024- and 2048-row chunks than with 512
+#: (``data/measured/gpu_runs/kto_small_batch.csv``).
 MIN_SEQUENCE_CHUNK_ROWS = 1024
 
 

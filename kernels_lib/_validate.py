@@ -197,7 +197,7 @@ class RangeCheck:
     discards (the kernels read only in-range targets' entries). On a CPU the same, without the event.
 
     The pinned count and its event are reused from call to call (a free list per device; creating
-    them cost 10-20 µs of host time per call on the H200's hosts): a pair goes back to the list once
+    them cost tens of microseconds of host time per call): a pair goes back to the list once
     :meth:`raise_if_bad` has waited on it, so no copy can still be writing it."""
 
     _free: dict[int, list] = {}  # device index -> [(pinned count, event)], guarded by the GIL

@@ -48,7 +48,7 @@ rank; each rank forms its own ``dz`` and keeps its ``dW``/``db`` slice, and ``dx
 the ranks once.
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
+fixed reduction orders). Measured at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
 """
 

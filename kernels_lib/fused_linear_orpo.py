@@ -56,7 +56,7 @@ of ``dx`` back: ``2·2n·T·H`` elements, small next to the logits). Memory: one
 float32 while accumulating when ``accurate``).
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
+fixed reduction orders). Measured at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
 """
 

@@ -17,7 +17,7 @@ upstream gradient is 1 (the usual ``loss.backward()``; decided on the GPU, with 
 With ``reduction="none"`` forward writes the pointwise loss and backward forms ``-t * g``.
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured on an H200 at the published sizes, three runs each:
+fixed reduction orders). Measured at the published sizes, three runs each:
 ``data/measured/gpu_runs/determinism.csv``.
 """
 

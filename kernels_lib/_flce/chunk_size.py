@@ -4,13 +4,11 @@ The default chunk (:func:`default_chunk_size`) holds ``H`` rows, at least 2048 a
 growing to ``N / 32`` rows for long batches, and halved while its logits buffer would exceed a quarter
 of the device's free memory. Each chunk's ``dW += dz^T x_c`` reads and writes the whole ``V × H``
 accumulator once: ``4·V·H`` bytes against ``2·c·V·H`` FLOPs, ``c / 2`` FLOPs per byte, so small chunks
-make that pass, not the matmuls, the cost (about ``105 / c`` of a chunk's three matmuls on an H200);
-with ``H`` rows the logits buffer is the size of ``dW`` itself, so forward + backward hold at most
-twice the gradients. ``chunk_size`` is the dial. On an H200 at N = 8192, H = 4096, V = 128256, bf16
-(``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``, ``full``, one run): 512 rows take
-43.5 ms at 1193 MiB (Liger's Triton kernel: 54.1 ms, 1129 MiB), 2048 rows 38.4 ms at 1575 MiB, 4096 rows
-(this default) 38.2 ms at 2084 MiB, 8192 rows 37.9 ms at 3102 MiB (QuACK's chunked loss in the same run:
-38.2 ms at 4072 MiB): past ``H`` rows time hardly falls while memory keeps growing. The
+make that pass, not the matmuls, the cost (of the order of ``100 / c`` of a chunk's three matmuls on a
+GPU that runs ``dW``'s read and write at its memory bandwidth); with ``H`` rows the logits buffer is the
+size of ``dW`` itself, so forward + backward hold at most twice the gradients. ``chunk_size`` is the dial:
+past ``H`` rows time hardly falls while memory keeps growing (every point of the dial beside the peers:
+``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``). The
 memory-lean point of earlier versions, ``H / 8`` rows, is :func:`lean_chunk_size`: the fused losses
 with a second head or a reference model keep it (their memory is judged against Liger's).
 
@@ -29,8 +27,8 @@ LEAN_CHUNK_FRACTION = 8
 MIN_LEAN_CHUNK_ROWS = 256
 #: The fewest rows of a default chunk: the ``dW`` pass then costs about 5% of the chunk's matmuls.
 MIN_DEFAULT_CHUNK_ROWS = 2048
-#: The most rows of a default chunk (2.1 GB of bf16 logits at ``V = 128256``): on the H200, 8192-row
-#: chunks were no faster than 4096 at N = 8192 and 1% faster than 2048 at 262144 tokens per step.
+#: The most rows of a default chunk (2.1 GB of bf16 logits at ``V = 128256``): larger chunks were no faster
+#: (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``).
 MAX_DEFAULT_CHUNK_ROWS = 8192
 #: A default chunk's logits buffer takes at most this fraction of the device memory free at the call.
 DEFAULT_CHUNK_FREE_FRACTION = 0.25

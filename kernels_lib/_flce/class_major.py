@@ -1,8 +1,7 @@
 r"""The class-major route of the fused linear cross-entropy: the logits inside the weight gradient's buffer.
 
-For a plain loss with a gradient in one chunk (``N ≤ H`` rows, or with the default ``chunk_size`` up
-to ``k·H`` whose logits fit in memory where ``CLASS_MAJOR_ROWS_PER_HIDDEN = k`` is raised above its
-default 1; ``dW`` in the inputs' dtype: the published N = 4096 at H = 4096; the choice is
+For a plain loss with a gradient in one chunk of ``N ≤ H`` rows (``dW`` in the inputs' dtype: the
+published N = 4096 at H = 4096; the choice is
 :func:`kernels_lib.fused_linear_cross_entropy._class_major_route_takes`),
 forward's epilogue GEMM (:mod:`kernels_lib._flce.epilogue`) writes the logits transposed into the
 weight gradient's own buffer and gives the loss (:func:`_class_major_logits`); backward forms ``dz``
@@ -11,14 +10,12 @@ then ``dx`` and ``dW``, ``dW`` slab by slab over the logits already read (:func:
 Forward holds nothing the gradients would not hold anyway, so the work waits for backward. ``dW`` is
 a view of the buffer, so ``weight.grad`` keeps the whole buffer alive: ``S·H`` elements beyond ``dW``
 while ``N ≤ H`` (``S`` = :data:`CLASS_MAJOR_SLAB_ROWS`: 66 MiB at H = 4096 in bf16, 6.6% of ``dW``),
-``V·(N - H) + S·H`` beyond it for ``N > H`` (why the wide chunk is off by default).
+``V·(N - H) + S·H`` beyond it for ``N > H`` (why the route stops at ``H`` rows).
 
-Up to ``H`` rows the logits take no memory of their own: on the H200 at N = 4096 (bf16, H = 4096,
-V = 128256) this route about halves the peak of ``full`` (about 1.1 GB against 2.1 GB for the chunked
-route, QuACK's about 2.0 GB) at the same time, and with the gradients deferred to backward ``forward``
-with a gradient takes about 0.7× torch's (``scripts/flce_frontier.py --parts frontier``,
-``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``, which keeps each measurement with
-its commit; ``data/measured/README.md`` tells them in order).
+Up to ``H`` rows the logits take no memory of their own, so the peak of ``full`` is about the gradients'
+alone, about half the chunked route's at the same time; with the gradients deferred to backward,
+``forward`` with a gradient does the logits' work alone. Measured beside every peer:
+``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ from .options import _Options
 
 #: Rows of ``dW`` each matmul of the class-major route forms; its buffer holds as many rows beyond ``V``.
 #: 8448 = 33 × 256: at H = 4096 a slab is 33 × 32 tiles of 256 × 128, 1056 = 8 × 132 (eight full waves on
-#: the H200's 132 SMs). On the H200 at N = 4096, V = 128256 the slabs took 6.30 / 6.18 / 6.12 ms against
-#: 6.37 / 6.28 / 6.25 in slabs of 8192, three runs (``gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``,
-#: ``scripts/flce_frontier.py --parts class_major``), for 2 MB more of buffer.
+#: a Hopper GPU's 132 SMs), a little faster than slabs of 8192 for 2 MB more of buffer
+#: (``data/measured/gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``).
 CLASS_MAJOR_SLAB_ROWS = 8448
 
 

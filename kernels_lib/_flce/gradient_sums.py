@@ -9,11 +9,11 @@ sequence losses (:mod:`kernels_lib._distillation`, :mod:`kernels_lib._sequence_l
 ``accurate=False`` (the default) accumulates ``dW`` and ``db`` across chunks in the parameter dtype,
 as the memory-lean peers do: cuBLAS adds each chunk's float32 product into the bf16/fp16 running
 sum, one rounding per chunk. ``accurate=True`` accumulates in float32 and rounds once at the end,
-at the price of a ``V × H`` float32 buffer (2.1 GB for a Llama-3 head, +2 GB of peak memory). On
-the H200 at N = 8192, H = 4096, V = 128256, bf16, dW's error against float64 is 1.12e-3 accurate (the
-baseline's own) and 1.33e-3 lean with 16 chunks, 1.35e-3 with 32
-(``data/measured/gpu_runs/fused_linear_cross_entropy_precision.csv``): 20% more error for 60% less
-memory, hence the default. The error grows slowly with the number of chunks; take
+at the price of a ``V × H`` float32 buffer (2.1 GB for a Llama-3 head, +2 GB of peak memory). With
+float32 accumulation dW's error against float64 is the baseline's own; in the parameter dtype it is a
+little larger, for much less memory, hence the default
+(``data/measured/gpu_runs/fused_linear_cross_entropy_precision.csv``, notebook 01 section 4). The error
+grows slowly with the number of chunks; take
 ``accurate=True`` for very long batches or when loss curves must match a float32-accumulating
 baseline. With float32 parameters the two modes are the same.
 

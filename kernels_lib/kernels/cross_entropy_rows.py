@@ -60,7 +60,7 @@ Per logit: pass 1 reads it (``e`` = 2 or 4 bytes); pass 2 reads it again and wri
 one ``exp`` per pass and about 10 FLOPs in all: memory-bound. Forward with the gradient moves
 ``3·N·V·e`` bytes, or its floor ``2·N·V·e`` (one read, one write) with ``RESIDENT`` (``V`` up to
 16384: at the charts' small vocabularies, where the second read made the forward slower than
-torch's log-softmax, 1.20× at V = 16384 on the H200); without the gradient ``N·V·e``; the
+torch's log-softmax, ``data/measured/cross_entropy.csv``); without the gradient ``N·V·e``; the
 ``LSE_GIVEN`` pass ``2·N·V·e``. Plus a few floats per row.
 Offsets are 64-bit, so ``N·V`` may exceed 2**31.
 """

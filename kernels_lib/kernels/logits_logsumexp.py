@@ -16,9 +16,9 @@ epilogue also stores :math:`z` itself, in the inputs' dtype: the fused loss's gr
 known, instead of twice; or class-major, :math:`z^\top` (``V × N``, given as the ``.t()`` of such a
 buffer: the tile goes out transposed), for the route that keeps the logits inside the weight
 gradient's buffer. Then :math:`\mathrm{lse}` and :math:`t` are those of the logits as stored
-(rounded to that dtype), so that :math:`e^{z_{ij} - \mathrm{lse}_i}` over the stored row sums to 1: on
-the H200 the float32 lse beside bf16 logits gave dW 1.5 times the error of the two-pass kernel
-(4.5e-3 against 3.0e-3 at N = 256, H = 32, V = 257), the softmax's rounding no longer normalized away. A NaN anywhere in row :math:`i` of
+(rounded to that dtype), so that :math:`e^{z_{ij} - \mathrm{lse}_i}` over the stored row sums to 1: a
+float32 lse beside bf16 logits gave dW a larger error than the two-pass kernel's, the softmax's
+rounding no longer normalized away. A NaN anywhere in row :math:`i` of
 :math:`z` gives :math:`\mathrm{lse}_i = \mathrm{NaN}`; a target outside ``[0, V)`` (and not
 ``ignore_index``) gives :math:`t_i = \mathrm{NaN}` (no host sync to check it).
 
@@ -41,8 +41,8 @@ partials of its rows ``BLOCK_B`` blocks at a time with the online rule: per step
 :math:`M' = \max(M, \max_b m_b)` and :math:`S \leftarrow S e^{M - M'} + \sum_b s_b e^{m_b - M'}`; it writes
 :math:`\mathrm{lse} = M + \log S`, and :math:`t_i = 0` at ignored rows (NaN at out-of-range targets),
 which no tile touches. (One block per step, 128 rows per program, left 32 programs at N = 4096 each
-waiting on 501 dependent loads: 80 µs per 4096 rows on the H200, the time of reading the partials
-twenty times over; 18 µs in 64-block steps over 32 rows: ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``.)
+waiting on 501 dependent loads, several times the time of reading the partials once; 64-block steps
+over 32 rows fill the GPU: ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``.)
 
 **NaN.** ``tl.max`` ignores NaN operands (``maxnum``, compiled and interpreted alike), so :math:`m_b`
 may be finite, or :math:`-\infty`, beside a NaN logit; but that logit reaches :math:`s_b` through
@@ -653,8 +653,8 @@ def launch_logits_logsumexp(
     if cfg["TMA"] and reason is not None:
         warnings.warn(f"logits_logsumexp: config {config!r} asks for the TMA kernel, but {reason}; "
                       "running the pointer-based kernel instead", TmaFallbackWarning, stacklevel=3)
-    # TMA stores need a 16-byte aligned base and row stride, and a row of whole 16-byte units (on the
-    # H200 a store clipped at V = 33 bf16 columns also wrote columns 33–39, up to the next 16 bytes);
+    # TMA stores need a 16-byte aligned base and row stride, and a row of whole 16-byte units (on
+    # Hopper a store clipped at V = 33 bf16 columns also wrote columns 33–39, up to the next 16 bytes);
     # otherwise the tile goes by masked stores.
     itemsize = x.element_size()
     out_tma = (cfg["TMA_STORE"] and logits_out is not None and logits_out.data_ptr() % 16 == 0

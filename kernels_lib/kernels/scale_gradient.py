@@ -9,10 +9,10 @@ the GPU idle until the CPU has launched the next step's first kernel). Otherwise
 blocks: one read and one write per element, one multiply in float32.
 
 The grid is capped at :data:`MAX_PROGRAMS` programs that stride over the blocks: with one program
-per block, the early exit alone cost the fused linear cross-entropy 0.085 ms of device time per step
-on the H200 (its two calls, ``dx`` and the ``128256 × 4096`` ``dW``: 8k and 128k programs that moved
-nothing; ``gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``, N = 8192); a capped grid exits
-after a few microseconds and still fills the GPU when it scales.
+per block, the early exit alone cost the fused linear cross-entropy measurable device time per step
+(its two calls, ``dx`` and the ``128256 × 4096`` ``dW``: 8k and 128k programs that moved nothing;
+``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``); a capped grid exits after a
+few microseconds and still fills the GPU when it scales.
 """
 
 from __future__ import annotations

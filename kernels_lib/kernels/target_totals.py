@@ -19,9 +19,8 @@ launch each: the flag that a device-side assert takes, ``mean``'s gradient facto
 Why a kernel
 ------------
 The same totals in torch take about ten small ops (compare, mask, sum, cast, where, …), each a
-launch and its host-side cost: on the H200 the logits-level loss at V = 4096, a few tenths of a
-millisecond of GPU work, spent more than that on the host before this stage was one launch
-(``gpu_runs/cross_entropy_small_vocab_profile.csv``). One program walks the targets in blocks of
+launch and its host-side cost: at a small vocabulary the logits-level loss's GPU work is shorter than
+that host time (``data/measured/gpu_runs/cross_entropy_small_vocab_profile.csv``). One program walks the targets in blocks of
 ``BLOCK`` and sums in a fixed order (deterministic, no atomics): ``N`` reads of 4 or 8 bytes, nothing
 next to the loss's pass over the logits.
 """
