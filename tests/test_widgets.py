@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+import kernels_lib
 from kernels_lib.workbench import charts, widgets
 from kernels_lib.workbench.bench.registry import SPECS, get_spec
 from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
@@ -124,7 +125,7 @@ def test_before_a_sweep_each_subplot_says_what_will_appear_and_memory_on_a_cpu_w
     assert panels == [("speed", "forward"), ("speed", "full"), ("memory", "full")]
     empty = widgets.panel_figure(pd.DataFrame(), spec, panels=panels, x_name="V", title="t", interpreted=True, swept=False)
     notes = _notes(empty)
-    assert len(notes) == 3 and all("after Run sweep" in n and "vocabulary size (V)" in n for n in notes[:2])
+    assert len(notes) == 3 and all("after Run sweep" in n and "time (ms)" in n for n in notes[:2])
     assert notes[2].startswith("not measured here") and "GPU" in notes[2]
     on_gpu = widgets.panel_figure(pd.DataFrame(), spec, panels=panels, x_name="V", title="t", interpreted=False, swept=False)
     assert len(_notes(on_gpu)) == 3 and all("after Run sweep" in n for n in _notes(on_gpu))
@@ -183,6 +184,7 @@ def test_sweep_status_names_each_provider_that_did_not_run_and_each_failure():
 
 @pytest.fixture
 def kl_panel():
+    """A panel as on a CPU (no kernel runs in the tests that use it: their sweeps are stubbed)."""
     return widgets.SweepPanel("kl_div", "cpu", get_spec("kl_div").small)
 
 
@@ -249,9 +251,11 @@ def test_nothing_ticked_says_so_instead_of_sweeping(kl_panel, monkeypatch):
     assert kl_panel.status.value.startswith("nothing to run")
 
 
-def test_a_real_sweep_on_this_machine_fills_the_chart_and_the_table(kl_panel):
-    """One point through the real run_sweep (Triton's interpreter on a CPU): lines in the chart, the table's
-    people's names."""
+def test_a_real_sweep_on_this_machine_fills_the_chart_and_the_table():
+    """One point through the real run_sweep on this machine's device (Triton's interpreter on a CPU): lines in
+    the chart, the table's people's names, memory measured on a GPU only."""
+    device = kernels_lib.default_device()
+    kl_panel = widgets.SweepPanel("kl_div", device, get_spec("kl_div").small)
     kl_panel.x_values.value = (512, 512)
     kl_panel.modes.value = ["full"]
     for name, box in kl_panel.providers.items():
@@ -261,7 +265,8 @@ def test_a_real_sweep_on_this_machine_fills_the_chart_and_the_table(kl_panel):
     names = {t.name.split(" · ")[0] for t in charts.line_traces(kl_panel.figure) if t.name}
     assert names == {"kernels_lib", widgets.BASELINE_NAME}
     table = widgets.summary_table(rows, kl_panel.spec)
-    assert list(table.columns) == [("time (ms)", 512)] + ([("memory (MB)", 512)] if torch.cuda.is_available() else [])
+    assert list(table.columns) == [("time (ms)", 512)] + ([("memory (MB)", 512)] if device.type == "cuda" else [])
+    assert (widgets.INTERPRETER_NOTE in kl_panel.figure.layout.title.text) == (device.type != "cuda")
 
 
 def test_chooser_is_wide_enough_for_its_longest_label():

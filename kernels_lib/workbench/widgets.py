@@ -62,7 +62,7 @@ LOSS_LABELS = {
 #: What a chart drawn on a CPU says of its times.
 INTERPRETER_NOTE = "Triton interpreter on a CPU: times show the path works, they rank nothing"
 #: Why the memory subplot of a CPU sweep is empty.
-NO_MEMORY_NOTE = "not measured here: peak memory is read on a GPU (torch.cuda.max_memory_allocated); a CPU sweep has none"
+NO_MEMORY_NOTE = "not measured here: peak memory is read on a GPU only, a CPU sweep has none"
 #: A size the panel takes at most, as a multiple of the notebook's preset, and why.
 CAP_FACTOR = 4
 CAP_REASON = "so that one sweep stays within minutes (the Triton interpreter on a CPU) and within a GPU's memory"
@@ -120,7 +120,7 @@ def chart_panels(modes) -> list[tuple[str, str]]:
     return [("speed", m) for m in modes] + [("memory", "full" if "full" in modes else modes[-1])]
 
 
-def _empty_subplot(figure: go.Figure, col: int, text: str, width: int = 34) -> None:
+def _empty_subplot(figure: go.Figure, col: int, text: str, width: int = 24) -> None:
     """Say ``text`` in the middle of subplot ``col`` (wrapped to lines of ``width`` characters), and draw
     the subplot without ticks: plotly.js leaves out a subplot with no trace at all, so it gets one
     invisible, pointless trace."""
@@ -132,8 +132,8 @@ def _empty_subplot(figure: go.Figure, col: int, text: str, width: int = 34) -> N
     )
     figure.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="", showlegend=False, hoverinfo="skip",
                                 marker={"opacity": 0}), row=1, col=col)
-    figure.update_xaxes(showticklabels=False, showgrid=False, row=1, col=col)
-    figure.update_yaxes(showticklabels=False, showgrid=False, row=1, col=col)
+    figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
+    figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
 
 
 def panel_figure(
@@ -146,14 +146,14 @@ def panel_figure(
     shown = rows.assign(kernel_provider=[display_provider(spec, p) for p in rows.kernel_provider]) if len(rows) else None
     figure = scaling_chart(None, shown, x_label=x_name, title="", panels=panels)
     lines = title.count("<br>") + 1
-    figure.update_layout(title={"text": title}, margin={"t": 60 + 22 * lines})
+    figure.update_layout(title={"text": title}, margin={"t": 60 + 22 * lines}, width=max(760, 300 * len(panels)))
     for col, (metric, mode) in enumerate(panels, start=1):
         measured = len(rows) and rows[(rows.metric_name == metric) & (rows.kernel_operation_mode == mode)].y_value_50.notna().any()
         if metric == "memory" and interpreted:
             _empty_subplot(figure, col, NO_MEMORY_NOTE)
         elif not swept:
             what = MEASURE_NAMES.get(metric, metric)
-            _empty_subplot(figure, col, f"after Run sweep: {what} of each ticked provider against {axis_title(x_name)}")
+            _empty_subplot(figure, col, f"after Run sweep: {what} of each ticked provider")
         elif not measured:
             _empty_subplot(figure, col, "not measured here: every ticked provider failed at every point (the status says why)")
         if metric == "speed" and interpreted:
