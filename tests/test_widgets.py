@@ -274,3 +274,14 @@ def test_chooser_is_wide_enough_for_its_longest_label():
     dropdown = widgets.chooser(labels)
     assert dropdown.layout.width == f"{len(labels[0][0]) + len('loss') + 8}ch"
     assert dropdown.style.description_width == "initial"
+
+
+def test_sweep_chooser_shows_the_chosen_loss_under_its_label(monkeypatch):
+    shown = []
+    monkeypatch.setattr(widgets, "sweep_panel", lambda name, device, preset, *, label=None: shown.append((name, label)))
+    dpo, grpo = get_spec("fused_linear_dpo_loss"), get_spec("fused_linear_grpo_loss_sequence")
+    choices = {"DPO": (dpo.kernel_name, dpo.small), "GRPO, sequence-level importance sampling": (grpo.kernel_name, grpo.small)}
+    dropdown = widgets.sweep_chooser(choices, "cpu")
+    dropdown.value = "GRPO, sequence-level importance sampling"
+    assert shown == [(dpo.kernel_name, "DPO"), (grpo.kernel_name, "GRPO, sequence-level importance sampling")]
+    assert dropdown.layout.width == f"{len('GRPO, sequence-level importance sampling') + len('loss') + 8}ch"
