@@ -26,7 +26,7 @@ def _run(notebook: Path) -> tuple[Path, str]:
     html = html_path.read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot(") >= 3  # the sweep, the published chart, speed vs memory
     assert FALLBACK not in html
-    assert "H200 rows have not been measured yet" not in html or "scripts/published_sweeps.py" in html
+    assert "GPU rows have not been measured yet" not in html or "scripts/published_sweeps.py" in html
     return results, html
 
 
