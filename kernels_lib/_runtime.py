@@ -64,8 +64,25 @@ def _interpret_loaded_triton() -> int:
     return replaced
 
 
+def _require_numpy() -> None:
+    """Triton's interpreter imports numpy when its first kernel is decorated: without it, say what to install
+    here, before Triton fails deep inside ``triton.language``."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "kernels_lib runs its kernels through Triton's interpreter on this machine (no CUDA), which needs "
+            "numpy: install the interpreter extra (pip install '.[interpreter]' from a clone, or numpy itself)"
+        ) from error
+
+
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None:
     os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        _require_numpy()
+    except ImportError:
+        del os.environ["TRITON_INTERPRET"]  # as it was
+        raise
     if "triton" in sys.modules:
         try:
             _interpret_loaded_triton()
@@ -100,15 +117,9 @@ def check_interpreter_versions(triton_version: str, numpy_version: str) -> None:
 
 
 if INTERPRETED:
+    _require_numpy()
+    import numpy
     import triton
-
-    try:
-        import numpy
-    except ImportError as error:
-        raise ImportError(
-            "kernels_lib runs its kernels through Triton's interpreter on this machine (no CUDA), which needs "
-            "numpy: pip install 'kernels_lib[interpreter]'"
-        ) from error
 
     check_interpreter_versions(triton.__version__, numpy.__version__)
 

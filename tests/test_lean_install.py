@@ -103,3 +103,72 @@ def test_losses_run_without_the_workbench_modules():
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lean ok" in result.stdout
+
+
+def _readme_install_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Install for training"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    return [line.split("#")[0].strip() for line in block.strip().splitlines() if line.strip()]
+
+
+def test_readme_install_lines_install_from_a_clone():
+    """The README installs from the clone ('.'), never by a name a package index would have to know."""
+    lines = _readme_install_lines()
+    assert lines and all(line.startswith("pip ") for line in lines), lines
+    for line in lines:
+        target = line.split()[-1].strip("'\"")
+        assert target == "." or target.startswith(".[") or target == ".", f"{line!r} does not install the clone"
+    assert "pip install ." in lines and "pip install '.[interpreter]'" in lines
+
+
+def test_installed_as_the_readme_says_the_package_is_complete(tmp_path):
+    """``pip install .`` (here into a folder, without its dependencies, which this environment has): the
+    installed package, not the clone, imports, holds every module of the clone's package, and runs a loss
+    forward and backward."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = textwrap.dedent(f"""
+        import pathlib, sys, torch
+        sys.path.insert(0, {str(target)!r})
+        import kernels_lib
+        here = pathlib.Path(kernels_lib.__file__).resolve()
+        assert here.is_relative_to(pathlib.Path({str(target)!r}).resolve()), here
+        source = pathlib.Path({str(ROOT / "kernels_lib")!r})
+        want = sorted(str(p.relative_to(source)) for p in source.rglob("*.py"))
+        got = sorted(str(p.relative_to(here.parent)) for p in here.parent.rglob("*.py"))
+        missing = sorted(set(want) - set(got))
+        assert not missing, missing
+        dev = kernels_lib.default_device()
+        x = torch.randn(6, 16, device=dev, requires_grad=True)
+        w = torch.randn(37, 16, device=dev, requires_grad=True)
+        kernels_lib.fused_linear_cross_entropy(x, w, torch.randint(0, 37, (6,), device=dev)).backward()
+        assert torch.isfinite(w.grad).all()
+        print("installed ok")
+        """)
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+    assert run.returncode == 0 and "installed ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_without_numpy_the_interpreter_asks_for_its_extra():
+    """No GPU and no numpy: the error names Triton's interpreter and the ``interpreter`` extra, at import,
+    before any kernel is reached."""
+    script = textwrap.dedent("""
+        import os, sys
+        os.environ["TRITON_INTERPRET"] = "1"  # as on a machine without a GPU
+        sys.modules["numpy"] = None  # as if not installed
+        try:
+            import kernels_lib
+        except ImportError as error:
+            print("refused:", error)
+        else:
+            raise SystemExit("imported without numpy")
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Triton's interpreter" in run.stdout and "[interpreter]" in run.stdout, run.stdout
