@@ -35,7 +35,7 @@ LOSS_TOL, GRAD_TOL = 1e-5, 1e-4
 MODELS = {"llama (own head)": ("llama", False), "qwen2 (tied head)": ("qwen2", True)}
 COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "transformers_version", "deepspeed_version",
            "model", "zero_stage", "world_size", "parameters", "loss_hf", "loss_kernels_lib", "loss_rel_err",
-           "worst_grad_rel_err", "worst_grad_parameter", "head_partitioned", "passed"]
+           "worst_grad_rel_err", "worst_grad_parameter", "head_partitioned", "fused_head_calls", "logits_formed", "passed"]
 
 
 def _engine(model, deepspeed, torch):
@@ -47,12 +47,13 @@ def _engine(model, deepspeed, torch):
     return engine
 
 
-def _step(engine, deepspeed, inputs) -> tuple[float, dict]:
-    loss = engine(**inputs).loss
+def _step(engine, deepspeed, inputs) -> tuple[float, dict, bool]:
+    out = engine(**inputs)
+    loss = out.loss
     engine.backward(loss)
     grads = {name: deepspeed.utils.safe_get_full_grad(p).detach().double().cpu().clone()
              for name, p in engine.module.named_parameters()}
-    return loss.detach().double().item(), grads
+    return loss.detach().double().item(), grads, out.logits is not None
 
 
 def check(name: str) -> dict:
@@ -73,8 +74,19 @@ def check(name: str) -> dict:
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     reference, ours = _engine(base, deepspeed, torch), _engine(twin, deepspeed, torch)
     partitioned = getattr(ours.module.lm_head.weight, "ds_id", None) is not None and ours.module.lm_head.weight.numel() == 0
-    loss_hf, grads_hf = _step(reference, deepspeed, inputs)
-    loss_ours, grads_ours = _step(ours, deepspeed, inputs)
+    calls = []
+    kernel = hf.fused_linear_cross_entropy
+
+    def counted(*args, **kwargs):  # the fused head's loss is what the patched model ran
+        calls.append(args[1].shape)
+        return kernel(*args, **kwargs)
+
+    loss_hf, grads_hf, _ = _step(reference, deepspeed, inputs)
+    hf.fused_linear_cross_entropy = counted
+    try:
+        loss_ours, grads_ours, logits_formed = _step(ours, deepspeed, inputs)
+    finally:
+        hf.fused_linear_cross_entropy = kernel
     assert grads_hf.keys() == grads_ours.keys(), sorted(set(grads_hf) ^ set(grads_ours))
     errors = {k: ((grads_ours[k] - grads_hf[k]).norm() / grads_hf[k].norm().clamp_min(1e-30)).item() for k in grads_hf}
     worst = max(errors, key=errors.get)
@@ -87,7 +99,9 @@ def check(name: str) -> dict:
         "world_size": torch.distributed.get_world_size(), "parameters": sum(p.ds_numel for p in ours.module.parameters()),
         "loss_hf": f"{loss_hf:.8g}", "loss_kernels_lib": f"{loss_ours:.8g}", "loss_rel_err": f"{loss_err:.3g}",
         "worst_grad_rel_err": f"{errors[worst]:.3g}", "worst_grad_parameter": worst, "head_partitioned": partitioned,
-        "passed": bool(loss_err < LOSS_TOL and errors[worst] < GRAD_TOL and partitioned),
+        "fused_head_calls": len(calls), "logits_formed": logits_formed,
+        "passed": bool(loss_err < LOSS_TOL and errors[worst] < GRAD_TOL and partitioned and len(calls) == 1
+                       and not logits_formed),
     }
 
 
@@ -113,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['model']}: loss {row['loss_kernels_lib']} vs {row['loss_hf']} (rel {row['loss_rel_err']}), "
               f"worst gradient rel {row['worst_grad_rel_err']} ({row['worst_grad_parameter']}), head partitioned: "
-              f"{row['head_partitioned']}, passed: {row['passed']}")
+              f"{row['head_partitioned']}, fused head calls: {row['fused_head_calls']}, logits formed: "
+              f"{row['logits_formed']}, passed: {row['passed']}")
     return 0 if all(row["passed"] for row in rows) else 1
 
 

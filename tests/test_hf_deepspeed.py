@@ -28,6 +28,7 @@ def test_zero3_training_step_matches_the_unpatched_model(tmp_path):
     assert {r["model"] for r in rows} == {"llama (own head)", "qwen2 (tied head)"}, rows
     for row in rows:
         assert row["head_partitioned"] == "True", f"{row['model']}: ZeRO-3 did not partition the head:\n{output}"
+        assert row["fused_head_calls"] == "1" and row["logits_formed"] == "False", f"{row['model']}: the fused head did not run: {row}"
         assert float(row["loss_rel_err"]) < 1e-5, f"{row['model']}: loss {row['loss_kernels_lib']} vs {row['loss_hf']}"
         assert float(row["worst_grad_rel_err"]) < 1e-4, f"{row['model']}: {row['worst_grad_parameter']} {row['worst_grad_rel_err']}"
     assert done.returncode == 0, output
