@@ -38,7 +38,7 @@ def _two_runs():
 
 
 @pytest.mark.parametrize("judge", [
-    lambda rows: analysis.preference_targets(rows, analysis.issue13_targets("torch"), baseline="torch"),
+    lambda rows: analysis.preference_targets(rows, analysis.preference_head_targets("torch"), baseline="torch"),
     lambda rows: analysis.row_divergence_targets(rows, "kl_div", 4000.0),
     lambda rows: analysis.kl_div_targets(rows, 4000.0),
     lambda rows: data.same_run_pairs(rows, "kernels_lib", ["liger"]),

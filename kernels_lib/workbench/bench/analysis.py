@@ -301,7 +301,3 @@ def verdicts_by_run(rows: pd.DataFrame, targets: dict, provider: str = "kernels_
         return pd.DataFrame(columns=["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"])
     table = pd.concat(tables).sort_values(["date", "target"], kind="stable")
     return table[["date", "commit", "target", "bound", "worst ratio", "best ratio", "worst at x", "status"]].reset_index(drop=True)
-
-
-#: The former name of :func:`preference_head_targets`, while ``dashboard.py`` still imports it.
-issue13_targets = preference_head_targets
