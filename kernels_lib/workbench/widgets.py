@@ -167,7 +167,7 @@ def summary_table(rows: pd.DataFrame, spec: LossSpec | None = None) -> pd.DataFr
     baseline as :data:`BASELINE_NAME`; a point that failed is NaN, not left out."""
     if not len(rows):
         return pd.DataFrame()
-    x_name = str(rows.x_name.iloc[0])
+    x_name = str(rows.x_name.iloc[0]) if "x_name" in rows.columns else "size"
     providers = list(dict.fromkeys(rows.kernel_provider))
     named = (lambda p: display_provider(spec, p)) if spec is not None else (lambda p: p)
     frame = pd.DataFrame({
