@@ -108,7 +108,7 @@ def test_divergence_notebook_runs_checks_charts_and_judges_the_targets(tmp_path)
     for title in ("jsd (B = 4, T = 2048)", "jsd (V = 128256)", "tvd (B = 8, T = 2048)"):
         assert title in html
     assert html.count("floor: minimal bytes at the copy bandwidth") == 3  # every published chart has its floor
-    assert "H200 rows not measured yet" in html
+    assert "GPU rows not measured yet" in html
     # Each run's own time per element: the synthetic kernels_lib rows are bytes at one bandwidth, on the model at every V.
     assert "against each run's own time per element" in html
     assert "tvd (B = 8, T = 2048)</code>, kernels_lib: at V ≤ 8192 1.00–1.00× the model" in html

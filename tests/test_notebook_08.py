@@ -123,7 +123,7 @@ def test_distillation_notebook_runs_checks_charts_and_judges_the_targets(tmp_pat
     for name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
         assert f"{name} (H = 4096, V = 128256, bfloat16)" in html
     assert html.count("floor: matmul FLOPs at the matmul rate") == 3  # every published chart has its floor
-    assert "H200 rows not measured yet" in html
+    assert "GPU rows not measured yet" in html
     assert "./workbench bench distill_jsd_loss --preset published --modes forward,full --device cuda" in html
     assert "full ≤ 0.85× torch <strong>missed</strong> (worst 0.90 at BT = 1024)" in html
     assert "full ≤ 0.8× Liger <strong>met</strong>" in html
@@ -133,4 +133,4 @@ def test_distillation_notebook_runs_checks_charts_and_judges_the_targets(tmp_pat
     conclusion = html[html.index("7. Conclusion"):html.index("Appendix A")]
     assert "0.70× Liger's <code>full</code> time; 0.80× torch's; 0.90× TRL's; 0.75× Liger's memory" in conclusion
     assert "0.75× Liger's <code>full</code> time; 0.80–0.90× torch's; 0.75× Liger's memory" in conclusion
-    assert "<code>fused_linear_jsd</code>: <code>full</code> at kernels_lib 1.25×" in conclusion and "the matmul floor" in conclusion
+    assert "<code>fused_linear_jsd · H200</code>: <code>full</code> at kernels_lib 1.25×" in conclusion and "the matmul floor" in conclusion
