@@ -6,12 +6,14 @@ their provenance)."""
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+import kernels_lib
 from kernels_lib import default_device, reference
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
 from kernels_lib.workbench.bench import torch_lce as torch_lce_module
