@@ -1,6 +1,7 @@
-"""The sequence losses' stored-exponentials route (kernels_lib._sequence_logprobs.STORE_EXPONENTIALS).
+"""The sequence losses' stored-exponentials route (studies.routes.sequence_exponentials): not the library's.
 
-Opt-in: each loss's own checks against its float64 reference, run again with the route on, and a spy
+Put in place for a test's calls as the A/B's arm puts it (every caller of ``sequence_logprobs`` gets the
+study's copy): each loss's own checks against its float64 reference, run again with the route on, and a spy
 that fails the test where the route was not taken (so a check that passes through the two-pass route
 proves nothing about this one). On a CPU the epilogue GEMM runs in Triton's interpreter when
 ``EPILOGUE_GEMM_WHEN_INTERPRETED`` asks, on float32 operands; on a GPU it is taken for bf16 on Hopper,
@@ -22,8 +23,12 @@ import test_fused_linear_dpo as dpo
 import test_fused_linear_grpo as grpo
 import test_fused_linear_kto as kto
 import test_fused_linear_orpo as orpo
-from kernels_lib import _sequence_logprobs as seq
+from kernels_lib import _sequence_logprobs as library
 from kernels_lib._flce import epilogue
+from studies.routes import sequence_exponentials as seq
+
+#: The library's own function, kept before any test puts the route in its callers' place.
+LIBRARY_SEQUENCE_LOGPROBS = library.sequence_logprobs
 
 flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
 CUDA = kernels_lib.default_device().type == "cuda"
@@ -33,8 +38,9 @@ HOPPER = CUDA and torch.cuda.get_device_capability()[0] == 9
 @pytest.fixture
 def route(monkeypatch):
     """The route on; returns the list its spy appends to at every chunk that takes it."""
-    monkeypatch.setattr(seq, "STORE_EXPONENTIALS", True)
-    monkeypatch.setattr(flce_module, "EPILOGUE_GEMM_WHEN_INTERPRETED", True)
+    for name, values in seq.arm().items():
+        for key, value in values.items():
+            monkeypatch.setattr(importlib.import_module(name), key, value)
     taken = []
 
     def spy(*args, **kwargs):
@@ -124,15 +130,24 @@ def test_a_second_target_entropy_or_float32_on_a_gpu_keeps_the_two_passes(route,
     assert not any(route), route
 
 
-def test_off_by_default():
-    """Opt-in until an H200 run measures it against the two passes (kernels_lib._sequence_logprobs)."""
-    assert seq.STORE_EXPONENTIALS is False
+def _library_route():
+    """Every caller back on the library's ``sequence_logprobs`` (the two passes), inside a test that took the route."""
+    for name in seq.CALLERS:
+        setattr(importlib.import_module(name), "sequence_logprobs", LIBRARY_SEQUENCE_LOGPROBS)
+
+
+def test_the_library_calls_its_own_two_passes():
+    """Outside an arm every caller runs the library's function, which has no such route (the package imports
+    nothing from studies/); the arm names every module that calls it."""
+    for name in seq.CALLERS:
+        assert importlib.import_module(name).sequence_logprobs is LIBRARY_SEQUENCE_LOGPROBS, name
+    assert not hasattr(library, "STORE_EXPONENTIALS")
 
 
 def test_the_ab_measures_both_arms_in_alternating_rounds(capsys):
-    """kernels_lib.workbench.bench.sequence_exponentials_ab at the CPU preset: both arms at every B, the
+    """studies.bench.sequence_exponentials_ab at the CPU preset: both arms at every B, the
     medians of two rounds, the arms' loss and gradients close, the floor where ceilings were measured."""
-    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+    from studies.bench import sequence_exponentials_ab as ab
 
     table = ab.sequence_exponentials_ab(("kto_loss",), size="small", rounds=2, device=kernels_lib.default_device(), x_values=(2, 4))
     speed = table[table.metric_name == "speed"]
@@ -146,11 +161,11 @@ def test_the_ab_measures_both_arms_in_alternating_rounds(capsys):
     out = capsys.readouterr().out
     assert out.index("round 1 of 2, route off") < out.index("round 1 of 2, route on") < out.index("round 2 of 2, route on")
     assert out.index("round 2 of 2, route on") < out.index("round 2 of 2, route off")  # the order reversed
-    assert seq.STORE_EXPONENTIALS is False  # restored
+    test_the_library_calls_its_own_two_passes()  # restored
 
 
 def test_the_ab_ratios_pair_the_arms_and_the_floor_of_one_run():
-    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+    from studies.bench import sequence_exponentials_ab as ab
 
     def row(provider, metric, y, commit="abc1234"):
         return dict(kernel_name="fused_linear_dpo_loss", kernel_provider=provider, metric_name=metric, x_value=16, y_value_50=y,
@@ -169,7 +184,7 @@ def test_the_ab_ratios_pair_the_arms_and_the_floor_of_one_run():
 
 
 def test_the_floor_runs_the_losses_products_at_their_shapes():
-    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+    from studies.bench import sequence_exponentials_ab as ab
 
     sizes = {"B": 2, "T": 8, "H": 32, "V": 257}
     assert ab.products("fused_linear_dpo_loss", sizes) == 4  # the reference's logits, the policy's, dx, dW
@@ -188,7 +203,7 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
     import pandas as pd
 
     from kernels_lib.workbench import overview
-    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+    from studies.bench import sequence_exponentials_ab as ab
 
     fake = pd.DataFrame({"kernel_name": ["copy", "matmul"], "metric_name": ["rate", "rate"], "y_value_50": [4000.0, 700.0]})
     monkeypatch.setattr(ab, "measure_ceilings", lambda device: fake)
@@ -201,7 +216,7 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
 
 
 def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
-    from kernels_lib.workbench.bench import sequence_exponentials_ab as ab
+    from studies.bench import sequence_exponentials_ab as ab
 
     calls = []
 
@@ -233,7 +248,7 @@ def test_a_reference_pass_takes_the_epilogue_gemm_without_chunks(route):
     x, w, b, target, ref = dpo.make_inputs(n=3)
     with_route = fused_linear_dpo_outputs(x, w, b, target, ref)
     assert [tuple(shape) for shape in NO_GRAD_CALLS] == [(6 * 7, 24)]  # the reference's 2n·T rows, H_ref = 24, at once
-    seq.STORE_EXPONENTIALS = False
+    _library_route()
     without = fused_linear_dpo_outputs(x, w, b, target, ref)
     for a, b_ in zip(with_route, without):
         assert torch.allclose(a, b_, rtol=2e-5, atol=1e-6), (a, b_)
@@ -248,8 +263,8 @@ def fused_linear_dpo_outputs(x, w, b, target, ref):
 
 
 def test_no_grad_log_probs_through_the_epilogue(route):
-    """The sequence sums without a gradient (kernels_lib._sequence_logprobs.sequence_logprobs): equal
-    to the two passes', token log-probs included, ignored rows 0, a logit scale applied."""
+    """The sequence sums without a gradient (the study's ``sequence_logprobs``): equal to the library's two
+    passes', token log-probs included, ignored rows 0, a logit scale applied."""
     gen = torch.Generator().manual_seed(5)
     device = kernels_lib.default_device()
     x = torch.randn(3 * 5, 24, generator=gen).to(device)
@@ -257,10 +272,9 @@ def test_no_grad_log_probs_through_the_epilogue(route):
     target = torch.randint(0, 263, (15,), generator=gen).to(device)
     target[[0, 7]] = -100
     outs = []
-    for on in (True, False):
-        seq.STORE_EXPONENTIALS = on
+    for sequence_logprobs in (seq.sequence_logprobs, LIBRARY_SEQUENCE_LOGPROBS):
         token = torch.full((15,), float("nan"), device=device)
-        sums, sums2, grads = seq.sequence_logprobs(x, w, None, target, seq_len=5, rows_per_chunk=5, ignore_index=-100,
+        sums, sums2, grads = sequence_logprobs(x, w, None, target, seq_len=5, rows_per_chunk=5, ignore_index=-100,
                                                    logit_scale=0.7, token_logps=token)
         assert sums2 is None and grads is None
         outs.append((sums, token))
