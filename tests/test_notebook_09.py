@@ -40,7 +40,7 @@ def test_tensor_parallel_notebook_runs_its_check_and_draws_the_charts():
     for name in ("megatron_cross_entropy", "cross_entropy"):
         assert f"({name})" in html
     if not len(tp.load_runs()):
-        assert "H200 rows not measured yet" in html and "scripts/tensor_parallel_bench.py --out data/measured" in html
+        assert "GPU rows not measured yet" in html and "scripts/tensor_parallel_bench.py --out data/measured" in html
     else:
         assert "Against TP = 1, the peers and the floor" in html
         assert "**met**" in html or "<strong>met</strong>" in html or "missed" in html
@@ -144,3 +144,22 @@ def test_same_sizes_ignores_tp_and_v():
     assert tp.same_sizes('{"S": 2048, "B": 4, "V": 128256, "TP": 2}', published)
     assert not tp.same_sizes('{"S": 1024, "B": 4, "V": 32000, "TP": 1}', published)
     assert not tp.same_sizes("not json", published)
+
+
+def test_load_runs_takes_the_gpu_of_the_newest_row_unless_named(tmp_path, monkeypatch):
+    """No GPU is the default: without a name, the GPU of the newest CUDA row; per workload its newest commit."""
+    base = {"kernel_provider": "kernels_lib", "tp": 1, "x_value": 8192, "kernel_operation_mode": "full", "metric_name": "speed",
+            "y_value_50": 1.0, "device": "cuda", "extra_benchmark_config_str": "{}"}
+    rows = pd.DataFrame([
+        {**base, "kernel_name": "fused_linear_cross_entropy", "gpu_name": "NVIDIA H200", "kernels_lib_commit": "a", "timestamp": "2026-01-01"},
+        {**base, "kernel_name": "fused_linear_cross_entropy", "gpu_name": "NVIDIA H100 80GB HBM3", "kernels_lib_commit": "b", "timestamp": "2026-01-02"},
+        {**base, "kernel_name": "fused_linear_cross_entropy", "gpu_name": "NVIDIA H100 80GB HBM3", "kernels_lib_commit": "c", "timestamp": "2026-01-03"},
+        {**base, "kernel_name": "fused_linear_cross_entropy", "gpu_name": "cpu", "kernels_lib_commit": "d", "timestamp": "2026-01-04", "device": "cpu"},
+    ])
+    path = tmp_path / "tensor_parallel.csv"
+    rows.to_csv(path, index=False)
+    monkeypatch.setattr(tp.data, "measured_path", lambda name: path)
+    monkeypatch.setattr(tp.data, "read_rows", lambda p: pd.read_csv(p))
+    newest = tp.load_runs()
+    assert set(newest.gpu_name) == {"NVIDIA H100 80GB HBM3"} and set(newest.kernels_lib_commit) == {"c"}
+    assert set(tp.load_runs("NVIDIA H200").kernels_lib_commit) == {"a"}

@@ -203,14 +203,17 @@ SCALING_TARGETS = {
 SCALING_TP = 8
 
 
-def load_runs(gpu_name: str = "NVIDIA H200") -> pd.DataFrame:
-    """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA), per workload (``kernel_name``)
-    the newest run (commit) only, as its targets compare rows of one run; empty when none."""
+def load_runs(gpu_name: str | None = None) -> pd.DataFrame:
+    """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA; None: the GPU of the newest row), per
+    workload (``kernel_name``) the newest run (commit) only, as its targets compare rows of one run; empty when none."""
     path = data.measured_path("tensor_parallel")
     if not path.exists():
         return pd.DataFrame()
     rows = data.read_rows(path)
-    rows = rows[(rows.gpu_name == gpu_name) & (rows.device == "cuda")]
+    rows = rows[rows.device == "cuda"]
+    if gpu_name is None and len(rows):
+        gpu_name = str(rows.sort_values("timestamp", kind="stable").gpu_name.iloc[-1])
+    rows = rows[rows.gpu_name == gpu_name]
     if not len(rows):
         return rows
     newest = rows.sort_values("timestamp").groupby("kernel_name").kernels_lib_commit.last()
@@ -333,14 +336,15 @@ def same_sizes(config_text: str, published_config: dict) -> bool:
     return all(config.get(k) == v for k, v in published_config.items() if k.isupper() and k not in ("TP", "V"))
 
 
-def logits_rows(name: str, published: pd.DataFrame, gpu_name: str) -> pd.DataFrame:
-    """The measured rows of the logits-level chart ``name`` beside ``published``: ``gpu_name``'s CUDA rows of the
-    same workload (:func:`same_sizes`), every run's (pick one with :func:`.data.one_run`); empty when none."""
+def logits_rows(name: str, published: pd.DataFrame, gpu_name: str | None) -> pd.DataFrame:
+    """The measured rows of the logits-level chart ``name`` beside ``published``: ``gpu_name``'s CUDA rows (every
+    GPU's when None) of the same workload (:func:`same_sizes`), every run's (pick one with :func:`.data.one_run`);
+    empty when none."""
     measured = data.load_measured(name, latest=False)
     if not len(measured):
         return measured
     published_config = _config(published.extra_benchmark_config_str.iloc[0])
-    chosen = (measured.gpu_name == gpu_name) & (measured.device == "cuda")
+    chosen = (measured.device == "cuda") & ((measured.gpu_name == gpu_name) if gpu_name is not None else True)
     return measured[chosen & measured.extra_benchmark_config_str.map(lambda t: same_sizes(t, published_config))].reset_index(drop=True)
 
 
