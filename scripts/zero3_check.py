@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 #: unpatched model's (float32 in both; the fused head sums the loss in another order).
 LOSS_TOL, GRAD_TOL = 1e-5, 1e-4
 MODELS = {"llama (own head)": ("llama", False), "qwen2 (tied head)": ("qwen2", True)}
-COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "transformers_version", "deepspeed_version",
+COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version", "deepspeed_version",
            "model", "zero_stage", "world_size", "parameters", "loss_hf", "loss_kernels_lib", "loss_rel_err",
            "worst_grad_rel_err", "worst_grad_parameter", "head_partitioned", "fused_head_calls", "logits_formed", "passed"]
 
@@ -94,7 +94,8 @@ def check(name: str) -> dict:
     return {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "kernels_lib_commit": git_commit(), "gpu_name": torch.cuda.get_device_name(),
-        "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__, "triton_version": package_version("triton"),
+        "transformers_version": transformers.__version__,
         "deepspeed_version": package_version("deepspeed"), "model": name, "zero_stage": 3,
         "world_size": torch.distributed.get_world_size(), "parameters": sum(p.ds_numel for p in ours.module.parameters()),
         "loss_hf": f"{loss_hf:.8g}", "loss_kernels_lib": f"{loss_ours:.8g}", "loss_rel_err": f"{loss_err:.3g}",

@@ -59,7 +59,7 @@ COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "trit
 MARKERS = "not notebook and not browser"
 #: Where ``--record`` keeps each test's peak reserved memory, per GPU (the source of the declarations).
 MEMORY_CSV = ROOT / "data" / "measured" / "gpu_test_memory.csv"
-MEMORY_COLUMNS = ["gpu_name", "kernels_lib_commit", "nodeid", "phase", "declared_gib", "peak_reserved_gib", "out_of_memory"]
+MEMORY_COLUMNS = ["timestamp", "gpu_name", "torch_version", "triton_version", "kernels_lib_commit", "nodeid", "phase", "declared_gib", "peak_reserved_gib", "out_of_memory"]
 
 GIB = 2**30
 #: The environment the target hands to pytest: which phase runs, each process's share, where peaks go.
@@ -277,8 +277,9 @@ def _run_phase(command: list[str], env: dict, log: Path) -> int:
         return process.wait()
 
 
-def write_memory(rows: list[dict], path: Path, gpu_name: str, commit: str) -> None:
-    """Keep ``rows`` as ``gpu_name``'s measurement in ``path``, the other GPUs' rows as they were."""
+def write_memory(rows: list[dict], path: Path, gpu_name: str, commit: str, when: str | None = None) -> None:
+    """Keep ``rows`` as ``gpu_name``'s measurement in ``path``, the other GPUs' rows as they were; each row
+    with the run's time (``when``, now by default), versions and commit."""
     kept = []
     if path.exists():
         with path.open() as handle:
@@ -288,7 +289,10 @@ def write_memory(rows: list[dict], path: Path, gpu_name: str, commit: str) -> No
         writer = csv.DictWriter(handle, fieldnames=MEMORY_COLUMNS)
         writer.writeheader()
         writer.writerows(kept)
-        writer.writerows({"gpu_name": gpu_name, "kernels_lib_commit": commit, **r} for r in rows)
+        stamp = {"timestamp": when or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "gpu_name": gpu_name,
+                 "torch_version": torch.__version__, "triton_version": package_version("triton"),
+                 "kernels_lib_commit": commit}
+        writer.writerows({**stamp, **{k: r[k] for k in MEMORY_COLUMNS if k in r and k not in stamp}} for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
