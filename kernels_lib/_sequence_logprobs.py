@@ -88,6 +88,60 @@ def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int
     return max(1, budget // group_rows) * group_rows
 
 
+def chunk_buffers(x, weight, bias, seq_len: int, rows_per_chunk: int, target2, needs, accurate: bool,
+                  compute_dtype: torch.dtype, logit_scale: float):
+    """What :func:`sequence_logprobs` fills chunk by chunk: the operands, each chunk's ``lse`` and log-probs
+    (float32, one chunk long), the per-sequence sums and the gradient sums (None when no gradient is wanted)."""
+    n_seqs = x.shape[0] // seq_len
+    ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
+    lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
+    logp2 = None if target2 is None else torch.empty_like(logp)
+    sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
+    sums2 = None if target2 is None else torch.empty_like(sums)
+    grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+    return ops, lse, logp, logp2, sums, sums2, grads
+
+
+def keep_chunk_logprobs(rows: slice, seqs: slice, n: int, seq_len: int, target, y2, lse, logp, logp2, sums, sums2,
+                        token_logps, shard, ignore_index: int) -> None:
+    """A chunk's token log-probs merged across a vocabulary shard, summed per sequence, and kept per token."""
+    if shard is not None:
+        pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
+        shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
+    sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
+    if sums2 is not None:
+        sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+    if token_logps is not None:
+        token_logps[rows] = logp[:n]
+
+
+def chunk_weights(rows: slice, seqs: slice, n: int, seq_len: int, logp, sums, sums2, coefficients,
+                  token_coefficients, logit_scale: float):
+    """``(w, w2, rows_per_weight)``: a chunk's ``∂L/∂z`` weights per sequence (or per token), times ``logit_scale``."""
+    if token_coefficients is not None:
+        w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+    else:
+        w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
+        rows_per_weight = seq_len
+    if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
+        w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
+    return w, w2, rows_per_weight
+
+
+def two_pass_gradient(grads, logits, x_c, w_ops, rows: slice, target, y2, lse, logp, w, w2, rows_per_weight: int,
+                      ignore_index: int, col_offset: int) -> None:
+    """The gradient pass over a chunk's logits (``dz`` in place) and its products into ``grads``."""
+    # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
+    unscale = grads.dz_unscale(lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max())
+    if unscale != 1.0:
+        w, w2 = w / unscale, None if w2 is None else w2 / unscale
+    launch_token_logprobs_grad(
+        logits, target[rows], lse=lse, logp=logp, weight=w.contiguous(), rows_per_weight=rows_per_weight,
+        ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(), col_offset=col_offset,
+    )
+    grads.add_chunk(logits, x_c, w_ops, rows, unscale)
+
+
 def sequence_logprobs(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -142,14 +196,8 @@ def sequence_logprobs(
     compute_dtype = compute_dtype_for(x)  # the autocast dtype inside torch.autocast, else x's
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
         col_offset = 0 if shard is None else shard.offset
-        n_rows = x.shape[0]
-        n_seqs = n_rows // seq_len
-        ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
-        lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
-        logp2 = None if target2 is None else torch.empty_like(logp)
-        sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
-        sums2 = None if target2 is None else torch.empty_like(sums)
-        grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(x, weight, bias, seq_len, rows_per_chunk, target2,
+                                                                  needs, accurate, compute_dtype, logit_scale)
         for rows, x_c, buffer in ops.chunks():
             n = rows.stop - rows.start
             seqs = slice(rows.start // seq_len, rows.stop // seq_len)
@@ -160,36 +208,14 @@ def sequence_logprobs(
                 target2=y2, logp2=None if y2 is None else logp2[:n],
                 entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
             )
-            if shard is not None:
-                pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
-                shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
-            sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
-            if sums2 is not None:
-                sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
-            if token_logps is not None:
-                token_logps[rows] = logp[:n]
+            keep_chunk_logprobs(rows, seqs, n, seq_len, target, y2, lse, logp, logp2, sums, sums2, token_logps, shard,
+                                ignore_index)
             if grads is None:
                 continue
-            if token_coefficients is not None:
-                w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
-            else:
-                w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
-                rows_per_weight = seq_len
-            if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
-                w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
-            # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
-            unscale = grads.dz_unscale(
-                lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max()
-            )
-            if unscale != 1.0:
-                w, w2 = w / unscale, None if w2 is None else w2 / unscale
-            launch_token_logprobs_grad(
-                logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(),
-                rows_per_weight=rows_per_weight,
-                ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
-                col_offset=col_offset,
-            )
-            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+            w, w2, rows_per_weight = chunk_weights(rows, seqs, n, seq_len, logp, sums, sums2, coefficients,
+                                                   token_coefficients, logit_scale)
+            two_pass_gradient(grads, logits, x_c, ops.w, rows, target, y2, lse[:n], logp[:n], w, w2, rows_per_weight,
+                              ignore_index, col_offset)
         if shard is not None and grads is not None and grads.dx is not None:
             shard.sum_(grads.dx)
     return sums, sums2, None if grads is None else grads.result()

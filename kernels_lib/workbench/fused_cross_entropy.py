@@ -20,6 +20,7 @@ from . import data
 from .bench import fused_linear_cross_entropy as flce
 from .bench.analysis import ceiling, medians
 from .check import BASELINE_MARGIN, TOLERANCE, relative_error
+from .narrative import span
 
 #: The derivation's cases: (label_smoothing, z_loss_scale, softcap), each with every reduction.
 DERIVATION_OPTIONS = [(0.0, 0.0, None), (0.1, 0.0, None), (0.0, 1e-2, None), (0.0, 0.0, 2.0), (0.2, 1e-2, 3.0)]
@@ -193,14 +194,6 @@ def gpu_runs(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return data.newest_run_per_gpu(rows[flce.is_published_workload(rows)])
 
 
-def _span(values) -> str:
-    finite = [float(v) for v in values if v == v]
-    if not finite:
-        return "not measured"
-    low, high = f"{min(finite):.2f}", f"{max(finite):.2f}"
-    return f"{low}×" if low == high else f"{low}–{high}×"
-
-
 def floor_ms(run: pd.DataFrame, ceilings: pd.DataFrame) -> pd.Series:
     """Per N of one run, the floor of ``full``: the three matmuls measured in the run where it has them
     (:data:`~kernels_lib.workbench.bench.fused_linear_cross_entropy.FLOOR`), else the three products' FLOPs at
@@ -255,11 +248,11 @@ def headline(runs: dict[str, pd.DataFrame], ceilings: pd.DataFrame) -> str:
     sentences = []
     for gpu, run in runs.items():
         table = comparison(run, ceilings)
-        said = [f"{_span(table[f'× {p}'])} {NAMES[p]}'s time" for p in HEADLINE_PEERS if f"× {p}" in table]
+        said = [f"{span(table[f'× {p}'])} {NAMES[p]}'s time" for p in HEADLINE_PEERS if f"× {p}" in table]
         ns = sorted(int(n) for n in table.index)
-        floor = _span(table["× floor"])
+        floor = span(table["× floor"])
         floor = "no floor measured" if floor == "not measured" else f"{floor} the matmul floor"
-        memory = _span(table["memory × torch"])
+        memory = span(table["memory × torch"])
         memory = "torch's memory not measured" if memory == "not measured" else f"{memory} torch's memory"
         where = f"N = {ns[0]}" if len(ns) == 1 else f"N = {ns[0]}–{ns[-1]}"
         sentences.append(f"On the {data.gpu_label(gpu)}, kernels_lib's forward and backward take " + ", ".join(said)

@@ -12,6 +12,7 @@ import torch
 
 from .. import reference
 from .check import relative_error
+from .narrative import span
 
 #: The derivation's shapes (B, T, H, V): an ignored token in each, GRPO off-policy so that some tokens are clipped.
 DERIVATION_SHAPES = [(2, 3, 5, 11), (4, 6, 8, 29), (6, 4, 7, 50)]
@@ -135,13 +136,6 @@ def headline(losses: dict, names: dict | None = None) -> str:
                                                .rename(columns=lambda c: c.replace(f"/ {get_spec(name).baseline}", "/ baseline")))
     if not per_gpu:
         return "Not measured on a GPU yet: the published rows alone are drawn below."
-
-    def span(values) -> str:
-        finite = [float(v) for v in values if v == v]
-        if not finite:
-            return "not measured"
-        low, high = f"{min(finite):.2f}", f"{max(finite):.2f}"
-        return f"{low}×" if low == high else f"{low}–{high}×"
 
     sentences = []
     for gpu, tables in per_gpu.items():

@@ -28,12 +28,11 @@ import torch
 
 from kernels_lib._autocast import compute_dtype_for
 from kernels_lib._flce.epilogue import _epilogue_loss, _logits_with_loss
-from kernels_lib._flce.gradient_sums import _GradientSums
 from kernels_lib._flce.matmuls import _logits_chunk
-from kernels_lib._flce.operands import _Operands
-from kernels_lib._sequence_logprobs import Coefficients, TokenCoefficients
+from kernels_lib._sequence_logprobs import (Coefficients, TokenCoefficients, chunk_buffers, chunk_weights,
+                                            keep_chunk_logprobs, two_pass_gradient)
 from kernels_lib._vocab_parallel import VocabShard
-from kernels_lib.kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
+from kernels_lib.kernels.token_logprobs import launch_token_logprobs
 
 #: The fused CE's module, for its route predicates (the package's attribute of that name is the function).
 FLCE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
@@ -126,12 +125,8 @@ def sequence_logprobs(
             if token_logps is not None:
                 token_logps.copy_(every_logp)
             return every_logp.view(n_seqs, seq_len).sum(1), None, None
-        ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
-        lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
-        logp2 = None if target2 is None else torch.empty_like(logp)
-        sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
-        sums2 = None if target2 is None else torch.empty_like(sums)
-        grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(x, weight, bias, seq_len, rows_per_chunk, target2,
+                                                                  needs, accurate, compute_dtype, logit_scale)
         exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
         one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
         for rows, x_c, buffer in ops.chunks():
@@ -152,40 +147,18 @@ def sequence_logprobs(
                     target2=y2, logp2=None if y2 is None else logp2[:n],
                     entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
                 )
-            if shard is not None:
-                pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
-                shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
-            sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
-            if sums2 is not None:
-                sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
-            if token_logps is not None:
-                token_logps[rows] = logp[:n]
+            keep_chunk_logprobs(rows, seqs, n, seq_len, target, y2, lse, logp, logp2, sums, sums2, token_logps, shard,
+                                ignore_index)
             if grads is None:
                 continue
-            if token_coefficients is not None:
-                w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
-            else:
-                w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
-                rows_per_weight = seq_len
-            if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
-                w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
+            w, w2, rows_per_weight = chunk_weights(rows, seqs, n, seq_len, logp, sums, sums2, coefficients,
+                                                   token_coefficients, logit_scale)
             if exponentials:  # dz = −w · diag(u) ẽ: the weights, one per row, join the factors
                 row_w = w if rows_per_weight == 1 else w.repeat_interleave(rows_per_weight)
                 grads.add_exponentials(e, factors * -row_w, one, x_c, ops.w, rows)
                 continue
-            # float16: dz at the scale that brings the chunk's largest |w| to [1, 2)
-            unscale = grads.dz_unscale(
-                lambda: torch.stack([w.abs().max()] + ([] if w2 is None else [w2.abs().max()])).max()
-            )
-            if unscale != 1.0:
-                w, w2 = w / unscale, None if w2 is None else w2 / unscale
-            launch_token_logprobs_grad(
-                logits, target[rows], lse=lse[:n], logp=logp[:n], weight=w.contiguous(),
-                rows_per_weight=rows_per_weight,
-                ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(),
-                col_offset=col_offset,
-            )
-            grads.add_chunk(logits, x_c, ops.w, rows, unscale)
+            two_pass_gradient(grads, logits, x_c, ops.w, rows, target, y2, lse[:n], logp[:n], w, w2, rows_per_weight,
+                              ignore_index, col_offset)
         if shard is not None and grads is not None and grads.dx is not None:
             shard.sum_(grads.dx)
     return sums, sums2, None if grads is None else grads.result()

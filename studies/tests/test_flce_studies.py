@@ -16,22 +16,13 @@ import torch
 import kernels_lib
 from kernels_lib import default_device, reference
 from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench import torch_lce as torch_lce_module
 from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers
 from studies.bench import analysis as study_analysis
 from studies.bench import flce_studies
+from test_bench_flce import _torch_lce_loads
 
 DEVICE = default_device()
 LIBRARY_ROUTE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")._class_major_route_takes
-
-
-def _torch_lce_loads() -> bool:
-    """Whether torch's ``F.linear_cross_entropy`` is there to measure: torch's own, or torch 2.13's files."""
-    try:
-        torch_lce_module.load()
-    except (ImportError, FileNotFoundError):
-        return False
-    return True
 
 
 @pytest.mark.parametrize("full_ms, target_ms, share", [(75.0, 37.5, 0.75), (60.0, 40.0, 0.5), (30.0, 40.0, 0.0), (30.0, 5.0, 1.0)])
