@@ -184,7 +184,7 @@ def committed_run(name: str) -> pd.DataFrame | None:
     if not path.exists():
         return None
     rows = data.read_table(path)
-    return pd.concat([data.one_run(rows[rows.gpu_name == gpu]) for gpu in rows.gpu_name.unique()], ignore_index=True)
+    return pd.concat(data.newest_run_per_gpu(rows).values(), ignore_index=True)
 
 
 def gpu_runs(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
