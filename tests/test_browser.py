@@ -319,8 +319,8 @@ STATUS = f"{PANEL} > .widget-hbox:has(button:has-text('Run sweep')) .widget-html
 #: What the panel's chart shows in the browser: its title, its annotations (subplot titles and notes) and per
 #: line its name and the colour plotly drew it in.
 PANEL_CHART_JS = """
-plot => ({title: (plot.layout.title && plot.layout.title.text) || '',
-          notes: (plot.layout.annotations || []).map(a => a.text.replace(/<br>/g, ' ')),
+plot => ({title: (plot.layout && plot.layout.title && plot.layout.title.text) || '',
+          notes: ((plot.layout && plot.layout.annotations) || []).map(a => a.text.replace(/<br>/g, ' ')),
           lines: (plot._fullData || []).filter(t => t.fill !== 'toself' && t.name).map(t => [t.name, t.line && t.line.color])})
 """
 #: Records every text the status shows, from now on, in ``window.statusHistory``.
@@ -332,9 +332,10 @@ element => { window.statusHistory = [];
 
 
 def _panel_state(page) -> tuple[list, str]:
-    """The x values of every trace of the panel's chart and the text of its table."""
+    """The x values of every trace of the panel's chart and the text of its table (none yet while a new
+    chart widget is being drawn: plotly has not set its data)."""
     xs = page.eval_on_selector(f"{PANEL} .js-plotly-plot",
-                               "plot => plot.data.map(trace => Array.from(trace.x || []).filter(x => x !== null))")
+                               "plot => (plot.data || []).map(trace => Array.from(trace.x || []).filter(x => x !== null))")
     table = page.locator(f"{PANEL} table")
     return xs, table.inner_text() if table.count() else ""
 
