@@ -1,43 +1,49 @@
 #!/usr/bin/env bash
-# The GPU refresh on a machine without a package registry and with calls of at most 10 minutes
-# (our H200; any CUDA GPU works): every notebook at full size (`python3 -m kernels_lib.workbench.report --device cuda`, which
-# appends the sweeps to data/measured/), preceded by the hardening checks and the kernel tests on CUDA.
+# The GPU refresh on a machine without a package registry and with calls of at most 10 minutes (any CUDA
+# GPU): the GPU test target and the ZeRO-3 check, then every notebook at full size
+# (`python3 -m kernels_lib.workbench.report --device cuda`, which appends the sweeps to data/measured/).
 #
-#   bash scripts/gpu_refresh.sh start OUT   # install the carried wheels, hardening + pytest on CUDA,
-#                                            # then start the report in the background (setsid)
-#   bash scripts/gpu_refresh.sh wait OUT    # wait for the report (up to ~9 min), pack reports and data
+#   bash scripts/gpu_refresh.sh start OUT   # copy the tree to /tmp/kl, install the carried wheels, run the
+#                                            # GPU target and the ZeRO-3 check, start the report (setsid)
+#   bash scripts/gpu_refresh.sh wait OUT    # wait for the report (up to ~9 min a call), pack its results
 #
-# SKIP_HARDENING=1 leaves out scripts/hardening_checks.py (when its results are already in hand).
-# Both need KERNELS_LIB_COMMIT (the tree travels without .git) and the wheels in .whl/ (peers) and
-# .whlnb/ (papermill, nbconvert, ipykernel, plotly, ipywidgets, trl and their needs the machine lacks).
-# `wait` may be called again if the report is still running. What comes back under OUT:
-# hardening CSVs, pytest_cuda.log, report.log, reports.tgz (HTML + executed notebooks) and
-# measured.tgz (data/measured/ with the appended rows: unpack over the checkout and commit).
+# The tree is copied first: each call lays the working tree anew, which would break a job running from it.
+# Needs KERNELS_LIB_COMMIT (the tree travels without .git) and the wheels in .whl/ (the peers, the notebook
+# stack, trl, deepspeed). SKIP_TESTS=1 leaves out the target and the ZeRO-3 check; ONLY="02_kl_divergence ..."
+# runs those notebooks alone. What comes back under OUT: the target's pytest logs and test_memory.csv,
+# zero3_check.csv, report.log, index.tgz (the reports' index and run times) and measured.tgz
+# (data/measured/ with the appended rows: unpack over the checkout and commit).
 set -uo pipefail
 action=${1:?start or wait}
 out=${2:?OUT folder}
 : "${KERNELS_LIB_COMMIT:?set KERNELS_LIB_COMMIT to the commit of this tree}"
-export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/kl JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1 KERNELS_LIB_COMMIT
 started=$(date +%s)
 
 if [ "$action" = start ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whlnb/*.whl || exit 1
+  rm -rf /tmp/kl && mkdir -p /tmp/kl && cp -r . /tmp/kl/ && cd /tmp/kl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   python3 -c "import trl.experimental.orpo.orpo_trainer, papermill, nbconvert, plotly, liger_kernel, cut_cross_entropy" || exit 1
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
-  [ "${SKIP_HARDENING:-0}" = 1 ] || python3 scripts/hardening_checks.py --out "$out" 2>&1 | tee "$out/hardening.log"
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_numerics.py tests/test_kl_div.py \
-    tests/test_fused_linear_cross_entropy.py tests/test_fused_linear_orpo.py tests/test_fused_linear_kto.py tests/test_half_gradients.py \
-    > "$out/pytest_cuda.log" 2>&1
-  echo "pytest on CUDA: exit $? ($(tail -1 "$out/pytest_cuda.log"))"
-  setsid nohup python3 -m kernels_lib.workbench.report --device cuda --keep-going --out /tmp/reports > /tmp/report.log 2>&1 < /dev/null &
+  if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    python3 -m kernels_lib.workbench.gpu_tests --out /tmp/gpu_tests > "$out/gpu_tests.log" 2>&1
+    echo "GPU target: exit $? ($(grep -E '^=+ .*(passed|failed)' /tmp/gpu_tests/pytest.log | tail -1))"
+    for f in pytest.log pytest-alone.log test_memory.csv; do [ -f /tmp/gpu_tests/$f ] && cp /tmp/gpu_tests/$f "$out/"; done
+    python3 scripts/zero3_check.py --out "$out" > "$out/zero3.log" 2>&1; echo "ZeRO-3 check: exit $?"
+  fi
+  only=(); [ -n "${ONLY:-}" ] && only=(--only $ONLY)
+  setsid nohup python3 -m kernels_lib.workbench.report --device cuda --keep-going --record-times --record --out /tmp/reports "${only[@]}" \
+    > /tmp/report.log 2>&1 < /dev/null & echo $! > /tmp/report.pid
   echo "report started at $(date -u +%T)"
 fi
 
-while pgrep -f "kernels_lib.workbench.report" > /dev/null && [ $(( $(date +%s) - started )) -lt 560 ]; do sleep 5; done
+cd /tmp/kl || exit 1
+pid=$(cat /tmp/report.pid)
+while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - started )) -lt 560 ]; do sleep 5; done
 cp /tmp/report.log "$out/report.log"
-if pgrep -f "kernels_lib.workbench.report" > /dev/null; then
+tar czf "$out/measured.tgz" data/measured data/report_times.csv
+if kill -0 "$pid" 2>/dev/null; then
   echo "report still running: call 'wait' again"; tail -3 /tmp/report.log; exit 3
 fi
-tar czf "$out/reports.tgz" -C /tmp reports
-tar czf "$out/measured.tgz" data/measured
+tar czf "$out/index.tgz" -C /tmp/reports --exclude='*.ipynb' --exclude='*.html' . 2>/dev/null; cp /tmp/reports/index.html "$out/" 2>/dev/null
 echo "report done"; tail -8 /tmp/report.log
