@@ -79,6 +79,7 @@ def test_half_gradients_are_float16_and_follow_a_loss_scale(name):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the float16 logits buffer exists only on CUDA (float32 in the interpreter)")
+@pytest.mark.gpu_memory(3)
 def test_half_cross_entropy_gradients_do_not_underflow_on_cuda():
     """N = 2048, V = 32768: g·p ≈ 1.5e-8, below float16's smallest subnormal. The gradients stay within
     float16's rounding of float64 (the model-style baseline, which casts g·(p - δ) to float16, loses
