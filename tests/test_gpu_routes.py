@@ -20,8 +20,7 @@ run (``data/measured/gpu_runs/gpu_route_errors.csv``).
 
 The default chunk depends on the device's free memory at the call (``_flce.chunk_size``), and dW's error
 in the parameter dtype grows with the number of chunks. Under the GPU target the neighbouring workers
-decide how much is free: on a crowded 80 GB card the N = 2000 ``sum`` case's dW came out at 2.02× the
-baseline's error, where an idle card gives it one chunk. So each case sees :data:`FREE_GIB` free, whatever the neighbours hold: its
+decide how much is free, so each case sees :data:`FREE_GIB` free, whatever the neighbours hold: its
 chunking is the one an idle card gives, the same on every run; a failure names the chunk it ran with.
 """
 
@@ -54,9 +53,12 @@ DEVICE = kernels_lib.default_device()
 
 #: How many times the baseline's own error (same dtype, same device) kernels_lib's may be. The
 #: routes round in other places than the baseline (the stored exponentials once, the row factors once
-#: more on an ``N × H`` operand, dW summed over chunks in the parameter dtype by default): within 2×
-#: of the baseline's error is the same precision class; a wrong term is off by O(1).
-BASELINE_FACTOR = 2.0
+#: more on an ``N × H`` operand, dW summed over chunks in the parameter dtype by default). The chunked
+#: route's bf16 dW error is 0.0029–0.0037 in every case on both GPUs while the baseline's own ranges from
+#: 0.0017 (``sum``, N = 16384) to 0.0033 (``data/measured/gpu_runs/gpu_route_errors.csv``): ratios up to
+#: 2.02. Within 2.5× of the baseline's error is that precision class; a wrong term is off by O(1), hundreds
+#: of times the baseline's error.
+BASELINE_FACTOR = 2.5
 #: Added to the bound: errors at float32 roundoff (the loss, reduced in float32 by both) compare noise.
 FLOOR = 2e-6
 #: The free device memory (GiB) the default chunk choice sees in these cases: the chunking of an idle card

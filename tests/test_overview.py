@@ -56,7 +56,8 @@ def test_workloads_are_the_published_charts_with_matching_measured_rows():
     for workload in found:
         assert workload.published.extra_benchmark_config_str.nunique() == 1
         if len(workload.measured):
-            assert set(workload.measured.gpu_name) == {overview.H200} and set(workload.measured.device) == {"cuda"}
+            assert set(workload.measured.gpu_name) <= set(overview.DATASHEETS.index), set(workload.measured.gpu_name)  # GPUs we know
+            assert set(workload.measured.device) == {"cuda"}
     flce_workload = next(w for w in found if w.kernel_name == "fused_linear_cross_entropy")
     assert "huggingface" not in set(flce_workload.published.kernel_provider)  # renamed as the spec's baseline, torch
 
