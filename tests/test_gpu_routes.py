@@ -55,7 +55,7 @@ DEVICE = kernels_lib.default_device()
 #: routes round in other places than the baseline (the stored exponentials once, the row factors once
 #: more on an ``N × H`` operand, dW summed over chunks in the parameter dtype by default). The chunked
 #: route's bf16 dW error is 0.0029–0.0037 in every case on both GPUs while the baseline's own ranges from
-#: 0.0017 (``sum``, N = 16384) to 0.0033 (``data/measured/gpu_runs/gpu_route_errors.csv``): ratios up to
+#: 0.0017 (the ``sum`` case) to 0.0033 (``data/measured/gpu_runs/gpu_route_errors.csv``): ratios up to
 #: 2.02. Within 2.5× of the baseline's error is that precision class; a wrong term is off by O(1), hundreds
 #: of times the baseline's error.
 BASELINE_FACTOR = 2.5
