@@ -27,7 +27,7 @@ if [ "$action" = start ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
   if [ "${SKIP_TESTS:-0}" != 1 ]; then
     python3 -m kernels_lib.workbench.gpu_tests --out /tmp/gpu_tests > "$out/gpu_tests.log" 2>&1
-    echo "GPU target: exit $? ($(grep -E '^=+ .*(passed|failed)' /tmp/gpu_tests/pytest.log | tail -1))"
+    echo "GPU target: exit $? ($(grep '^gpu_tests: .* passed' "$out/gpu_tests.log" | tail -1))"
     for f in pytest.log pytest-alone.log test_memory.csv; do [ -f /tmp/gpu_tests/$f ] && cp /tmp/gpu_tests/$f "$out/"; done
     python3 scripts/zero3_check.py --out "$out" > "$out/zero3.log" 2>&1; echo "ZeRO-3 check: exit $?"
   fi
