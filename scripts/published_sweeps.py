@@ -13,13 +13,16 @@ to ``data/measured/<kernel_name>.csv``:
 - ``orpo``, ``kto``: ``fused_linear_orpo_loss`` (B = 2 … 16, T = 1024, H = 4096, V = 128256, bf16) and
   ``kto_loss`` (B = 2 … 32, T = 512, H = 1024, bias, reference model); ``orpo_t4096``: the ORPO
   chart's second sequence length, T = 4096 (the baseline's fp32 logits are 34 GB at B = 16);
-- ``dpo``, ``cpo``, ``simpo``, ``grpo_token``, ``grpo_sequence``: issue 13's charts (B = 2 … 16 at
+- ``dpo``, ``cpo``, ``simpo``, ``grpo_token``, ``grpo_sequence``: the preference charts (B = 2 … 16 at
   T = 1024, H = 4096, V = 128256, bf16; DPO and GRPO with a reference model);
 - ``jsd``, ``jsd_tokens``, ``tvd``: the logits-level divergences (V = 4096 … 131072 at 8192 or 16384
   rows, fp32; JSD's token sweep at V = 128256);
-- ``fused_linear_jsd``, ``distill_jsd``, ``distill_cosine``: issue 12's fused student-teacher losses
+- ``fused_linear_jsd``, ``distill_jsd``, ``distill_cosine``: the fused student-teacher losses
   (BT = 1024 … 8192, H = 4096, V = 128256, bf16; TRL's ``ChunkedDivergenceFunction`` beside
   fused linear JSD).
+- ``cross_entropy``, ``megatron_ce``: the logits-level cross-entropy charts at TP = 1 on one GPU
+  (V = 4096 … 131072; B·T = 8 × 2048 fp32 ``mean``, and S·B = 2048 × 4 bf16 ``sum``): kernels_lib, torch,
+  Liger (the Megatron providers and TP = 2 are ``scripts/tensor_parallel_bench.py``'s, on two GPUs).
 
 Each sweep measures the copy and matmul ceilings too (appended to ``data/measured/ceilings.csv``).
 After each part its CSV and the ceilings are copied to ``--out`` (copy them into ``data/measured/``
@@ -62,6 +65,8 @@ PARTS = {
     "fused_linear_jsd": ("fused_linear_jsd", "published"),
     "distill_jsd": ("distill_jsd_loss", "published"),
     "distill_cosine": ("distill_cosine_loss", "published"),
+    "cross_entropy": ("cross_entropy", "published"),
+    "megatron_ce": ("megatron_cross_entropy", "published"),
 }
 MODES = "forward,full"
 
