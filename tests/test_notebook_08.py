@@ -1,7 +1,8 @@
 """Notebook 08 (fused linear JSD, distillation losses) as papermill runs it in CI: CPU parameters, derivation and
-checks asserted, the three published charts exported; the targets judged on synthetic H200 rows of two charts
-(``measured_dir``: fused_linear_jsd over two runs, with TRL's provider; distill_cosine_loss), the third
-(distill_jsd_loss) left unmeasured ("not measured yet")."""
+checks asserted, the three published charts exported; each chart compared per GPU on synthetic rows (``measured_dir``):
+fused_linear_jsd on the H200 over two runs (the newest compared) and on the H100, with TRL's provider;
+distill_cosine_loss on the H200; the third (distill_jsd_loss) left unmeasured ("not measured yet"). Each run measured
+ceilings of its own, so a floor taken from another run's or another GPU's ceilings would show in the ratios."""
 
 from __future__ import annotations
 
@@ -19,19 +20,25 @@ from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_distillation.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
-MATMUL_TFLOPS = 700.0
 BTS = (1024, 2048, 4096, 8192)
-#: kernels_lib's full time over each peer's, per (chart, run): (Liger, torch, TRL) per BT; None: the peer not measured.
-#: fused_linear_jsd run0 misses "≤ 0.8× Liger" at BT = 8192, run1 (the newest) meets every target; distill_cosine_loss
-#: misses "≤ 0.85× torch" at BT = 1024.
-RATIOS = {
-    ("fused_linear_jsd", "run0"): {bt: (0.9 if bt == 8192 else 0.7, 0.8, 0.95) for bt in BTS},
-    ("fused_linear_jsd", "run1"): {bt: (0.7, 0.8, 0.9) for bt in BTS},
-    ("distill_cosine_loss", "run1"): {bt: (0.75, 0.9 if bt == 1024 else 0.8, None) for bt in BTS},
+PEERS = ("liger", "torch", "trl")
+H100, H200 = overview.H100, overview.H200
+LABELS = {H100: "H100 80GB", H200: "H200"}
+#: The synthetic runs, (chart, commit) -> its GPU, timestamp, and per BT kernels_lib's full time over each peer's
+#: (Liger, torch, TRL); None: the peer not measured. run0 is the older H200 run: its ratios must not show.
+RUNS = {
+    ("fused_linear_jsd", "run0"): (H200, "2026-11-30 00:00:00", {bt: (0.9 if bt == 8192 else 0.7, 0.8, 0.95) for bt in BTS}),
+    ("fused_linear_jsd", "run1"): (H200, "2026-12-01 00:00:00", {bt: (0.7, 0.8, 0.9) for bt in BTS}),
+    ("fused_linear_jsd", "runh"): (H100, "2026-11-29 00:00:00", {bt: (0.6, 0.85, 0.75) for bt in BTS}),
+    ("distill_cosine_loss", "run1"): (H200, "2026-12-01 00:00:00", {bt: (0.75, 0.9 if bt == 1024 else 0.8, None) for bt in BTS}),
 }
-#: Peak memory (MB) per provider in the synthetic rows: kernels_lib below Liger's everywhere.
-MEMORY = {"kernels_lib": 900.0, "liger": 1200.0, "torch": 30000.0, "trl": 3500.0}
-TIMESTAMPS = {"run0": "2026-11-30 00:00:00", "run1": "2026-12-01 00:00:00"}
+#: Per run, the ceilings it measured: copy GB/s, matmul TFLOP/s (run0's matmul rate is half the newest H200 run's).
+CEILINGS = {"run0": (4000.0, 350.0), "run1": (4000.0, 700.0), "runh": (3000.0, 600.0)}
+#: Per GPU, kernels_lib's full time over the matmul floor of its run's own ceilings.
+OVER_FLOOR = {H200: 1.25, H100: 1.6}
+#: Peak memory (MB) per GPU and provider: the leanest peer is Liger on the H200, TRL on the H100.
+MEMORY = {H200: {"kernels_lib": 900.0, "liger": 1200.0, "torch": 30000.0, "trl": 3500.0},
+          H100: {"kernels_lib": 600.0, "liger": 1200.0, "torch": 30000.0, "trl": 1000.0}}
 SUITES = {
     "fused_linear_jsd vs reference", "fused_linear_jsd vs TRL generalized_jsd_loss",
     "fused_linear_jsd vs TRL ChunkedDivergenceFunction", "distill_jsd_loss vs reference",
@@ -41,42 +48,66 @@ SUITES = {
 
 
 def _synthetic_rows(kernel_name: str, commit: str) -> pd.DataFrame:
-    """H200 rows of the published preset: kernels_lib's full at 1/0.8 of the matmul floor, each peer's full at
-    kernels_lib's / its RATIOS entry, forward at half of full; memory per MEMORY."""
+    """Rows of the published preset: kernels_lib's full at OVER_FLOOR of the run's matmul floor, each peer's full at
+    kernels_lib's / its RUNS ratio, forward at half of full; memory per MEMORY."""
     spec = get_spec(kernel_name)
     flops = importlib.import_module(spec.make_inputs.__module__).flops
+    gpu, timestamp, ratios_per_bt = RUNS[(kernel_name, commit)]
     rows = []
-    for bt, ratios in RATIOS[(kernel_name, commit)].items():
+    for bt, ratios in ratios_per_bt.items():
         sizes = {**spec.published["sizes"], "BT": bt}
         config = json.dumps({**sizes, "dtype": "torch.bfloat16", **spec.default_options})
-        ours = flops(sizes, "full") / (MATMUL_TFLOPS * 1e12) * 1e3 / 0.8
-        full = {"kernels_lib": ours, **{p: ours / r for p, r in zip(("liger", "torch", "trl"), ratios) if r is not None}}
+        ours = flops(sizes, "full") / (CEILINGS[commit][1] * 1e12) * 1e3 * OVER_FLOOR[gpu]
+        full = {"kernels_lib": ours, **{p: ours / r for p, r in zip(PEERS, ratios) if r is not None}}
         for provider, ms in full.items():
             for mode, metric, value, unit in (("forward", "speed", ms / 2, "ms"), ("full", "speed", ms, "ms"),
-                                              ("forward", "memory", MEMORY[provider], "MB"), ("full", "memory", MEMORY[provider], "MB")):
+                                              ("forward", "memory", MEMORY[gpu][provider], "MB"),
+                                              ("full", "memory", MEMORY[gpu][provider], "MB")):
                 rows.append({"kernel_name": kernel_name, "kernel_provider": provider, "kernel_operation_mode": mode,
                              "metric_name": metric, "metric_unit": unit, "x_name": "BT", "x_label": "B x T", "x_value": bt,
                              "y_value_50": value, "y_value_20": value, "y_value_80": value,
-                             "extra_benchmark_config_str": config, "gpu_name": overview.H200,
-                             "timestamp": TIMESTAMPS[commit], "liger_version": "0.8.5", "torch_version": "2.11.0",
+                             "extra_benchmark_config_str": config, "gpu_name": gpu,
+                             "timestamp": timestamp, "liger_version": "0.8.5", "torch_version": "2.11.0",
                              "triton_version": "3.6.0", "kernels_lib_commit": commit, "device": "cuda", "timer": "synthetic"})
     return pd.DataFrame(rows, columns=MEASURED_COLUMNS)
 
 
 def _ceilings() -> pd.DataFrame:
+    gpus = {commit: gpu for (_, commit), (gpu, _, _) in RUNS.items()}
+    times = {commit: timestamp for (_, commit), (_, timestamp, _) in RUNS.items()}
     return pd.DataFrame([{"kernel_name": name, "kernel_provider": "torch", "kernel_operation_mode": "forward", "metric_name": "rate",
-                          "x_value": 0, "y_value_50": value, "gpu_name": overview.H200, "timestamp": TIMESTAMPS[commit],
+                          "x_value": 0, "y_value_50": value, "gpu_name": gpus[commit], "timestamp": times[commit],
                           "kernels_lib_commit": commit, "device": "cuda"}
-                         for commit in TIMESTAMPS for name, value in (("copy", 4000.0), ("matmul", MATMUL_TFLOPS))])
+                         for commit, (copy, matmul) in CEILINGS.items() for name, value in (("copy", copy), ("matmul", matmul))])
+
+
+
+def _assert_comparison(table: pd.DataFrame, kernel_name: str, commit: str) -> None:
+    """``table`` (a comparison CSV) holds, per BT, the ratios the run's synthetic rows were made with."""
+    gpu, _, ratios = RUNS[(kernel_name, commit)]
+    assert list(table.index) == list(BTS)
+    for i, peer in enumerate(PEERS):
+        if ratios[BTS[0]][i] is None:
+            assert f"× {peer}" not in table
+        else:
+            assert table[f"× {peer}"].to_dict() == pytest.approx({bt: r[i] for bt, r in ratios.items()})
+    fastest = {bt: max((r, p) for p, r in zip(PEERS, rs) if r is not None) for bt, rs in ratios.items()}
+    assert table["fastest peer"].to_dict() == {bt: p for bt, (_, p) in fastest.items()}
+    assert table["× fastest peer"].to_dict() == pytest.approx({bt: r for bt, (r, _) in fastest.items()})
+    assert table["× floor"].to_numpy() == pytest.approx(OVER_FLOOR[gpu])  # the floor of the run's own ceilings
+    memory = {p: MEMORY[gpu][p] for p, r in zip(PEERS, ratios[BTS[0]]) if r is not None}
+    leanest = min(memory, key=memory.get)
+    assert set(table["leanest peer"]) == {leanest}
+    assert table["memory × leanest"].to_numpy() == pytest.approx(MEMORY[gpu]["kernels_lib"] / memory[leanest])
 
 
 @pytest.mark.notebook
-def test_distillation_notebook_runs_checks_charts_and_judges_the_targets(tmp_path):
+def test_distillation_notebook_runs_checks_charts_and_compares_per_gpu(tmp_path):
     measured = tmp_path / "measured"
     measured.mkdir()
-    pd.concat([_synthetic_rows("fused_linear_jsd", "run0"), _synthetic_rows("fused_linear_jsd", "run1")]).to_csv(
-        measured / "fused_linear_jsd.csv", index=False)
-    _synthetic_rows("distill_cosine_loss", "run1").to_csv(measured / "distill_cosine_loss.csv", index=False)
+    for kernel_name in ("fused_linear_jsd", "distill_cosine_loss"):
+        pd.concat([_synthetic_rows(name, commit) for name, commit in RUNS if name == kernel_name]).to_csv(
+            measured / f"{kernel_name}.csv", index=False)
     _ceilings().to_csv(measured / "ceilings.csv", index=False)
     results = tmp_path / "results"
     parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), "measured_dir": str(measured)}
@@ -101,36 +132,43 @@ def test_distillation_notebook_runs_checks_charts_and_judges_the_targets(tmp_pat
     every_row_ignored = checks[checks["ignore_fraction"] == 1.0]
     assert len(every_row_ignored) == 3 * 2 and (every_row_ignored[["kernels_lib loss err", "kernels_lib grad err"]] == 0).all().all()
 
-    # The targets, judged on the synthetic rows: the newest run's ratios, every run's verdicts.
-    targets = pd.read_csv(results / "targets_fused_linear_jsd.csv", index_col=0)
-    assert targets["full / Liger"].to_numpy() == pytest.approx(0.7)
-    assert targets["full / torch"].to_numpy() == pytest.approx(0.8)
-    assert targets["full / TRL"].to_numpy() == pytest.approx(0.9)
-    assert targets["memory / Liger"].to_numpy() == pytest.approx(MEMORY["kernels_lib"] / MEMORY["liger"])
-    verdicts = pd.read_csv(results / "verdicts_fused_linear_jsd.csv").set_index(["commit", "target"])["status"]
-    assert (verdicts.loc["run1"] == "met").all() and verdicts[("run0", "full ≤ 0.8× Liger")] == "missed"
-    targets = pd.read_csv(results / "targets_distill_cosine_loss.csv", index_col=0)
-    assert targets["full / torch"].to_dict() == pytest.approx({bt: r[1] for bt, r in RATIOS[("distill_cosine_loss", "run1")].items()})
-    assert "full / TRL" not in targets
-    verdicts = pd.read_csv(results / "verdicts_distill_cosine_loss.csv").set_index("target")
-    assert verdicts["status"].to_dict() == {"full ≤ 0.8× Liger": "met", "full ≤ 0.85× torch": "missed", "memory full ≤ Liger": "met"}
-    assert verdicts.loc["full ≤ 0.85× torch", "worst at x"] == 1024
-    assert not (results / "targets_distill_jsd_loss.csv").exists()
+    # Per chart and GPU, the newest run's comparison (run0, the older H200 run, nowhere); no target or verdict written.
+    newest = {("fused_linear_jsd", H200): "run1", ("fused_linear_jsd", H100): "runh", ("distill_cosine_loss", H200): "run1"}
+    files = {(name, gpu): results / f"comparison_{name}_{LABELS[gpu].replace(' ', '_')}.csv" for name, gpu in newest}
+    assert {p.name for p in results.glob("comparison_*.csv")} == {path.name for path in files.values()}
+    assert not [*results.glob("targets_*"), *results.glob("verdicts_*")]
+    tables = {key: pd.read_csv(path, index_col=0) for key, path in files.items()}
+    for (name, gpu), commit in newest.items():
+        _assert_comparison(tables[(name, gpu)], name, commit)
+    h200, h100 = tables[("fused_linear_jsd", H200)], tables[("fused_linear_jsd", H100)]
+    assert [h200[f"× {peer}"].to_numpy() for peer in PEERS] == [pytest.approx(0.7), pytest.approx(0.8), pytest.approx(0.9)]
+    assert set(h200["fastest peer"]) == {"trl"} and h200["memory × leanest"].to_numpy() == pytest.approx(0.75)
+    assert set(h100["fastest peer"]) == {"torch"} and set(h100["leanest peer"]) == {"trl"}
+    assert h100["× floor"].to_numpy() == pytest.approx(1.6) and h100["memory × leanest"].to_numpy() == pytest.approx(0.6)
 
     html = html_path.read_text(encoding="utf-8")
     assert FALLBACK not in html
-    assert html.count("Plotly.newPlot(") == 3 + 3 + 2  # the sweeps, the published charts, speed vs memory where measured
+    assert html.count("Plotly.newPlot(") == 3 + 3 + 3  # the sweeps, the published charts, speed vs memory per chart and GPU
     for name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
         assert f"{name} (H = 4096, V = 128256, bfloat16)" in html
-    assert html.count("floor: matmul FLOPs at the matmul rate") == 3  # every published chart has its floor
+    # Each GPU's floor from its own run's ceilings, labelled (none for the unmeasured chart).
+    assert html.count("floor: matmul FLOPs at the matmul rate") == 3
+    assert "on the H100 80GB in the run of commit runh, the rows' own: copy 3000 GB/s, matmul 600 TFLOP/s" in html
+    assert html.count("on the H200 in the run of commit run1, the rows' own: copy 4000 GB/s, matmul 700 TFLOP/s") == 2
+    assert "H100 80GB: copy 3000 GB/s, matmul 600 TFLOP/s" in html and "H200: copy 4000 GB/s, matmul 700 TFLOP/s" in html
     assert "GPU rows not measured yet" in html
     assert "./workbench bench distill_jsd_loss --preset published --modes forward,full --device cuda" in html
-    assert "full ≤ 0.85× torch <strong>missed</strong> (worst 0.90 at BT = 1024)" in html
-    assert "full ≤ 0.8× Liger <strong>met</strong>" in html
-    # The headline and the conclusion, generated from the same rows (no typed figure to disagree with them).
-    assert "<strong>Fused linear JSD.</strong> On the H200, kernels_lib's <code>full</code> takes 0.70× Liger's time at 0.75× its memory" in html
+    for target in ("≤ 0.8× Liger", "≤ 0.85× torch", "verdict", "<strong>met</strong>", "<strong>missed</strong>", "hold ourselves to"):
+        assert target not in html
+    # The headline, the bullets and the conclusion, generated from the same rows (no typed figure to disagree with them).
+    assert "<strong>Fused linear JSD.</strong> On the H100 80GB HBM3, kernels_lib's <code>full</code> takes 0.60× Liger's time at 0.50× its memory" in html
+    assert "On the H200, kernels_lib's <code>full</code> takes 0.70× Liger's time at 0.75× its memory" in html
     assert "<strong>Distillation, JSD soft loss.</strong> Not measured on a GPU yet" in html
+    assert ("On the H100 80GB, kernels_lib's <code>full</code> time over each peer's: Liger 0.60×; torch 0.85×; TRL 0.75×; "
+            "0.85× the fastest peer's, 1.60× the floor; memory 0.60× the leanest peer's (TRL).") in html
     conclusion = html[html.index("7. Conclusion"):html.index("Appendix A")]
-    assert "0.70× Liger's <code>full</code> time; 0.80× torch's; 0.90× TRL's; 0.75× Liger's memory" in conclusion
-    assert "0.75× Liger's <code>full</code> time; 0.80–0.90× torch's; 0.75× Liger's memory" in conclusion
-    assert "<code>fused_linear_jsd · H200</code>: <code>full</code> at kernels_lib 1.25×" in conclusion and "the matmul floor" in conclusion
+    assert "<strong>H100 80GB</strong> (BT = 1024–8192): 0.85× the fastest peer's time, 1.60× the floor, 0.60× the leanest peer's memory." in conclusion
+    assert "<strong>H200</strong> (BT = 1024–8192): 0.90× the fastest peer's time, 1.25× the floor, 0.75× the leanest peer's memory." in conclusion
+    assert "<strong>H200</strong> (BT = 1024–8192): 0.80–0.90× the fastest peer's time, 1.25× the floor, 0.75× the leanest peer's memory." in conclusion
+    assert "Not measured on a GPU yet: no comparison to state." in conclusion
+    assert "<code>fused_linear_jsd · H100 80GB</code>: <code>full</code> at kernels_lib 1.60×" in conclusion
