@@ -37,7 +37,7 @@ def test_headline_is_per_gpu_from_the_newest_run_of_each():
             + _rows("kernels_lib", 1024, 3.0, 100.0, gpu="NVIDIA H100 80GB HBM3"))
     said = narrative.headline(pd.DataFrame(rows), ["liger"], x_name="V")
     h100, h200 = said.split(". On the ")
-    assert h100.startswith("On the H100 80GB HBM3, kernels_lib's `full` takes Liger not measured in that run")
+    assert h100.startswith("On the H100 80GB, kernels_lib's `full` takes Liger not measured in that run")
     assert h200.startswith("H200, kernels_lib's `full` takes 0.40–0.50× Liger's time at 0.50× its memory (V = 1024–2048)")
     assert "run of commit abc1234 on NVIDIA H200" in h200 and "0ld0001" not in said
 

@@ -161,7 +161,7 @@ def test_distillation_notebook_runs_checks_charts_and_compares_per_gpu(tmp_path)
     for target in ("≤ 0.8× Liger", "≤ 0.85× torch", "verdict", "<strong>met</strong>", "<strong>missed</strong>", "hold ourselves to"):
         assert target not in html
     # The headline, the bullets and the conclusion, generated from the same rows (no typed figure to disagree with them).
-    assert "<strong>Fused linear JSD.</strong> On the H100 80GB HBM3, kernels_lib's <code>full</code> takes 0.60× Liger's time at 0.50× its memory" in html
+    assert "<strong>Fused linear JSD.</strong> On the H100 80GB, kernels_lib's <code>full</code> takes 0.60× Liger's time at 0.50× its memory" in html
     assert "On the H200, kernels_lib's <code>full</code> takes 0.70× Liger's time at 0.75× its memory" in html
     assert "<strong>Distillation, JSD soft loss.</strong> Not measured on a GPU yet" in html
     assert ("On the H100 80GB, kernels_lib's <code>full</code> time over each peer's: Liger 0.60×; torch 0.85×; TRL 0.75×; "

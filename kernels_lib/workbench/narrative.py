@@ -70,7 +70,7 @@ def headline(rows: pd.DataFrame, peers: list[str] | tuple[str, ...], *, ours: st
             if len(space):
                 part += f" at {span(space)} its memory"
             parts.append(part + f" ({x_span(time.index, x_name)})")
-        sentences.append(f"On the {gpu.replace('NVIDIA ', '')}, {name(ours)}'s `{mode}` takes " + "; ".join(parts)
+        sentences.append(f"On the {data.gpu_label(gpu)}, {name(ours)}'s `{mode}` takes " + "; ".join(parts)
                          + f": the {data.run_label(run)}.")
     return " ".join(sentences)
 
