@@ -61,21 +61,6 @@ def test_floor_and_ratio_lines_read_their_tables():
     assert narrative.where_above(pd.Series([0.7]), 0.8) == "nowhere"
 
 
-def test_training_step_conclusion_from_its_arguments():
-    costs = ts.analytic_costs(("llama-3.2-1b",)).loc["llama-3.2-1b"]
-    verdicts = pd.DataFrame([{"model": "m", "checkpointing": False, "target": "t1", "status": "met", "ratio": 0.5, "at tokens": 8192, "detail": ""},
-                             {"model": "m", "checkpointing": False, "target": "t2", "status": "missed", "ratio": 1.07, "at tokens": 8192, "detail": ""}])
-    small = pd.DataFrame({"model": ["m", "m"], "tokens": [8192, 32768], "time / huggingface": [0.97, 0.9]})
-    convergence = pd.DataFrame({"mode": ["bf16", "bf16"], "provider": ["huggingface", "kernels_lib"],
-                                "max_abs_diff_huggingface": [0.0, 0.29], "weights_rel_dist_huggingface": [0.0, 0.45]})
-    said = ts.conclusion_lines(costs, "llama-tiny", pd.Series({"float32": 1e-6}), verdicts, small, convergence)
-    assert f"{costs['LM head per token (MB)']:.2f} MB per token" in said and "1e-06 (float32)" in said
-    assert "1 of 2 targets met; short of t2 (1.07 at 8,192 tokens)" in said
-    assert "at most 0.970× (m) Hugging Face's at 8192–32768 tokens" in said
-    assert "kernels_lib 0.29 (bf16)" in said and "lie 0.45 apart" in said  # Hugging Face against itself left out
-    assert "Not measured on a GPU yet" in ts.conclusion_lines(costs, "llama-tiny", pd.Series(dtype=float))
-
-
 def test_estimate_beside_reference_covers_every_reference_peak():
     table = ts.estimate_beside_reference()
     assert len(table) == len(ts.REFERENCE_PEAK_GIB)

@@ -33,9 +33,10 @@ MIN_PEER_MB = 1.0
 
 def peers_of(run: pd.DataFrame, ours: str = "kernels_lib") -> list[str]:
     """The providers ``ours`` is compared with: every other provider with a ``full`` time in the run, except
-    dial points and other configurations of kernels_lib (names with ``[``) and the measured floor."""
+    other configurations of any provider (names with ``[``: dial points, ``accurate=True``, ``TP=2``) and the
+    measured floor."""
     speed = medians(run, "speed", "full")
-    return [p for p in speed.columns if p != ours and not p.startswith(f"{ours}[") and p != FLOOR]
+    return [p for p in speed.columns if p != ours and "[" not in p and p != FLOOR]
 
 
 def run_rates(run: pd.DataFrame, ceilings: pd.DataFrame) -> dict[str, float]:
