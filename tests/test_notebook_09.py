@@ -1,6 +1,6 @@
 """Notebook 09 (vocabulary-parallel losses) as papermill runs it in CI: the gloo check launched from
-the notebook asserted, the two published charts drawn, the H200 sections either judged or naming the
-command; and the verdict logic on rows in the bench script's layout."""
+the notebook asserted, the two published charts drawn, each GPU's sections either compared or naming the
+command; and the comparisons on rows in the bench script's layout."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 
-from kernels_lib.workbench import report
+from kernels_lib.workbench import data, report
 from kernels_lib.workbench import tensor_parallel as tp
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "09_tensor_parallel.ipynb"
@@ -39,12 +39,27 @@ def test_tensor_parallel_notebook_runs_its_check_and_draws_the_charts():
     assert html.count("Plotly.newPlot(") >= 2
     for name in ("megatron_cross_entropy", "cross_entropy"):
         assert f"({name})" in html
-    if not len(tp.load_runs()):
+    runs = tp.load_runs_per_gpu()
+    if not runs:
         assert "GPU rows not measured yet" in html and "scripts/tensor_parallel_bench.py --out data/measured" in html
     else:
-        assert "Against TP = 1, the peers and the floor" in html
-        assert "**met**" in html or "<strong>met</strong>" in html or "missed" in html
+        assert "Against the peers at the same TP, TP = 1 and the floor" in html and "× fastest peer" in html
+        for gpu, rows in runs.items():  # each GPU its own table, its figures those of the run's rows
+            if not (rows.kernel_name == "fused_linear_cross_entropy").any():
+                continue
+            table = pd.read_csv(results / f"comparison_tensor_parallel_{data.gpu_label(gpu).replace(' ', '_')}.csv").set_index(["N", "TP"])
+            speed = rows[(rows.kernel_name == "fused_linear_cross_entropy") & (rows.metric_name == "speed")
+                         & (rows.kernel_operation_mode == "full")].set_index(["kernel_provider", "tp", "x_value"]).y_value_50
+            for (n, k), row in table.iterrows():
+                assert row["kernels_lib ms"] == pytest.approx(speed[("kernels_lib", k, n)])
+                if ("megatron-core", k, n) in speed.index:
+                    assert row["× megatron-core"] == pytest.approx(speed[("kernels_lib", k, n)] / speed[("megatron-core", k, n)])
+            assert f"On the {data.gpu_label(gpu)}, " in html
         assert "Conclusion" in html and "scales at an efficiency of" in html  # the generated conclusion
+    assert "**met**" not in html and "<strong>met</strong>" not in html and "missed" not in html
+
+
+CONFIG = '{{"N": 8192, "H": 4096, "V": 128256, "TP": {tp}, "dtype": "torch.bfloat16", "reduction": "mean"}}'
 
 
 def _rows(kernel_name, provider, tp_size, x, full_ms, memory, comm_ms=float("nan")):
@@ -53,45 +68,82 @@ def _rows(kernel_name, provider, tp_size, x, full_ms, memory, comm_ms=float("nan
     return [{**base, "metric_name": "speed", "y_value_50": full_ms}, {**base, "metric_name": "memory", "y_value_50": memory}]
 
 
-def test_verdicts_ratio_limit_and_miss():
-    """Rows as the bench script writes them: each target's ratio is ours over the peer's at the same
-    point, met when within the limit, and a miss says by how much."""
+def _run(rows, gpu="NVIDIA H100 80GB HBM3"):
+    frame = pd.DataFrame(rows).assign(kernels_lib_commit="abc1234", gpu_name=gpu, timestamp="t", device="cuda", x_name="N")
+    return frame.assign(extra_benchmark_config_str=[CONFIG.format(tp=k) for k in frame.tp])
+
+
+def _ceilings(commit="abc1234", gpu="NVIDIA H100 80GB HBM3"):
+    return pd.DataFrame([{"kernel_name": "copy", "gpu_name": gpu, "kernels_lib_commit": commit, "y_value_50": 3000.0, "timestamp": "t"},
+                         {"kernel_name": "matmul", "gpu_name": gpu, "kernels_lib_commit": commit, "y_value_50": 700.0, "timestamp": "t"}])
+
+
+def _launch():
     rows = []
     rows += _rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0)
     rows += _rows("fused_linear_cross_entropy", "kernels_lib", 2, 8192, 55.0, 600.0, comm_ms=5.0)
+    rows += _rows("fused_linear_cross_entropy", "torch_loss_parallel", 1, 8192, 110.0, 12000.0)
     rows += _rows("fused_linear_cross_entropy", "torch_loss_parallel", 2, 8192, 100.0, 6000.0)
-    rows += _rows("cross_entropy", "kernels_lib", 1, 4096, 1.0, 10.0)
-    rows += _rows("cross_entropy", "liger", 1, 4096, 1.25, 10.0)
-    verdict = tp.verdicts(pd.DataFrame(rows)).set_index("target")
-    assert verdict.loc["tp2_time", "ratio"] == pytest.approx(0.55) and verdict.loc["tp2_time", "met"]
-    assert verdict.loc["tp2_memory", "ratio"] == pytest.approx(0.6) and not verdict.loc["tp2_memory", "met"]
-    assert verdict.loc["tp2_memory", "over by"] == pytest.approx(0.6 / 0.55 - 1)
-    assert verdict.loc["vs_loss_parallel_memory", "ratio"] == pytest.approx(0.1)
-    assert verdict.loc["logits_vs_liger", "ratio"] == pytest.approx(0.8) and verdict.loc["logits_vs_liger", "met"]
-    assert "vs_megatron_time" not in verdict.index  # no Megatron rows: nothing judged, nothing invented
+    rows += _rows("fused_linear_cross_entropy", "megatron-core", 2, 8192, 80.0, 3000.0)
+    return rows
 
 
-def test_scaling_efficiency_and_the_tp8_targets():
-    """Efficiency t1 / (k·tk) and the memory ratio against the same provider's TP = 1 row; issue 15's
-    targets judged at TP = 8 only, and named as not measured where the run stopped below it."""
+def test_tp_comparison_sets_each_tp_against_the_peers_at_the_same_tp():
+    """Rows as the bench script writes them: at each TP kernels_lib's time over each peer's at that TP only (a peer
+    not measured there is NaN, not another TP's), the fastest and leanest peer, and its efficiency against its own TP = 1."""
+    table = tp.tp_comparison(_run(_launch()), tp.NO_CEILINGS)
+    two, one = table.loc[(8192, 2)], table.loc[(8192, 1)]
+    assert two["× torch_loss_parallel"] == pytest.approx(0.55) and two["× megatron-core"] == pytest.approx(55 / 80)
+    assert two["fastest peer"] == "megatron-core" and two["× fastest peer"] == pytest.approx(55 / 80)
+    assert two["leanest peer"] == "megatron-core" and two["memory × leanest"] == pytest.approx(0.2)
+    assert two["efficiency"] == pytest.approx(100 / (2 * 55)) and two["memory / TP = 1"] == pytest.approx(0.6)
+    assert one["× torch_loss_parallel"] == pytest.approx(100 / 110) and pd.isna(one["× megatron-core"])
+    assert one["fastest peer"] == "torch_loss_parallel" and one["efficiency"] == pytest.approx(1.0)
+    assert table["× floor"].isna().all()  # the run measured no ceilings: no floor, never another run's
+    assert tp.tp_comparison(pd.DataFrame(), tp.NO_CEILINGS).empty
+
+
+def test_the_floor_at_tp_is_one_ranks_share_at_the_runs_own_ceilings():
+    table = tp.tp_comparison(_run(_launch()), _ceilings())
+    floor = table["kernels_lib ms"] / table["× floor"]
+    assert floor.notna().all() and floor[(8192, 2)] / floor[(8192, 1)] == pytest.approx(0.5, rel=0.05)  # V / 2 per rank
+    floors = tp.floor_table(_run(_launch()), _ceilings())
+    assert floors.loc[(8192, 2), "floor ms"] == pytest.approx(floor[(8192, 2)])
+    assert floors.loc[(8192, 2), "megatron-core / floor"] == pytest.approx(80 / floor[(8192, 2)])
+    assert tp.tp_comparison(_run(_launch()), _ceilings(commit="other"))["× floor"].isna().all()  # another run's ceilings
+
+
+def test_logits_comparisons_split_the_tp_suffixes():
+    rows = []
+    for provider, ms in (("kernels_lib", 1.0), ("liger", 1.25), ("megatron-fused", 2.0), ("kernels_lib[TP=2]", 3.0),
+                         ("megatron-fused[TP=2]", 2.0)):
+        rows += _rows("cross_entropy", provider, float("nan"), 4096, ms, 10.0)
+    run = pd.DataFrame(rows).drop(columns="tp").assign(kernels_lib_commit="abc1234", gpu_name="NVIDIA H200", timestamp="t",
+                                                        x_name="V", extra_benchmark_config_str='{"B": 8, "T": 2048, "V": 4096}')
+    tables = tp.logits_comparisons(run)
+    assert sorted(tables) == [1, 2]
+    assert tables[1].loc[4096, "× liger"] == pytest.approx(0.8) and "× megatron-fused[TP=2]" not in tables[1]
+    assert tables[1].loc[4096, "fastest peer"] == "liger"
+    assert tables[2].loc[4096, "× megatron-fused"] == pytest.approx(1.5) and "× liger" not in tables[2]
+
+
+def test_scaling_efficiency_against_the_same_providers_tp1():
+    """Efficiency t1 / (k·tk) and the memory ratio against the same provider's TP = 1 row, stated as measured."""
     rows = []
     for k, ms, mib in [(1, 100.0, 1000.0), (2, 55.0, 550.0), (4, 30.0, 300.0), (8, 20.0, 150.0)]:
         rows += _rows("fused_linear_cross_entropy", "kernels_lib", k, 8192, ms, mib)
     rows += _rows("fused_linear_cross_entropy", "torch_loss_parallel", 2, 8192, 60.0, 9000.0)  # no TP = 1 row
-    table = tp.scaling_efficiency(pd.DataFrame(rows)).set_index(["provider", "TP"])
+    efficiency = tp.scaling_efficiency(pd.DataFrame(rows))
+    table = efficiency.set_index(["provider", "TP"])
     assert table.loc[("kernels_lib", 1), "efficiency"] == pytest.approx(1.0)
     assert table.loc[("kernels_lib", 2), "efficiency"] == pytest.approx(100 / (2 * 55))
     assert table.loc[("kernels_lib", 8), "speed-up"] == pytest.approx(5.0)
     assert table.loc[("kernels_lib", 4), "MiB / TP = 1"] == pytest.approx(0.3)
     assert pd.isna(table.loc[("torch_loss_parallel", 2), "efficiency"])
-    verdict = tp.scaling_verdicts(pd.DataFrame(rows)).set_index("target")
-    assert verdict.loc["tp8_time", "ratio"] == pytest.approx(0.2) and verdict.loc["tp8_time", "status"] == "met"
-    assert verdict.loc["tp8_memory", "ratio"] == pytest.approx(0.15) and verdict.loc["tp8_memory", "status"] == "met"
-    below = [r for r in rows if r["tp"] <= 4]
-    missing = tp.scaling_verdicts(pd.DataFrame(below))
-    assert missing.ratio.isna().all() and (missing.status == "not measured (TP ≤ 4 in this run)").all()
-    # The TP = 2 targets stay at TP = 2 when the run also has TP = 8.
-    assert tp.verdicts(pd.DataFrame(rows)).set_index("target").loc["tp2_time", "ratio"] == pytest.approx(0.55)
+    said = tp.efficiency_line(efficiency, "NVIDIA H200")
+    assert said.startswith("On the H200 this run measured TP = 1, 2, 4, 8: at TP = 2 kernels_lib's `full` efficiency is 0.91")
+    assert "at TP = 8 kernels_lib's `full` efficiency is 0.62 (the peers not measured)" in said
+    assert len(tp.efficiency_chart(efficiency, "NVIDIA H200").data) == 2 and len(tp.time_chart(tp.scaling_table(pd.DataFrame(rows)), "x").data) >= 4
 
 
 def test_check_says_where_it_cannot_run(monkeypatch):
@@ -105,38 +157,21 @@ def test_check_says_where_it_cannot_run(monkeypatch):
     assert "CPU tensors" in tensor_parallel.check_unavailable()
 
 
-def _run(rows):
-    return pd.DataFrame(rows).assign(kernels_lib_commit="abc1234", gpu_name="NVIDIA H100 80GB HBM3", timestamp="t", device="cuda")
-
-
-def test_verdict_lines_say_the_range_and_why_a_target_is_missed():
-    """Each target one bullet: met at every point, or missed with the worst point's share of the collectives
-    and of dx (from the rows, H and dtype from the run's configuration)."""
-    rows = []
-    rows += _rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0)
-    rows += _rows("fused_linear_cross_entropy", "kernels_lib", 2, 8192, 70.0, 500.0, comm_ms=14.0)
-    frame = _run(rows).assign(extra_benchmark_config_str='{"H": 4096, "dtype": "torch.bfloat16"}', comm_bytes=2 * 8192 * 4096 * 2.0)
-    lines = tp.verdict_lines(frame).splitlines()
-    assert len(lines) == len(tp.TARGETS)
-    time_line = next(line for line in lines if line.startswith(f"- {tp.TARGETS['tp2_time'][0]}"))
-    assert "0.70–0.70×" in time_line and "**missed** at 1 of 1 points" in time_line and "14.0 ms (20%" in time_line
-    assert "50% of it $dx$" in time_line and "without them 0.56× TP = 1" in time_line
-    memory_line = next(line for line in lines if line.startswith(f"- {tp.TARGETS['tp2_memory'][0]}"))
-    assert "**met** at every point" in memory_line
-    assert sum("**not measured**" in line for line in lines) == len(tp.TARGETS) - 2  # no peer rows: nothing invented
-
-
-def test_conclusion_states_each_tp_from_the_run():
+def test_conclusion_states_each_gpu_and_tp_from_its_run():
     rows = []
     for provider, times in (("kernels_lib", (100.0, 60.0)), ("megatron-core", (200.0, 100.0))):
-        rows += _rows("fused_linear_cross_entropy", provider, 1, 8192, times[0], 1000.0)
-        rows += _rows("fused_linear_cross_entropy", provider, 2, 8192, times[1], 540.0)
-    said = tp.conclusion(_run(rows))
-    assert said.startswith("On the H100 80GB HBM3, at TP = 2 kernels_lib's `full` scales at an efficiency of 0.83 (the peers 1.00)")
-    assert "its per-GPU memory 0.54× TP = 1's" in said and "run of commit abc1234" in said
+        rows += _rows("fused_linear_cross_entropy", provider, 1, 8192, times[0], 1000.0 if provider == "kernels_lib" else 4000.0)
+        rows += _rows("fused_linear_cross_entropy", provider, 2, 8192, times[1], 540.0 if provider == "kernels_lib" else 2000.0)
+    h200 = _run(_rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0), gpu="NVIDIA H200")
+    said = tp.conclusion({"NVIDIA H100 80GB HBM3": _run(rows), "NVIDIA H200": h200})
+    h100, other = said.split(" On the H200")
+    assert h100.startswith("On the H100 80GB, at TP = 2 kernels_lib's `full` scales at an efficiency of 0.83 (the peers 1.00)")
+    assert "its per-GPU memory 0.54× TP = 1's" in h100 and "it takes 0.60× the fastest peer's time at that TP (megatron-core)" in h100
+    assert "at 0.27× the leanest peer's memory" in h100 and "run of commit abc1234 on NVIDIA H100 80GB HBM3" in h100
+    assert other.startswith(", the run measured TP = 1 only: no scaling to state")
+    assert tp.conclusion({}) == "No GPU rows yet: the scaling is not measured."
     assert tp.conclusion(pd.DataFrame()) == "No GPU rows yet: the scaling is not measured."
-    only_one = _run(_rows("fused_linear_cross_entropy", "kernels_lib", 1, 8192, 100.0, 1000.0))
-    assert tp.conclusion(only_one) == "The run measured TP = 1 only: no scaling to state."
+    assert not any(word in said for word in ("target", " met", "missed"))
 
 
 def test_same_sizes_ignores_tp_and_v():

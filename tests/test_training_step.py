@@ -155,6 +155,87 @@ def test_verdicts_use_the_newest_run_of_each_model():
     assert (verdicts[verdicts.target == "step time ≤ Liger"].status == "met").all()
 
 
+def _two_gpus() -> pd.DataFrame:
+    """The synthetic run on the H200, and on an H100 where kernels_lib's step takes 1.1x as long (and an older H100
+    run, 2x slower still, that the comparison must not read)."""
+    h100 = synthetic_rows("r2").assign(gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.1)
+    h100.loc[h100.provider == "kernels_lib", "step_ms_50"] *= 1.1
+    old = synthetic_rows("r0").assign(gpu_name="NVIDIA H100 80GB HBM3")
+    old.loc[old.provider == "kernels_lib", "step_ms_50"] *= 2.2
+    cpu = synthetic_rows("r9").assign(device="cpu", gpu_name="cpu")
+    return pd.concat([synthetic_rows("r1"), h100, old, cpu], ignore_index=True)
+
+
+def test_step_comparison_per_gpu_over_each_peer_the_fastest_and_the_leanest():
+    table = ts.step_comparison(_two_gpus()).set_index(["gpu_name", "checkpointing", "tokens"])
+    assert set(table.index.get_level_values(0)) == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}  # each GPU, no CPU rows
+    assert set(table.run_id) == {"r1", "r2"}  # each GPU's newest run only
+    h200 = table.loc[("NVIDIA H200", False, 8 * 2048)]
+    assert h200["× huggingface"] == pytest.approx(37 / 40) and h200["× trl"] == pytest.approx(37 / 42)
+    assert h200["× liger"] == pytest.approx(37 / 38)
+    assert h200["fastest peer"] == "liger" and h200["× fastest peer"] == pytest.approx(37 / 38)
+    assert h200["kernels_lib ms"] == pytest.approx(37 * 8) and h200["kernels_lib GiB"] == pytest.approx(10 + 3.4 * 8)
+    assert h200["leanest peer"] == "liger" and h200["memory × leanest"] == pytest.approx(1.0)
+    h100 = table.loc[("NVIDIA H100 80GB HBM3", False, 8 * 2048)]
+    assert h100["× liger"] == pytest.approx(37 * 1.1 / 38) and h100["× fastest peer"] == pytest.approx(37 * 1.1 / 38)
+    # Hugging Face ran out of memory at 32 x 2048 without checkpointing: no ratio there, the fastest peer is Liger's
+    big = table.loc[("NVIDIA H200", False, 32 * 2048)]
+    assert pd.isna(big["× huggingface"]) and big["fastest peer"] == "liger"
+    # with checkpointing only TRL and kernels_lib reach 128 x 2048: TRL is the fastest and the leanest peer there
+    alone = table.loc[("NVIDIA H200", True, 128 * 2048)]
+    assert alone["fastest peer"] == "trl" and alone["× fastest peer"] == pytest.approx(37 / 42)
+    assert alone["memory × leanest"] == pytest.approx((10 + 3.4 * 128 / 3) / (10 + 3.6 * 128 / 3))
+    assert ts.step_comparison(synthetic_rows().assign(device="cpu")).empty
+
+
+def test_largest_comparison_and_the_lines_say_each_gpu():
+    rows = _two_gpus()
+    largest = ts.largest_comparison(rows).set_index(["gpu_name", "checkpointing"])
+    on = largest.loc[("NVIDIA H200", True)]
+    assert on["kernels_lib largest tokens"] == 128 * 2048 and on["× huggingface"] == 4.0 and on["× liger"] == 2.0
+    assert on["bounded by OOM"] and on["stopped by"] == f"OOM at {256 * 2048}"
+    said = ts.comparison_lines(ts.step_comparison(rows), ts.largest_comparison(rows)).splitlines()
+    assert len(said) == 4  # two GPUs, checkpointing off and on
+    h100 = next(line for line in said if line.startswith("- **H100 80GB, llama-3.2-1b, checkpointing off**"))
+    assert f"{37 * 1.1 / 40:.2f}× Hugging Face's" in h100 and f"{37 * 1.1 / 38:.2f}× the fastest peer's (Liger)" in h100
+    assert "its largest step, 65,536 tokens (OOM at 131072), is 2.00× Hugging Face's" in h100
+    h200_on = next(line for line in said if line.startswith("- **H200, llama-3.2-1b, checkpointing on**"))
+    assert "is 4.00× Hugging Face's, 1.00× TRL's, 2.00× Liger's" in h200_on
+    assert not any(word in " ".join(said) for word in ("target", " met", "missed"))
+    assert ts.comparison_lines(pd.DataFrame()).startswith("Not measured on a GPU yet")
+    assert ts.gpu_summary_lines(pd.DataFrame()).startswith("Not measured on a GPU yet")
+
+
+def test_training_step_conclusion_states_comparisons():
+    costs = ts.analytic_costs(("llama-3.2-1b",)).loc["llama-3.2-1b"]
+    rows = _two_gpus()
+    steps, largest = ts.step_comparison(rows), ts.largest_comparison(rows)
+    small = steps[steps.tokens <= 16 * 2048]
+    convergence = pd.DataFrame({"gpu_name": ["NVIDIA H200"] * 2, "mode": ["bf16", "bf16"], "provider": ["huggingface", "kernels_lib"],
+                                "max_abs_diff_huggingface": [0.0, 0.29], "weights_rel_dist_huggingface": [0.0, 0.45]})
+    said = ts.conclusion_lines(costs, "llama-tiny", pd.Series({"float32": 1e-6}), steps, small, convergence, largest)
+    assert f"{costs['LM head per token (MB)']:.2f} MB per token" in said and "1e-06 (float32)" in said
+    h200 = next(line for line in said.splitlines() if line.startswith("- **H200** (llama-3.2-1b, checkpointing off and on"))
+    assert f"kernels_lib's step takes {37 / 42:.2f}–{37 / 38:.2f}× the fastest peer's time and {37 / 40:.2f}× Hugging Face's" in h200
+    assert "its largest step is 2.00–4.00× Hugging Face's." in h200
+    assert f"{37 * 1.1 / 42:.2f}–{37 * 1.1 / 38:.2f}× the fastest peer's" in next(line for line in said.splitlines() if line.startswith("- **H100 80GB**"))
+    assert f"(4b, H200): kernels_lib's step takes at most {37 / 40:.3f}× (llama-3.2-1b) Hugging Face's" in said
+    assert f"(4b, H100 80GB): kernels_lib's step takes at most {37 * 1.1 / 40:.3f}× (llama-3.2-1b)" in said
+    assert "(4c on the H200)" in said and "kernels_lib 0.29 (bf16)" in said and "lie 0.45 apart" in said
+    assert "targets" not in said and "met" not in said.replace("meter", "")
+    assert "Not measured on a GPU yet" in ts.conclusion_lines(costs, "llama-tiny", pd.Series(dtype=float))
+
+
+def test_torch_lce_lines_per_gpu():
+    rows = synthetic_rows()
+    rows = rows[rows.provider.isin(["huggingface", "kernels_lib", "trl"]) & ~rows.checkpointing]
+    rows = rows.assign(provider=rows.provider.replace({"trl": "torch_lce"}), loss_first=7.0)
+    said = ts.torch_lce_lines(rows, "NVIDIA H200")
+    assert said.startswith("- **Beside torch's function on the H200:** kernels_lib's step, checkpointing off: "
+                           f"{37 / 42:.3f}× its time at")
+    assert ts.torch_lce_lines(synthetic_rows(), "NVIDIA H200") == ""  # torch's function not measured
+
+
 def test_step_chart_draws_every_provider_and_the_ooms():
     rows = synthetic_rows()
     figure = ts.step_chart(rows, "llama-3.2-1b")
@@ -372,12 +453,19 @@ def test_training_step_notebook_runs_its_checks():
 @pytest.mark.notebook
 def test_training_step_notebook_shows_measured_rows(tmp_path):
     csv = tmp_path / "rows.csv"
-    pd.concat([synthetic_rows("r1"), synthetic_rows("r1").assign(model="qwen2.5-0.5b", family="qwen2")],
-              ignore_index=True).to_csv(csv, index=False)
-    _, html = _run_notebook(tmp_path, measured_csv=str(csv))
-    assert html.count("Plotly.newPlot(") >= 4  # and one step chart per model
+    two = _two_gpus()
+    pd.concat([two, two.assign(model="qwen2.5-0.5b", family="qwen2")], ignore_index=True).to_csv(csv, index=False)
+    results, html = _run_notebook(tmp_path, measured_csv=str(csv))
+    assert html.count("Plotly.newPlot(") >= 6  # and one step chart per model and GPU
     assert "Not measured yet" not in html
-    assert "largest tokens per step ≥ 1.5× huggingface" in html and "targets met" in html
+    for label, factor in (("H200", 1.0), ("H100_80GB", 1.1)):  # each GPU its own table, its own newest run
+        table = pd.read_csv(results / f"training_step_comparison_{label}.csv").set_index(["model", "checkpointing", "tokens"])
+        assert set(table.index.get_level_values("model")) == {"llama-3.2-1b", "qwen2.5-0.5b"}
+        point = table.loc[("qwen2.5-0.5b", False, 8 * 2048)]
+        assert point["× liger"] == pytest.approx(37 * factor / 38) and point["fastest peer"] == "liger"
+        assert point["× huggingface"] == pytest.approx(37 * factor / 40) and point["memory × leanest"] == pytest.approx(1.0)
+    assert "H100 80GB, qwen2.5-0.5b, checkpointing on" in html and "× fastest peer" in html
+    assert "targets met" not in html and "≤ 0.95×" not in html
 
 
 def test_provider_names_carry_the_patch_options():

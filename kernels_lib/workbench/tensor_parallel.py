@@ -10,15 +10,18 @@ passes when every rank's loss, ``dx`` (for the fused loss) and the ranks' gradie
 together are within the tolerance of both. The workers live in this module because a spawned
 process imports its target by name (a function defined in a notebook cell cannot be imported).
 
-**The verdicts** (:func:`verdicts`) read ``data/measured/tensor_parallel.csv`` (written by
-``scripts/tensor_parallel_bench.py``): the newest run's medians on the H200, against
-:data:`TARGETS` (at TP = 2). **The scaling** (:func:`scaling_efficiency`, :func:`scaling_verdicts`):
-each TP of the same run against TP = 1, and :data:`SCALING_TARGETS` at TP = 8.
+**The comparison** (:func:`tp_comparison`) reads ``data/measured/tensor_parallel.csv`` (written by
+``scripts/tensor_parallel_bench.py``), per GPU its newest run (:func:`load_runs_per_gpu`): at each N and TP,
+kernels_lib's time over each peer's at the same TP, over the fastest peer's and over the floor of one rank's
+share, its memory over the leanest peer's, and its scaling efficiency against its own TP = 1.
+**The scaling** (:func:`scaling_efficiency`): every provider at each TP of the same run against its TP = 1.
+The logits-level charts (:func:`logits_comparisons`) get :func:`.comparison.comparison` per TP.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 import warnings
@@ -31,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .. import cross_entropy, fused_linear_cross_entropy, reference
-from . import data
+from . import comparison, data
 
 V, H = 1031, 16
 SPLITS = {2: (700, 331), 3: (400, 231, 400)}
@@ -180,32 +183,15 @@ def run_check(worlds=(2, 3), seed: int = 0) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-# The GPU rows and the targets at TP = 2
+# The GPU rows, per GPU
 
-#: name -> (what, limit): each a ratio of medians of the same run that must be <= limit.
-TARGETS = {
-    "tp2_time": ("kernels_lib TP = 2 full / kernels_lib TP = 1 full", 0.6),
-    "tp2_memory": ("kernels_lib TP = 2 / TP = 1 per-GPU memory beyond the inputs (full)", 0.55),
-    "vs_loss_parallel_time": ("kernels_lib / torch loss_parallel full time, TP = 2", 0.5),
-    "vs_megatron_time": ("kernels_lib / megatron-core (materialized logits) full time, TP = 2", 0.5),
-    "vs_loss_parallel_memory": ("kernels_lib / torch loss_parallel per-GPU memory, TP = 2", 0.2),
-    "vs_megatron_memory": ("kernels_lib / megatron-core per-GPU memory, TP = 2", 0.2),
-    "logits_vs_liger": ("kernels_lib.cross_entropy / Liger full time, TP = 1", 1.0),
-}
-
-
-#: The targets at TP = 8 (name -> (what, limit)): ratios to kernels_lib's own TP = 1 row of the same run.
-SCALING_TARGETS = {
-    "tp8_memory": ("kernels_lib TP = 8 / TP = 1 per-GPU memory beyond the inputs (full)", 0.2),
-    "tp8_time": ("kernels_lib TP = 8 / TP = 1 full time", 0.25),
-}
-#: The TP those targets are judged at.
-SCALING_TP = 8
+#: No ceilings measured: a comparison's floor reads "not measured".
+NO_CEILINGS = pd.DataFrame(columns=["kernel_name", "gpu_name", "kernels_lib_commit", "y_value_50", "timestamp"])
 
 
 def load_runs(gpu_name: str | None = None) -> pd.DataFrame:
     """The rows of ``tensor_parallel.csv`` measured on ``gpu_name`` (CUDA; None: the GPU of the newest row), per
-    workload (``kernel_name``) the newest run (commit) only, as its targets compare rows of one run; empty when none."""
+    workload (``kernel_name``) the newest run (commit) only, as its ratios compare rows of one run; empty when none."""
     path = data.measured_path("tensor_parallel")
     if not path.exists():
         return pd.DataFrame()
@@ -218,6 +204,15 @@ def load_runs(gpu_name: str | None = None) -> pd.DataFrame:
         return rows
     newest = rows.sort_values("timestamp").groupby("kernel_name").kernels_lib_commit.last()
     return rows[rows.kernels_lib_commit == rows.kernel_name.map(newest)].reset_index(drop=True)
+
+
+def load_runs_per_gpu() -> dict[str, pd.DataFrame]:
+    """Per GPU whose CUDA rows ``tensor_parallel.csv`` holds (:func:`.data.gpus_measured`: by short label, none
+    preferred), its :func:`load_runs`; {} without the file or its CUDA rows."""
+    path = data.measured_path("tensor_parallel")
+    if not path.exists():
+        return {}
+    return {gpu: load_runs(gpu) for gpu in data.gpus_measured(data.read_rows(path))}
 
 
 def pivot(rows: pd.DataFrame, kernel_name: str, metric: str, mode: str) -> pd.DataFrame:
@@ -264,61 +259,147 @@ def scaling_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["N", "provider", "mode", "TP"]).reset_index(drop=True)
 
 
-def scaling_verdicts(rows: pd.DataFrame) -> pd.DataFrame:
-    """:data:`SCALING_TARGETS` at each N, judged at :data:`SCALING_TP` where the run measured it (``met``
-    True or False), else ``not measured`` with the largest TP the run had."""
-    table = scaling_efficiency(rows)
-    ours = table[(table.provider == "kernels_lib") & (table["mode"] == "full")]
+def _rank_floor(run: pd.DataFrame, ceilings: pd.DataFrame, k: int) -> pd.Series:
+    """Per x of one run's rows at TP = ``k``: the floor of one rank's share (:func:`.comparison.floor_ms` with the
+    vocabulary ``V / k``: each rank's matmuls and bytes are its slice's), at the run's own ceilings; NaN where the
+    run measured none."""
+    x_name = str(run.x_name.iloc[0]) if "x_name" in run else "x"
+
+    def shard(text):
+        config = _config(text)
+        if isinstance(config.get("V"), int):
+            config["V"] = config["V"] // k
+        return json.dumps(config)
+
+    part = run.assign(extra_benchmark_config_str=run.extra_benchmark_config_str.map(shard))
+    if x_name == "V":
+        part = part.assign(x_value=part.x_value / k)
+    floor = comparison.floor_ms(part, ceilings)
+    if x_name == "V":
+        floor.index = floor.index * k
+    return floor
+
+
+def _at_tp(rows: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The rows measured at TP = ``k``, providers named without their ``[TP=k]`` suffix: by the ``tp`` column
+    (``tensor_parallel.csv``) or, in the logits-level charts' CSVs, by the suffix (none: TP = 1)."""
+    if "tp" in rows.columns and rows.tp.notna().all():
+        return rows[rows.tp == k]
+    suffix = rows.kernel_provider.astype(str).str.extract(r"\[TP=(\d+)\]$")[0].fillna("1").astype(int)
+    chosen = rows[suffix == k]
+    return chosen.assign(kernel_provider=chosen.kernel_provider.astype(str).str.replace(r"\[TP=\d+\]$", "", regex=True))
+
+
+def tp_sizes(rows: pd.DataFrame) -> list[int]:
+    """The TPs ``rows`` measured (the ``tp`` column, else the providers' ``[TP=k]`` suffixes; none: 1)."""
+    if "tp" in rows.columns and rows.tp.notna().all():
+        return sorted(int(k) for k in rows.tp.unique())
+    found = rows.kernel_provider.astype(str).str.extract(r"\[TP=(\d+)\]$")[0].dropna().astype(int)
+    return sorted({1, *found})
+
+
+def comparison_at_tp(rows: pd.DataFrame, ceilings: pd.DataFrame, k: int) -> pd.DataFrame:
+    """:func:`.comparison.comparison` of one run's rows of one workload at TP = ``k`` (peers at the same TP only),
+    its ``× floor`` against the floor of one rank's share (:func:`_rank_floor`); empty where kernels_lib has no
+    ``full`` time at that TP."""
+    part = _at_tp(rows, k)
+    if not len(part) or "kernels_lib" not in set(part[(part.metric_name == "speed") & (part.kernel_operation_mode == "full")
+                                                       & part.y_value_50.notna()].kernel_provider):
+        return pd.DataFrame()
+    table = comparison.comparison(part, ceilings)
+    if k > 1:
+        table["× floor"] = table["kernels_lib ms"] / _rank_floor(part, ceilings, k).reindex(table.index)
+    return table
+
+
+def tp_comparison(runs: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
+    r"""The fused linear CE of one GPU's :func:`load_runs`, per (N, TP): :func:`comparison_at_tp` (kernels_lib's
+    ``full`` time over each peer's at the same TP, the fastest peer's, the floor of one rank's share; its memory
+    over the leanest peer's), then kernels_lib's scaling ``efficiency`` :math:`t_1 / (k\,t_k)` and per-GPU
+    ``memory / TP = 1`` against its own TP = 1 row (:func:`scaling_efficiency`). Empty without rows."""
+    flce = runs[runs.kernel_name == "fused_linear_cross_entropy"] if len(runs) else runs
+    if not len(flce):
+        return pd.DataFrame()
+    scaling = scaling_efficiency(flce)
+    ours = scaling[(scaling.provider == "kernels_lib") & (scaling["mode"] == "full")].set_index(["N", "TP"])
+    tables = {k: comparison_at_tp(flce, ceilings, k) for k in tp_sizes(flce)}
+    table = pd.concat({k: t for k, t in tables.items() if len(t)}, names=["TP", "N"]).swaplevel().sort_index()
+    table["efficiency"] = ours.efficiency.reindex(table.index)
+    table["memory / TP = 1"] = ours["MiB / TP = 1"].reindex(table.index)
+    return table
+
+
+def floor_table(runs: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
+    """The fused linear CE of one GPU's run, per (N, TP): the floor of one rank's share at the run's own ceilings
+    (``floor ms``, NaN where the run measured none) and every provider's ``full`` time over it."""
+    flce = runs[runs.kernel_name == "fused_linear_cross_entropy"] if len(runs) else runs
     out = []
-    for n, group in ours.groupby("N"):
-        at = group[group.TP == SCALING_TP]
-        ratios = {"tp8_memory": at["MiB / TP = 1"], "tp8_time": 1 / at["speed-up"]}
-        for name, (what, limit) in SCALING_TARGETS.items():
-            ratio = float(ratios[name].iloc[0]) if len(at) else float("nan")
-            status = ("met" if ratio <= limit else "missed") if ratio == ratio else f"not measured (TP ≤ {group.TP.max()} in this run)"
-            out.append({"target": name, "what": what, "N": n, "ratio": ratio, "limit": limit, "status": status})
-    return pd.DataFrame(out, columns=["target", "what", "N", "ratio", "limit", "status"])
-
-
-def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
-    """Every target of :data:`TARGETS` at every point where both sides were measured: the ratio, the
-    limit, met or not, and by how much a miss exceeds it (``ratio / limit - 1``). These targets
-    are at TP = 2, whatever larger TP the run also measured."""
-    out = []
-    tp2 = 2
-
-    def judge(name, x, num, den):
-        what, limit = TARGETS[name]
-        if pd.isna(num) or pd.isna(den):
-            return
-        ratio = num / den
-        out.append({"target": name, "what": what, "x": x, "ratio": ratio, "limit": limit, "met": ratio <= limit,
-                    "over by": max(0.0, ratio / limit - 1)})
-
-    full = pivot(rows, "fused_linear_cross_entropy", "speed", "full")
-    memory = pivot(rows, "fused_linear_cross_entropy", "memory", "full")
-
-    def get(table, x, provider, tp):
-        return table.loc[x, (provider, tp)] if (provider, tp) in table.columns else float("nan")
-
-    for n in full.index:
-        ours = get(full, n, "kernels_lib", tp2)
-        ours_memory = get(memory, n, "kernels_lib", tp2)
-        judge("tp2_time", n, ours, get(full, n, "kernels_lib", 1))
-        judge("tp2_memory", n, ours_memory, get(memory, n, "kernels_lib", 1))
-        judge("vs_loss_parallel_time", n, ours, get(full, n, "torch_loss_parallel", tp2))
-        judge("vs_megatron_time", n, ours, get(full, n, "megatron-core", tp2))
-        judge("vs_loss_parallel_memory", n, ours_memory, get(memory, n, "torch_loss_parallel", tp2))
-        judge("vs_megatron_memory", n, ours_memory, get(memory, n, "megatron-core", tp2))
-    for workload in ("megatron_cross_entropy", "cross_entropy"):
-        logits = pivot(rows, workload, "speed", "full")
-        for v in logits.index:
-            judge("logits_vs_liger", f"{workload} V={v}", get(logits, v, "kernels_lib", 1), get(logits, v, "liger", 1))
-    return pd.DataFrame(out, columns=["target", "what", "x", "ratio", "limit", "met", "over by"])
+    for k in tp_sizes(flce) if len(flce) else []:
+        part = _at_tp(flce, k)
+        floor = _rank_floor(part, ceilings, k)
+        times = part[(part.metric_name == "speed") & (part.kernel_operation_mode == "full")].pivot_table(
+            index="x_value", columns="kernel_provider", values="y_value_50")
+        for n in times.index:
+            out.append({"N": n, "TP": k, "floor ms": floor.get(n, math.nan),
+                        **{f"{p} / floor": times.at[n, p] / floor.get(n, math.nan) for p in times.columns}})
+    return pd.DataFrame(out).set_index(["N", "TP"]) if out else pd.DataFrame()
 
 
 # ---------------------------------------------------------------------------------------------
 # What notebook 09 draws and says, from the rows
+
+
+def time_chart(scaling: pd.DataFrame, gpu: str):
+    """:func:`scaling_table` of one GPU's run as grouped bars: each provider's ``full`` time per N at each TP (TP = 1
+    opaque), and beside each TP > 1 bar the same collectives replayed alone (hatched, the provider's colour)."""
+    import plotly.graph_objects as go
+
+    from . import charts
+
+    figure = go.Figure()
+    for (provider, k), part in scaling.reset_index().groupby(["provider", "TP"]):
+        if part["full ms"].notna().any():
+            figure.add_bar(name=f"{provider} TP = {k}", x=[f"N = {n}" for n in part.N], y=part["full ms"],
+                           marker_color=charts.provider_color(provider), opacity=1.0 if k == 1 else 0.6)
+            if k > 1:
+                figure.add_bar(name=f"{provider} TP = {k}: collectives alone", x=[f"N = {n}" for n in part.N],
+                               y=part["collectives alone ms"], marker_color=charts.provider_color(provider),
+                               marker_pattern_shape="/", opacity=0.5)
+    figure.update_layout(barmode="group", yaxis_title="time (ms)",
+                         title=f"Fused linear CE, full (forward + backward), per GPU, at each TP measured ({data.gpu_label(gpu)})")
+    return charts.kernels_lib_on_top(figure)
+
+
+def efficiency_chart(efficiency: pd.DataFrame, gpu: str):
+    r""":func:`scaling_efficiency` of one GPU's run, ``full``: the efficiency :math:`t_1 / (k\,t_k)` against TP, a line
+    per (provider, N); the dotted line at 1 is every GPU added taking its full share."""
+    import plotly.graph_objects as go
+
+    from . import charts
+
+    full = efficiency[(efficiency["mode"] == "full") & efficiency.ms.notna()]
+    figure = go.Figure()
+    for (provider, n), part in full.groupby(["provider", "N"]):
+        figure.add_scatter(x=part.TP, y=part.efficiency, mode="lines+markers", name=f"{provider}, N = {n}",
+                           line=dict(color=charts.provider_color(provider), dash="solid" if n == full.N.min() else "dash"))
+    figure.add_hline(y=1.0, line_dash="dot", annotation_text="each GPU its full share", annotation_position="bottom right")
+    figure.update_layout(title=f"Fused linear CE, full: scaling efficiency t₁ / (k·t_k) per GPU count ({data.gpu_label(gpu)})",
+                         xaxis=dict(title="TP", type="log", tickvals=[1, 2, 4, 8], range=[-0.1, 0.95]),
+                         yaxis=dict(title="efficiency", range=[0, 1.1]))
+    return charts.kernels_lib_on_top(figure)
+
+
+def efficiency_line(efficiency: pd.DataFrame, gpu: str) -> str:
+    """One sentence: the TPs one GPU's run measured and, at each beyond 1, kernels_lib's ``full`` efficiency and the
+    peers' (:func:`scaling_efficiency`), as measured."""
+    full = efficiency[(efficiency["mode"] == "full") & efficiency.ms.notna()]
+    tps = sorted(int(k) for k in full.TP.unique())
+    said = []
+    for k, at in full[full.TP > 1].groupby("TP"):
+        ours, peers = at[at.provider == "kernels_lib"].efficiency, at[at.provider != "kernels_lib"].efficiency
+        said.append(f"at TP = {k} kernels_lib's `full` efficiency is {_range(ours)} (the peers {_range(peers)})")
+    return (f"On the {data.gpu_label(gpu)} this run measured TP = {', '.join(map(str, tps))}"
+            + (": " + "; ".join(said) if said else ": no TP beyond 1, no scaling to state") + ".")
 
 
 def _config(text: str) -> dict:
@@ -348,66 +429,50 @@ def logits_rows(name: str, published: pd.DataFrame, gpu_name: str | None) -> pd.
     return measured[chosen & measured.extra_benchmark_config_str.map(lambda t: same_sizes(t, published_config))].reset_index(drop=True)
 
 
-def _why(name: str, worst, runs: pd.DataFrame, scaling: pd.DataFrame, limit: float) -> str:
-    """What the measurement says about a missed target's worst point."""
-    config = _config(runs[runs.kernel_name == "fused_linear_cross_entropy"].extra_benchmark_config_str.iloc[0])
-    element = torch.empty((), dtype=getattr(torch, str(config.get("dtype", "bfloat16")).replace("torch.", ""))).element_size()
-    if name == "tp2_time":
-        ours = scaling.xs(("kernels_lib", 2), level=("provider", "TP")).loc[worst.x]
-        single = scaling.xs(("kernels_lib", 1), level=("provider", "TP")).loc[worst.x]
-        rest = (ours["full ms"] - ours["collectives alone ms"]) / single["full ms"]
-        dx_share = int(worst.x) * config["H"] * element / ours["wire bytes (full)"]
-        return (f" At N = {worst.x}: TP = 2 takes {ours['full ms']:.1f} ms, of which the collectives alone "
-                f"{ours['collectives alone ms']:.1f} ms ({ours['comm share of full']:.0%}; {ours['wire bytes (full)'] / 1e6:.1f} MB "
-                f"per rank, {dx_share:.0%} of it $dx$); without them {rest:.2f}× TP = 1, against the 0.5× of a perfect split.")
-    if name == "tp2_memory":
-        ours = scaling.xs(("kernels_lib", 2), level=("provider", "TP")).loc[worst.x, "memory MiB (full)"]
-        whole = int(worst.x) * config["H"] * element / 2**20
-        return (f" At N = {int(worst.x)}: {ours:.0f} MiB per GPU at TP = 2; what does not split with the vocabulary is "
-                f"N × H-sized: $dx$ alone is {whole:.0f} MiB on every rank, plus the chunk's buffers.")
-    return f" Worst at {worst.x}: {worst.ratio:.2f}× against ≤ {limit}."
+def logits_comparisons(run: pd.DataFrame, ceilings: pd.DataFrame | None = None) -> dict[int, pd.DataFrame]:
+    """A logits-level chart's run on one GPU (one commit), per TP it measured: :func:`comparison_at_tp` (kernels_lib
+    against the peers at the same TP: ``kernels_lib`` with Liger, torch and Megatron-core at TP = 1,
+    ``kernels_lib[TP=2]`` with ``megatron-*[TP=2]`` at TP = 2); TPs where kernels_lib has no time are left out."""
+    ceilings = NO_CEILINGS if ceilings is None else ceilings
+    tables = {k: comparison_at_tp(run, ceilings, k) for k in tp_sizes(run)} if len(run) else {}
+    return {k: t for k, t in tables.items() if len(t)}
 
 
-def verdict_lines(runs: pd.DataFrame) -> str:
-    """A bullet per target of :data:`TARGETS`: the measured range, met or by how much it is missed, and for
-    a miss what the measurement says about why (markdown)."""
-    verdict, scaling = verdicts(runs), scaling_table(runs)
-    lines = []
-    for name, (what, limit) in TARGETS.items():
-        rows = verdict[verdict.target == name]
-        if not len(rows):
-            lines.append(f"- {what} ≤ {limit}: **not measured** (a provider's rows are missing or NaN; see the notes above)")
-            continue
-        missed = rows[~rows.met]
-        head = f"- {what} ≤ {limit}: {rows.ratio.min():.2f}–{rows.ratio.max():.2f}×, "
-        if not len(missed):
-            lines.append(head + "**met** at every point")
-            continue
-        worst = missed.sort_values("over by").iloc[-1]
-        lines.append(head + f"**missed** at {len(missed)} of {len(rows)} points, by up to {worst['over by']:.1%}."
-                     + _why(name, worst, runs, scaling, limit))
-    return "\n".join(lines)
-
-
-def conclusion(runs: pd.DataFrame) -> str:
-    """The scaling in one paragraph, from the run: kernels_lib's and the peers' efficiency of ``full`` and
-    kernels_lib's per-GPU memory at each TP measured beyond 1 (markdown); "not measured" without rows."""
-    if not len(runs):
+def conclusion(runs_by_gpu: dict[str, pd.DataFrame] | pd.DataFrame, ceilings: pd.DataFrame | None = None) -> str:
+    """The scaling in a sentence per GPU (``runs_by_gpu``: GPU → :func:`load_runs`, or rows of one GPU): at each TP
+    measured beyond 1, kernels_lib's ``full`` time over the fastest peer's at that TP and its memory over the
+    leanest peer's (:func:`tp_comparison`), its scaling efficiency and the peers', its per-GPU memory against
+    TP = 1's, and the run's provenance (markdown); "not measured" without rows."""
+    if isinstance(runs_by_gpu, pd.DataFrame):
+        runs_by_gpu = {str(g): r for g, r in runs_by_gpu.groupby("gpu_name", sort=False)} if len(runs_by_gpu) else {}
+    flce = {g: r[r.kernel_name == "fused_linear_cross_entropy"] for g, r in runs_by_gpu.items() if len(r)}
+    flce = {g: r for g, r in flce.items() if len(r)}
+    if not flce:
         return "No GPU rows yet: the scaling is not measured."
-    table = scaling_efficiency(runs)
-    full = table[(table["mode"] == "full") & table.efficiency.notna() & (table.TP > 1)]
-    if not len(full):
-        return "The run measured TP = 1 only: no scaling to state."
-    parts = []
-    for k, at in full.groupby("TP"):
-        ours, peers = at[at.provider == "kernels_lib"], at[at.provider != "kernels_lib"]
-        said = f"at TP = {k} kernels_lib's `full` scales at an efficiency of {_range(ours.efficiency)}"
-        if len(peers):
-            said += f" (the peers {_range(peers.efficiency)})"
-        said += f", its per-GPU memory {_range(ours['MiB / TP = 1'])}× TP = 1's"
-        parts.append(said)
-    gpu = str(runs.gpu_name.iloc[0]).replace("NVIDIA ", "")
-    return f"On the {gpu}, " + "; ".join(parts) + f" (the {data.run_label(runs[runs.kernel_name == 'fused_linear_cross_entropy'])})."
+    ceilings = NO_CEILINGS if ceilings is None else ceilings
+    sentences = []
+    for gpu, runs in flce.items():
+        table, compared = scaling_efficiency(runs), tp_comparison(runs, ceilings)
+        full = table[(table["mode"] == "full") & table.efficiency.notna() & (table.TP > 1)]
+        parts = []
+        for k, at in full.groupby("TP"):
+            ours, peers = at[at.provider == "kernels_lib"], at[at.provider != "kernels_lib"]
+            said = f"at TP = {k} kernels_lib's `full` scales at an efficiency of {_range(ours.efficiency)}"
+            if len(peers):
+                said += f" (the peers {_range(peers.efficiency)})"
+            said += f", its per-GPU memory {_range(ours['MiB / TP = 1'])}× TP = 1's"
+            here = compared.xs(k, level="TP") if len(compared) and k in compared.index.get_level_values("TP") else pd.DataFrame()
+            if len(here) and here["× fastest peer"].notna().any():
+                fastest = ", ".join(dict.fromkeys(here["fastest peer"].dropna()))
+                said += (f"; it takes {_range(here['× fastest peer'])}× the fastest peer's time at that TP ({fastest}) "
+                         f"at {_range(here['memory × leanest'])}× the leanest peer's memory")
+            parts.append(said)
+        where = f"On the {data.gpu_label(gpu)}, "
+        if not parts:
+            sentences.append(where + f"the run measured TP = 1 only: no scaling to state (the {data.run_label(runs)}).")
+            continue
+        sentences.append(where + "; ".join(parts) + f" (the {data.run_label(runs)}).")
+    return " ".join(sentences)
 
 
 def _range(values: pd.Series) -> str:

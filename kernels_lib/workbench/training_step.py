@@ -1,5 +1,5 @@
 """What the LM head costs in a whole training step: model shapes, providers, one measured step, the sweep,
-the targets, and the analytic costs to put beside them.
+kernels_lib's step against each peer's per GPU, and the analytic costs to put beside them.
 
 A *point* is one (model shape, provider, gradient checkpointing, batch × sequence tokens): a fresh model
 of the shape (random init, same seed for every provider, parameters in bf16), ``torch.optim.AdamW``
@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import data, narrative
 from .bench.environment import package_version, provenance
 
 GIB = 2**30
@@ -639,11 +640,32 @@ def measured(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def latest_run(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the newest run (``run_id``) of each model: what the targets are judged on."""
+    """The rows of the newest run (``run_id``) of each model (of one GPU: :func:`newest_runs_per_gpu`)."""
     if not len(rows):
         return rows
     newest = rows.groupby("model").run_id.max()
     return rows[rows.run_id == rows.model.map(newest)].reset_index(drop=True)
+
+
+def newest_runs_per_gpu(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per GPU whose CUDA rows ``rows`` hold (:func:`.data.gpus_measured`: by short label, none preferred), the
+    newest run of each model on that GPU (:func:`latest_run`); {} without CUDA rows. Two GPUs are never mixed."""
+    if not len(rows):
+        return {}
+    cuda = rows[rows.device.astype(str) == "cuda"] if "device" in rows.columns else rows
+    return {gpu: latest_run(cuda[cuda.gpu_name.astype(str) == gpu]) for gpu in data.gpus_measured(cuda)}
+
+
+def run_labels(latest: pd.DataFrame) -> str:
+    """The provenance of :func:`latest_run` rows of one GPU, one clause per model: ``model: run of commit C on
+    GPU (date)`` (:func:`.data.run_label`) and the versions of torch, transformers, TRL and Liger."""
+    said = []
+    for model, run in latest.groupby("model", sort=False):
+        versions = ", ".join(f"{name} {run[column].iloc[0]}" for name, column in
+                             (("torch", "torch_version"), ("transformers", "transformers_version"), ("trl", "trl_version"),
+                              ("liger", "liger_version")) if column in run and pd.notna(run[column].iloc[0]))
+        said.append(f"{model}: {data.run_label(run)}" + (f" ({versions})" if versions else ""))
+    return "; ".join(said)
 
 
 def largest_fit(rows: pd.DataFrame) -> pd.DataFrame:
@@ -706,10 +728,157 @@ def step_ratios(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFra
     return pd.DataFrame(out)
 
 
+def _peer_order(providers, provider: str) -> list[str]:
+    """The peers of ``provider`` among ``providers``: :data:`PROVIDERS`, then :data:`OPTIONAL_PROVIDERS`, then any other
+    (sorted), never ``provider`` or another configuration of it (``kernels_lib[...]``)."""
+    present = [p for p in providers if p != provider and not str(p).startswith(f"{provider}[")]
+    known = [p for p in PROVIDERS + OPTIONAL_PROVIDERS if p in present]
+    return known + sorted(p for p in present if p not in known)
+
+
+def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Per GPU (its newest run of each model, :func:`newest_runs_per_gpu`), model, checkpointing and tokens per
+    step that ``provider`` measured: its median step time (``kernels_lib ms``), that time over each peer's at the
+    same size (``× <peer>``, NaN where the peer did not measure it: out of memory, skipped or not run), the
+    fastest peer there and the time over its (``× fastest peer``), its peak memory (``kernels_lib GiB``), the
+    leanest peer there and the peak over its (``memory × leanest``). Every ratio is taken inside one run on one
+    GPU. Columns ``gpu_name``, ``run_id``, ``model``, ``checkpointing``, ``tokens`` first; empty without CUDA rows."""
+    out, peers_seen = [], []
+    for gpu, latest in newest_runs_per_gpu(rows).items():
+        ok = measured(latest)
+        for (model, ckpt), group in ok.groupby(["model", "checkpointing"], sort=False):
+            time_ = group.groupby(["tokens", "provider"]).step_ms_50.median().unstack()
+            memory = group.groupby(["tokens", "provider"]).peak_gib.median().unstack().reindex(index=time_.index, columns=time_.columns)
+            if provider not in time_.columns:
+                continue
+            peers = _peer_order(time_.columns, provider)
+            peers_seen += [p for p in peers if p not in peers_seen]
+            for tokens in time_.index[time_[provider].notna()]:
+                ours, ours_gib = time_.at[tokens, provider], memory.at[tokens, provider]
+                times, peaks = time_.loc[tokens, peers].dropna(), memory.loc[tokens, peers].dropna()
+                entry = {"gpu_name": gpu, "run_id": str(group.run_id.iloc[0]), "model": model, "checkpointing": bool(ckpt),
+                         "tokens": int(tokens), f"{provider} ms": ours, **{f"× {p}": ours / time_.at[tokens, p] for p in peers},
+                         "fastest peer": times.idxmin() if len(times) else None,
+                         "× fastest peer": ours / times.min() if len(times) else math.nan, f"{provider} GiB": ours_gib,
+                         "leanest peer": peaks.idxmin() if len(peaks) else None,
+                         "memory × leanest": ours_gib / peaks.min() if len(peaks) else math.nan}
+                out.append(entry)
+    head = ["gpu_name", "run_id", "model", "checkpointing", "tokens", f"{provider} ms"]
+    tail = ["fastest peer", "× fastest peer", f"{provider} GiB", "leanest peer", "memory × leanest"]
+    return pd.DataFrame(out, columns=head + [f"× {p}" for p in peers_seen] + tail)
+
+
+def largest_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """Per GPU (its newest run of each model), model and checkpointing: the largest tokens per step ``provider``
+    measured (:func:`largest_fit`), what stopped it, and that size over each peer's largest (``× <peer>``; NaN
+    where the peer measured none). A size not stopped by an OOM (budget, end of the grid) is a lower bound:
+    ``bounded by OOM`` says which."""
+    out = []
+    for gpu, latest in newest_runs_per_gpu(rows).items():
+        for (model, ckpt), fits in largest_fit(latest).groupby(["model", "checkpointing"], sort=False):
+            fits = fits.set_index("provider")
+            if provider not in fits.index:
+                continue
+            ours = fits.at[provider, "largest tokens"]
+            entry = {"gpu_name": gpu, "model": model, "checkpointing": bool(ckpt), f"{provider} largest tokens": int(ours),
+                     "stopped by": fits.at[provider, "stopped by"], "bounded by OOM": bool(fits.at[provider, "bounded by OOM"])}
+            for peer in _peer_order(fits.index, provider):
+                theirs = fits.at[peer, "largest tokens"]
+                entry[f"× {peer}"] = ours / theirs if theirs > 0 else math.nan
+            out.append(entry)
+    return pd.DataFrame(out)
+
+
+#: How a sentence names each provider of the training step.
+SAID = {"huggingface": "Hugging Face", "trl": "TRL", "liger": "Liger", "torch_lce": "torch's `F.linear_cross_entropy`"}
+
+
+def said(provider: str) -> str:
+    """A provider as the training step's sentences name it (``huggingface`` → ``Hugging Face``)."""
+    return SAID.get(provider, narrative.name(provider))
+
+
+def comparison_lines(steps: pd.DataFrame, largest: pd.DataFrame | None = None, provider: str = "kernels_lib",
+                     digits: int = 2) -> str:
+    """One markdown bullet per (GPU, model, checkpointing) of :func:`step_comparison`: the range over the sizes
+    of ``provider``'s step time over each peer's and over the fastest peer's (naming it), its peak memory over the
+    leanest peer's, and with ``largest`` (:func:`largest_comparison`) its largest step over each peer's.
+    "Not measured on a GPU yet" without rows."""
+    if steps is None or not len(steps):
+        return "Not measured on a GPU yet: no step to compare."
+    lines = []
+    for (gpu, model, ckpt), group in steps.groupby(["gpu_name", "model", "checkpointing"], sort=False):
+        peers = [c[2:] for c in group.columns if c.startswith("× ") and c != "× fastest peer" and group[c].notna().any()]
+        times = ", ".join(f"{narrative.span(group[f'× {p}'], digits)} {said(p)}'s" for p in peers)
+        fastest = ", ".join(said(p) for p in dict.fromkeys(group["fastest peer"].dropna()))
+        leanest = ", ".join(said(p) for p in dict.fromkeys(group["leanest peer"].dropna()))
+        text = (f"- **{data.gpu_label(gpu)}, {model}, checkpointing {'on' if ckpt else 'off'}** "
+                f"({int(group.tokens.min()):,}–{int(group.tokens.max()):,} tokens per step): "
+                f"{provider}'s step time is {times or 'not compared: no peer measured'}; "
+                f"{narrative.span(group['× fastest peer'], digits)} the fastest peer's ({fastest or 'none'}). "
+                f"Its peak memory is {narrative.span(group['memory × leanest'], digits)} the leanest peer's ({leanest or 'none'})")
+        fit = (largest[(largest.gpu_name == gpu) & (largest.model == model) & (largest.checkpointing == ckpt)]
+               if largest is not None and len(largest) else pd.DataFrame())
+        if len(fit):
+            fit = fit.iloc[0]
+            ratios = [f"{fit[f'× {p}']:.2f}× {said(p)}'s" for p in SAID if f"× {p}" in fit and pd.notna(fit[f"× {p}"])]
+            size = f"{int(fit[f'{provider} largest tokens']):,} tokens"
+            size = f"{size} ({fit['stopped by']})" if fit["bounded by OOM"] else f"at least {size} (the sweep stopped: {fit['stopped by']})"
+            text += f"; its largest step, {size}, is {', '.join(ratios) or 'not compared'}"
+        lines.append(text + ".")
+    return "\n".join(lines)
+
+
+def gpu_summary_lines(steps: pd.DataFrame, largest: pd.DataFrame | None = None, provider: str = "kernels_lib") -> str:
+    """One markdown bullet per GPU of :func:`step_comparison` (over its models, checkpointing settings and sizes):
+    the range of ``provider``'s step time over the fastest peer's and over Hugging Face's, of its peak memory over
+    the leanest peer's, and with ``largest`` of its largest step over Hugging Face's."""
+    if steps is None or not len(steps):
+        return "Not measured on a GPU yet: no step to compare."
+    lines = []
+    for gpu, group in steps.groupby("gpu_name", sort=False):
+        text = (f"- **{data.gpu_label(gpu)}** ({', '.join(dict.fromkeys(group.model))}, checkpointing off and on, "
+                f"{int(group.tokens.min()):,}–{int(group.tokens.max()):,} tokens per step): {provider}'s step takes "
+                f"{narrative.span(group['× fastest peer'])} the fastest peer's time")
+        if "× huggingface" in group and group["× huggingface"].notna().any():
+            text += f" and {narrative.span(group['× huggingface'])} Hugging Face's"
+        text += f", at {narrative.span(group['memory × leanest'])} the leanest peer's peak memory"
+        fits = largest[largest.gpu_name == gpu] if largest is not None and len(largest) else pd.DataFrame()
+        if len(fits) and "× huggingface" in fits and fits["× huggingface"].notna().any():
+            text += f"; its largest step is {narrative.span(fits['× huggingface'])} Hugging Face's"
+            if not fits["bounded by OOM"].all():
+                text += " (at least, where the sweep stopped before an OOM)"
+        lines.append(text + ".")
+    return "\n".join(lines)
+
+
+def torch_lce_lines(latest: pd.DataFrame, gpu: str) -> str:
+    """Markdown bullets for the run beside torch's ``F.linear_cross_entropy`` on ``gpu`` (:func:`latest_run` rows of
+    that GPU): per checkpointing, kernels_lib's step time and peak memory over ``torch_lce``'s (:func:`step_ratios`),
+    and the first step's loss of each; "" where ``torch_lce`` was not measured."""
+    ratios = step_ratios(latest)
+    if "time / torch_lce" not in ratios:
+        return ""
+    parts = []
+    for ckpt, part in ratios.groupby("checkpointing"):
+        t, m = part["time / torch_lce"].dropna(), part["memory / torch_lce"].dropna()
+        if len(t):
+            parts.append(f"checkpointing {'on' if ckpt else 'off'}: {narrative.span(t, 3)} its time at {narrative.span(m, 4)} "
+                         f"its peak memory over {int(part.tokens.min())}–{int(part.tokens.max())} tokens per step")
+    first = latest[latest.loss_first.notna()].sort_values("tokens").groupby("provider").loss_first.first()
+    text = (f"- **Beside torch's function on the {data.gpu_label(gpu)}:** kernels_lib's step, " + "; ".join(parts) + ". The time "
+            "is the head's: the same backbone, the same peak (both form the gradients chunk by chunk, neither keeps the logits).")
+    if {"torch_lce", "kernels_lib", "huggingface"} <= set(first.index):
+        text += (f"\n- **Its loss** comes back in the hidden states' dtype: {first['torch_lce']:.4f} in the first step, "
+                 f"against kernels_lib's {first['kernels_lib']:.4f} and Hugging Face's {first['huggingface']:.4f}.")
+    return text
+
+
 def training_verdicts(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
-    """The targets (:data:`TRAINING_TARGETS`) per (model, checkpointing) for the newest run of
-    each model: the ratio that decides (worst over the sizes for the time bounds; at the largest size
-    both fit for memory; largest fits for the size bound), where, the bound, and ``met``, ``missed``
+    """The targets (:data:`TRAINING_TARGETS`, printed by ``scripts/training_step_bench.py``; the notebook shows
+    :func:`step_comparison`) per (model, checkpointing) for the newest run of each model: the ratio that decides
+    (worst over the sizes for the time bounds; at the largest size both fit for memory; largest fits for the size
+    bound), where, the bound, and ``met``, ``missed``
     or ``not judged`` (a peer not measured; or, for the size bound, neither an OOM of ``provider`` nor
     a ratio already past the bound)."""
     rows = latest_run(rows)
@@ -941,13 +1110,15 @@ def estimate_beside_reference(tokens: int = 16 * SEQ) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["model", "checkpointing", "LM head"])
 
 
-def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Series, verdicts: pd.DataFrame | None = None,
-                     small_ratios: pd.DataFrame | None = None, convergence: pd.DataFrame | None = None) -> str:
+def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Series, steps: pd.DataFrame | None = None,
+                     small: pd.DataFrame | None = None, convergence: pd.DataFrame | None = None,
+                     largest: pd.DataFrame | None = None) -> str:
     """Notebook 05's conclusion as markdown bullets, every figure from its arguments: ``costs`` one model's
     row of :func:`analytic_costs`, ``curve_distance`` kernels_lib's largest loss difference from the
-    unpatched model per dtype, ``verdicts`` :func:`training_verdicts` of the newest GPU run (None: not
-    measured), ``small_ratios`` the small steps' :func:`step_ratios`, ``convergence`` the 16-bit runs'
-    summary (mode, provider, ``max_abs_diff_huggingface``, ``weights_rel_dist_huggingface``)."""
+    unpatched model per dtype, ``steps`` :func:`step_comparison` of the sweep (per GPU; None: not measured) and
+    ``largest`` its :func:`largest_comparison`, ``small`` the small steps' :func:`step_comparison`,
+    ``convergence`` the 16-bit runs' summary (``gpu_name`` where several GPUs ran it, mode, provider,
+    ``max_abs_diff_huggingface``, ``weights_rel_dist_huggingface``)."""
     vocab, hidden = int(costs["vocab"]), int(costs["hidden"])
     lines = [
         f"- **The head, not the model, fills a small model's training step.** Unfused, the logits, their float32 upcast and "
@@ -960,30 +1131,30 @@ def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Seri
         + f" over 20 AdamW steps. kernels_lib and Liger form $dW$ in forward and keep it until backward (a fixed $2VH$ bytes: "
         f"{2 * vocab * hidden / 1e9:.2f} GB at V = {vocab}, H = {hidden}); TRL recomputes the logits in backward instead.",
     ]
-    if verdicts is None or not len(verdicts):
+    if steps is None or not len(steps):
         lines.append("- **Not measured on a GPU yet** (section 4): the step's time and memory are not compared here.")
     else:
-        for (model, ckpt), group in verdicts.groupby(["model", "checkpointing"], sort=False):
-            met = group[group.status == "met"].target.tolist()
-            lines.append(f"- **{model}, checkpointing {'on' if ckpt else 'off'}**: {len(met)} of {len(group)} targets met"
-                         + "".join(f"; short of {r['target']} ({r['ratio']:.2f} at {r['at tokens']:,.0f} tokens)"
-                                   for _, r in group[group.status == "missed"].iterrows())
-                         + "".join(f"; not compared: {r['target']} ({r['detail'] or 'a peer not measured'})"
-                                   for _, r in group[group.status == "not judged"].iterrows()) + ".")
-    if small_ratios is not None and len(small_ratios):
-        worst = small_ratios.groupby("model")["time / huggingface"].max()
-        tokens = small_ratios.tokens
-        lines.append("- **Small steps** (4b): kernels_lib's step takes at most " + ", ".join(f"{v:.3f}× ({m})" for m, v in worst.items())
-                     + f" Hugging Face's at {int(tokens.min())}–{int(tokens.max())} tokens per step.")
+        lines.append(gpu_summary_lines(steps, largest))
+    if small is not None and len(small) and "× huggingface" in small:
+        for gpu, part in small.groupby("gpu_name", sort=False):
+            worst = part.groupby("model")["× huggingface"].max().dropna()
+            fastest = part.groupby("model")["× fastest peer"].max().dropna()
+            if len(worst):
+                lines.append(f"- **Small steps** (4b, {data.gpu_label(gpu)}): kernels_lib's step takes at most "
+                             + ", ".join(f"{v:.3f}× ({m})" for m, v in worst.items())
+                             + " Hugging Face's and at most " + ", ".join(f"{v:.3f}× ({m})" for m, v in fastest.items())
+                             + f" the fastest peer's at {int(part.tokens.min())}–{int(part.tokens.max())} tokens per step.")
     if convergence is not None and len(convergence):
-        by = convergence.set_index(["mode", "provider"])
-        ours = by.xs("kernels_lib", level="provider")["max_abs_diff_huggingface"]
-        spread = convergence[convergence.provider != "huggingface"]["weights_rel_dist_huggingface"].dropna()
-        lines.append("- **Training follows in 16 bits** (4c): over the run every fused head's loss stays within "
-                     f"{by['max_abs_diff_huggingface'].max():.2f} of Hugging Face's at any step (kernels_lib "
-                     + ", ".join(f"{v:.2f} ({m})" for m, v in ours.items()) + "). The final weights of the heads lie "
-                     + (f"{spread.min():.2f}" + ("" if f"{spread.min():.2f}" == f"{spread.max():.2f}" else f"–{spread.max():.2f}")
-                        if len(spread) else "an unmeasured distance")
-                     + " apart in relative norm from Hugging Face's: 16-bit training amplifies any rounding difference, so one seed "
-                     "cannot separate the heads further.")
+        groups = convergence.groupby("gpu_name", sort=False) if "gpu_name" in convergence else [(None, convergence)]
+        for gpu, part in groups:
+            by = part.set_index(["mode", "provider"])
+            ours = by.xs("kernels_lib", level="provider")["max_abs_diff_huggingface"]
+            spread = part[part.provider != "huggingface"]["weights_rel_dist_huggingface"].dropna()
+            where = f" on the {data.gpu_label(gpu)}" if gpu is not None else ""
+            lines.append(f"- **Training follows in 16 bits** (4c{where}): over the run every fused head's loss stays within "
+                         f"{by['max_abs_diff_huggingface'].max():.2f} of Hugging Face's at any step (kernels_lib "
+                         + ", ".join(f"{v:.2f} ({m})" for m, v in ours.items()) + "). The final weights of the heads lie "
+                         + (narrative.span(spread, suffix="") if len(spread) else "an unmeasured distance")
+                         + " apart in relative norm from Hugging Face's: 16-bit training amplifies any rounding difference, so one seed "
+                         "cannot separate the heads further.")
     return "\n".join(lines)
