@@ -1,18 +1,25 @@
 r"""What notebook 06 (DPO, CPO, SimPO, GRPO) computes beyond the bench: the float64 check of the derived gradients
 (the notebook's naive losses and weights against autograd and the baseline), the check of every GRPO loss type of
-TRL 1.16 against float64, and the fixed-grid sweep a non-interactive run draws.
+TRL 1.16 against float64, and the fixed-grid sweep a non-interactive run draws. For notebooks 03 (ORPO) and 04 (KTO):
+their GPU runs split by sequence length (one configuration per comparison), the clauses said of those comparisons (the
+floor multiples per GPU, the points a provider could not run), and the per-run table of their appendices.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 
 import pandas as pd
 import torch
 
 from .. import reference
+from . import data
+from .bench.analysis import medians
 from .check import relative_error
-from .narrative import span
+from .comparison import comparison, floor_ms, run_rates
+from .narrative import floor_multiples, name, span
 
 #: The derivation's shapes (B, T, H, V): an ignored token in each, GRPO off-policy so that some tokens are clipped.
 DERIVATION_SHAPES = [(2, 3, 5, 11), (4, 6, 8, 29), (6, 4, 7, 50)]
@@ -147,3 +154,101 @@ def headline(losses: dict, names: dict | None = None) -> str:
                          + f" at {span(table['memory / Liger'])} Liger's memory, over {len(tables)} losses and B = "
                          + f"{int(table.index.min())}–{int(table.index.max())} (the newest run of each loss).")
     return " ".join(sentences)
+
+
+# Notebooks 03 (ORPO) and 04 (KTO): their GPU runs split by one entry of the workload's configuration (the sequence
+# length T), compared per GPU (:mod:`.comparison`), and the sentences said of those comparisons.
+
+
+def config_entry(rows: pd.DataFrame, key: str) -> pd.Series:
+    """Per row, the entry ``key`` of its ``extra_benchmark_config_str`` (JSON); None where the row has none."""
+    return rows.extra_benchmark_config_str.map(lambda text: json.loads(text).get(key) if isinstance(text, str) else None)
+
+
+def by_config(rows: pd.DataFrame, key: str = "T") -> dict:
+    """The CUDA rows of ``rows`` split by the value of their configuration entry ``key`` (ascending): ``{value: rows}``,
+    so that the newest run of each GPU taken in each part (:func:`.data.newest_run_per_gpu`) holds one configuration
+    (one chart) and every ratio taken in it is within one commit on one GPU."""
+    rows = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
+    if not len(rows):
+        return {}
+    values = config_entry(rows, key)
+    return {value: rows[values == value].reset_index(drop=True) for value in sorted(set(values.dropna().tolist()))}
+
+
+def ceilings_note(run: pd.DataFrame, ceilings: pd.DataFrame) -> str:
+    """The ceilings the run measured, which set its floor: ``matmul 690 TFLOP/s and copy 3042 GB/s measured in the
+    same run``, or that it measured none (:func:`.comparison.run_rates`)."""
+    rates = run_rates(run, ceilings)
+    said = [f"{kind} {rates[kind]:.0f} {unit}" for kind, unit in (("matmul", "TFLOP/s"), ("copy", "GB/s")) if kind in rates]
+    return " and ".join(said) + " measured in the same run" if said else "no ceilings measured in this run: no floor"
+
+
+def not_measured(run: pd.DataFrame, mode: str = "full") -> list[str]:
+    """Per provider of the run whose ``mode`` time is recorded without a figure (a failed point: the row's note
+    says why), one clause: ``the baseline's `full` did not fit in memory at B = 16``."""
+    speed = run[(run.metric_name == "speed") & (run.kernel_operation_mode == mode) & run.y_value_50.isna()]
+    axis = str(run.x_name.iloc[0]) if "x_name" in run and len(run) else "x"
+    clauses = []
+    for provider, rows in speed.groupby("kernel_provider", sort=False):
+        notes = rows.note.astype(object).fillna("").astype(str) if "note" in rows else pd.Series("", index=rows.index)
+        xs = ", ".join(str(int(x)) for x in sorted(rows.x_value))
+        memory = notes.str.contains("OutOfMemoryError|out of memory", case=False).all()
+        why = "did not fit in memory" if memory else "failed (" + (notes.iloc[0].split(":")[0] or "no reason recorded") + ")"
+        clauses.append(f"{name(provider)}'s `{mode}` {why} at {axis} = {xs}")
+    return clauses
+
+
+def floor_multiples_by_gpu(runs: dict, ceilings: pd.DataFrame, x, providers=("kernels_lib", "liger")) -> str:
+    """One bullet per GPU (``runs``: GPU → its run): each provider's ``full`` time at ``x`` as a multiple of the floor
+    of the same run (:func:`.comparison.floor_ms`), :func:`.narrative.floor_multiples`."""
+    if not runs:
+        return "Not measured on a GPU yet: nothing to set against the floor."
+    lines = []
+    for gpu, run in runs.items():
+        full, floor = medians(run, "speed", "full"), floor_ms(run, ceilings).get(x, math.nan)
+        times = {p: float(full.at[x, p]) if p in full and x in full.index else math.nan for p in providers}
+        axis, label = str(run.x_name.iloc[0]) if "x_name" in run else "x", data.gpu_label(gpu)
+        if x not in full.index:
+            lines.append(f"- On the {label}: {axis} = {x} not measured in its newest run.")
+        elif not math.isfinite(floor):
+            lines.append(f"- On the {label}: no floor at {axis} = {x}, its newest run measured no ceilings.")
+        else:
+            lines.append("- " + floor_multiples(times, float(floor), at=f"{axis} = {x} on the {label}"))
+    return "\n".join(lines)
+
+
+def floor_share(run: pd.DataFrame, ceilings: pd.DataFrame, x) -> str:
+    """The floor of the run at ``x`` as a share of the fastest ``full`` time measured there (which provider, how
+    long): how far the arithmetic alone is from what any provider reaches."""
+    full, floor = medians(run, "speed", "full"), float(floor_ms(run, ceilings).get(x, math.nan))
+    axis, label = str(run.x_name.iloc[0]) if "x_name" in run else "x", data.gpu_label(str(run.gpu_name.iloc[0]))
+    fastest = full.loc[x].dropna() if x in full.index else pd.Series(dtype=float)
+    if not len(fastest) or not math.isfinite(floor):
+        return f"On the {label} at {axis} = {x}: no floor or no time measured, no share to state."
+    who = str(fastest.idxmin())
+    return (f"On the {label} at {axis} = {x}, the floor is {floor:.1f} ms, {floor / fastest[who]:.0%} of the fastest `full` "
+            f"measured there ({name(who)}, {fastest[who]:.1f} ms).")
+
+
+def per_run_table(rows: pd.DataFrame, ceilings: pd.DataFrame, x, key: str = "T") -> pd.DataFrame:
+    """Every CUDA run of ``rows`` (per value of the configuration entry ``key``), its :func:`.comparison.comparison`
+    at ``x``: kernels_lib's time, the fastest peer and the time over its, over the floor of the run's own ceilings,
+    and the memory over the leanest peer's. One row per run and ``key``, by GPU, oldest run first; a run that did
+    not measure ``x`` is left out."""
+    cuda = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
+    if not len(cuda):
+        return pd.DataFrame(columns=["GPU", key, "run", "kernels_lib ms", "fastest peer", "× fastest peer", "× floor",
+                                     "memory × leanest"])
+    values, out = config_entry(cuda, key), []
+    for value in sorted(set(values.dropna().tolist())):
+        part = cuda[values == value]
+        for commit, gpu in data.runs(part):
+            run = data.one_run(part, commit, gpu)
+            table = comparison(run, ceilings)
+            if x in table.index:
+                row = table.loc[x]
+                out.append({"GPU": data.gpu_label(gpu), key: value, "run": data.run_label(run), "kernels_lib ms": row["kernels_lib ms"],
+                            **{c: row[c] for c in ("fastest peer", "× fastest peer", "× floor", "memory × leanest")}})
+    table = pd.DataFrame(out)
+    return table.sort_values(["GPU", key], kind="stable").reset_index(drop=True) if len(table) else table
