@@ -1,7 +1,8 @@
-"""Reading measured rows: medians side by side, ratios between providers, achieved bandwidth.
+"""Reading measured rows: medians side by side, the measured ceilings, achieved bandwidth and rate.
 
-These are what the notebooks state targets with, so they are library code (and unit-tested), not
-notebook cells.
+The notebooks and the index compare runs through these (:mod:`kernels_lib.workbench.comparison`). The
+``*_targets`` tables and :func:`target_verdicts` judge a run against the bounds we hold kernels_lib to in
+our own performance work (``studies/``, the bench scripts); no report prints them.
 """
 
 from __future__ import annotations
@@ -264,14 +265,6 @@ def preference_head_targets(baseline: str) -> dict:
         f"full ≤ 0.85× {baseline}": (f"full / {baseline}", 0.85),
         "memory full ≤ Liger": ("memory / Liger", 1.0),
     }
-
-
-def distillation_targets(baseline: str = "torch") -> dict:
-    """The targets for the fused two-head losses (``fused_linear_jsd``, ``distill_jsd_loss``,
-    ``distill_cosine_loss``; one GPU, same run), for :func:`preference_targets`: ``full`` ≤ 0.8× Liger's
-    and ≤ 0.85× the ``baseline``'s (``torch``: both heads' logits materialized) at every BT, ``full``
-    memory ≤ Liger's: the bounds of :func:`preference_head_targets`."""
-    return preference_head_targets(baseline)
 
 
 def orpo_targets(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
