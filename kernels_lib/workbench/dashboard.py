@@ -33,10 +33,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import data, overview
+from . import comparison, data, overview
 from . import tensor_parallel as tp
 from . import training_step as ts
-from .bench.analysis import ceiling_run, medians
+from .bench.analysis import medians
 from .bench.fused_linear_cross_entropy import FLOOR
 from .bench.registry import get_spec
 from .charts import COLORS
@@ -308,14 +308,7 @@ def floor_row(chart: Chart, ceilings: pd.DataFrame, x: float) -> dict | None:
         return None
     speed = full_medians(chart, "speed")
     ours = float(speed.at[x, chart.ours]) if x in speed.index and chart.ours in speed.columns else float("nan")
-    rates = {}
-    for name in ("copy", "matmul"):
-        try:
-            rate, measured_in = ceiling_run(ceilings, name, chart.gpu, chart.commit)
-        except ValueError:  # none on this GPU
-            continue
-        if measured_in == str(chart.commit):  # ceiling_run falls back to the newest run: not this chart's
-            rates[name] = rate
+    rates = comparison.run_rates(chart.rows, ceilings)  # the chart's own run's, never the newest run's
     row = {"key": f"{chart.key}/floor", "kind": "floor", "ours ms": ours, "ours MB": float("nan"), "peer MB": float("nan"),
            "memory ratio": float("nan"), "time tone": None, "memory tone": None}
     if not {"copy", "matmul"} <= set(rates):

@@ -162,7 +162,7 @@ def gpu_label(gpu_name: str) -> str:
     return re.sub(r"-PCIE-?", " PCIe ", name, flags=re.I).strip() or str(gpu_name)
 
 
-def _cuda(rows: pd.DataFrame) -> pd.DataFrame:
+def cuda_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows measured on a CUDA GPU (all of them where the rows name no ``device``)."""
     return rows[rows.device.astype(str) == "cuda"] if "device" in rows.columns else rows
 
@@ -174,7 +174,7 @@ def gpus_measured(rows: pd.DataFrame) -> list[str]:
         return []
     if "gpu_name" not in rows.columns:
         raise ValueError("rows lack the column gpu_name: which GPU measured them is unknown")
-    names = {str(g) for g in _cuda(rows).gpu_name.dropna()}
+    names = {str(g) for g in cuda_rows(rows).gpu_name.dropna()}
     return sorted(names, key=lambda g: (gpu_label(g), g))
 
 
@@ -182,7 +182,7 @@ def newest_run_per_gpu(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per GPU of :func:`gpus_measured`, the rows of its newest run (:func:`one_run` of that GPU's CUDA
     rows: the commit of its newest kernels_lib row). Each value is one run, so every ratio taken in it
     (:func:`same_run_pairs`) is within one commit on one GPU; two GPUs are never paired."""
-    cuda = _cuda(rows)
+    cuda = cuda_rows(rows)
     return {gpu: one_run(cuda[cuda.gpu_name.astype(str) == gpu]) for gpu in gpus_measured(rows)}
 
 

@@ -53,7 +53,7 @@ def headline(rows: pd.DataFrame, peers: list[str] | tuple[str, ...], *, ours: st
              x_name: str = "x", memory: bool = True) -> str:
     """One sentence per GPU, from the newest run of each (:func:`data.one_run`): ``ours``' ``mode`` time (and
     memory) as multiples of each peer's, over the run's x. "Not measured yet" where ``rows`` hold no GPU row."""
-    cuda = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
+    cuda = data.cuda_rows(rows)
     if not len(cuda):
         return "Not measured on a GPU yet: the published rows alone are drawn below."
     sentences = []

@@ -169,7 +169,7 @@ def by_config(rows: pd.DataFrame, key: str = "T") -> dict:
     """The CUDA rows of ``rows`` split by the value of their configuration entry ``key`` (ascending): ``{value: rows}``,
     so that the newest run of each GPU taken in each part (:func:`.data.newest_run_per_gpu`) holds one configuration
     (one chart) and every ratio taken in it is within one commit on one GPU."""
-    rows = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
+    rows = data.cuda_rows(rows)
     if not len(rows):
         return {}
     values = config_entry(rows, key)
@@ -236,13 +236,8 @@ def per_run_table(rows: pd.DataFrame, ceilings: pd.DataFrame, x, key: str = "T")
     at ``x``: kernels_lib's time, the fastest peer and the time over its, over the floor of the run's own ceilings,
     and the memory over the leanest peer's. One row per run and ``key``, by GPU, oldest run first; a run that did
     not measure ``x`` is left out."""
-    cuda = rows[rows.device.astype(str) == "cuda"] if len(rows) and "device" in rows else rows
-    if not len(cuda):
-        return pd.DataFrame(columns=["GPU", key, "run", "kernels_lib ms", "fastest peer", "× fastest peer", "× floor",
-                                     "memory × leanest"])
-    values, out = config_entry(cuda, key), []
-    for value in sorted(set(values.dropna().tolist())):
-        part = cuda[values == value]
+    out = []
+    for value, part in by_config(rows, key).items():
         for commit, gpu in data.runs(part):
             run = data.one_run(part, commit, gpu)
             table = comparison(run, ceilings)
@@ -250,5 +245,6 @@ def per_run_table(rows: pd.DataFrame, ceilings: pd.DataFrame, x, key: str = "T")
                 row = table.loc[x]
                 out.append({"GPU": data.gpu_label(gpu), key: value, "run": data.run_label(run), "kernels_lib ms": row["kernels_lib ms"],
                             **{c: row[c] for c in ("fastest peer", "× fastest peer", "× floor", "memory × leanest")}})
-    table = pd.DataFrame(out)
-    return table.sort_values(["GPU", key], kind="stable").reset_index(drop=True) if len(table) else table
+    table = pd.DataFrame(out, columns=["GPU", key, "run", "kernels_lib ms", "fastest peer", "× fastest peer", "× floor",
+                                       "memory × leanest"])
+    return table.sort_values(["GPU", key], kind="stable").reset_index(drop=True)

@@ -285,17 +285,24 @@ def _at_tp(rows: pd.DataFrame, k: int) -> pd.DataFrame:
     (``tensor_parallel.csv``) or, in the logits-level charts' CSVs, by the suffix (none: TP = 1)."""
     if "tp" in rows.columns and rows.tp.notna().all():
         return rows[rows.tp == k]
-    suffix = rows.kernel_provider.astype(str).str.extract(r"\[TP=(\d+)\]$")[0].fillna("1").astype(int)
-    chosen = rows[suffix == k]
-    return chosen.assign(kernel_provider=chosen.kernel_provider.astype(str).str.replace(r"\[TP=\d+\]$", "", regex=True))
+    chosen = rows[_tp_suffix(rows) == k]
+    return chosen.assign(kernel_provider=chosen.kernel_provider.astype(str).str.replace(_TP_SUFFIX, "", regex=True))
+
+
+#: A provider measured at TP = k in the logits-level charts' CSVs: ``kernels_lib[TP=2]``.
+_TP_SUFFIX = r"\[TP=(\d+)\]$"
+
+
+def _tp_suffix(rows: pd.DataFrame) -> pd.Series:
+    """Per row, the TP its provider's ``[TP=k]`` suffix names (none: 1)."""
+    return rows.kernel_provider.astype(str).str.extract(_TP_SUFFIX)[0].fillna("1").astype(int)
 
 
 def tp_sizes(rows: pd.DataFrame) -> list[int]:
     """The TPs ``rows`` measured (the ``tp`` column, else the providers' ``[TP=k]`` suffixes; none: 1)."""
     if "tp" in rows.columns and rows.tp.notna().all():
         return sorted(int(k) for k in rows.tp.unique())
-    found = rows.kernel_provider.astype(str).str.extract(r"\[TP=(\d+)\]$")[0].dropna().astype(int)
-    return sorted({1, *found})
+    return sorted({1, *_tp_suffix(rows)})
 
 
 def comparison_at_tp(rows: pd.DataFrame, ceilings: pd.DataFrame, k: int) -> pd.DataFrame:

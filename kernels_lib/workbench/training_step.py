@@ -652,7 +652,7 @@ def newest_runs_per_gpu(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     newest run of each model on that GPU (:func:`latest_run`); {} without CUDA rows. Two GPUs are never mixed."""
     if not len(rows):
         return {}
-    cuda = rows[rows.device.astype(str) == "cuda"] if "device" in rows.columns else rows
+    cuda = data.cuda_rows(rows)
     return {gpu: latest_run(cuda[cuda.gpu_name.astype(str) == gpu]) for gpu in data.gpus_measured(cuda)}
 
 
