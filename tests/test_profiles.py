@@ -10,6 +10,7 @@ import pytest
 
 from kernels_lib.workbench import profiles
 from kernels_lib.workbench.bench import fused_linear_dpo as dpo_bench
+from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
 from kernels_lib.workbench.bench import fused_linear_kto as kto_bench
 
 META = {"gpu_name": "NVIDIA H200", "kernels_lib_commit": "abc1234", "torch_version": "2.11", "triton_version": "3.6"}
@@ -36,27 +37,30 @@ def kernels(**ms) -> pd.DataFrame:
 
 def test_breakdown_sums_each_part_and_leaves_the_rest_of_the_call():
     parts = profiles.breakdown(kernels(matmul=[3.0, 2.0], ours=[1.0], torch=[0.25, 0.25]), call_ms=8.0, flops=5e12)
-    assert parts["matmuls"] == pytest.approx(5.0) and parts["kernels_lib's kernels"] == pytest.approx(1.0)
-    assert parts["torch's kernels"] == pytest.approx(0.5) and parts["the rest of the call"] == pytest.approx(1.5)
-    assert parts["matmul TFLOP/s"] == pytest.approx(5e12 / 5e-3 / 1e12), "5 TFLOP in 5 ms is 1000 TFLOP/s"
-    assert sum(parts[k] for k in profiles.KINDS) == pytest.approx(parts["call ms"])
+    assert parts["matmuls"] == pytest.approx(5.0), "the two cuBLAS kernels were not summed into the matmuls"
+    assert parts["kernels_lib's kernels"] == pytest.approx(1.0), "our Triton kernel was not counted as ours"
+    assert parts["torch's kernels"] == pytest.approx(0.5), "torch's two kernels were not summed"
+    assert parts["the rest"] == pytest.approx(1.5), "the rest is not the call less the listed kernels"
+    assert parts["matmul TFLOP/s"] == pytest.approx(1000.0), "5 TFLOP in 5 ms is 1000 TFLOP/s"
 
 
 def test_breakdown_never_gives_a_negative_rest_and_no_rate_without_flops():
     parts = profiles.breakdown(kernels(matmul=[9.0]), call_ms=8.0)
-    assert parts["the rest of the call"] == 0.0, "kernels longer than the call's median leave no rest, not a negative one"
-    assert math.isnan(parts["matmul TFLOP/s"])
+    assert parts["the rest"] == 0.0, "kernels longer than the call's median leave no rest, not a negative one"
+    assert math.isnan(parts["matmul TFLOP/s"]), "a rate without FLOPs"
 
 
-@pytest.mark.parametrize("call_ms", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("call_ms", [0.0, -1.0, float("nan"), "3", None])
 def test_breakdown_refuses_a_call_time_that_is_not_a_positive_time(call_ms):
     with pytest.raises(ValueError, match="call_ms"):
         profiles.breakdown(kernels(matmul=[1.0]), call_ms=call_ms)
 
 
-def test_breakdown_names_missing_columns():
-    with pytest.raises(ValueError, match="ms"):
+def test_breakdown_names_missing_columns_and_a_table_that_is_not_one():
+    with pytest.raises(ValueError, match=r"column\(s\) ms"):
         profiles.breakdown(pd.DataFrame({"kernel": ["nvjet"]}), call_ms=1.0)
+    with pytest.raises(TypeError, match="kernels must be a DataFrame"):
+        profiles.breakdown(None, call_ms=1.0)
 
 
 def ceilings(commit: str, gpu: str = "NVIDIA H200", copy_gbps: float = 4000.0, matmul_tflops: float = 700.0) -> pd.DataFrame:
@@ -73,15 +77,39 @@ def test_a_point_takes_its_floor_from_its_own_runs_ceilings():
     point = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[matmul_ms]), call_ms=1.25 * matmul_ms, meta=META,
                            ceilings=ceilings(META["kernels_lib_commit"]))
     assert point["floor ms"] == pytest.approx(matmul_ms), "DPO at this size is bound by its matmuls"
-    assert point["× floor"] == pytest.approx(1.25)
-    assert point["matmuls × their floor"] == pytest.approx(1.0)
-    assert point["the rest of the call"] == pytest.approx(0.25 * matmul_ms)
+    assert point["× floor"] == pytest.approx(1.25), "the call over its floor"
+    assert point["matmuls × their floor"] == pytest.approx(1.0), "matmuls at exactly the run's rate read 1×"
+    assert point["the rest"] == pytest.approx(0.25 * matmul_ms), "the rest is the call less its matmuls"
+    assert "at the run's measured 700 TFLOP/s" in profiles.lines(pd.DataFrame([point])), "the run's rate is not said"
+
+
+@pytest.mark.parametrize("b", [0, -2, 2.5, True])
+def test_a_point_refuses_a_batch_that_is_not_a_positive_integer(b):
+    with pytest.raises(ValueError, match="b must be a batch size"):
+        profiles.point(dpo_bench.KERNEL_NAME, b, kernels(matmul=[1.0]), call_ms=2.0, meta=META, ceilings=ceilings("abc1234"))
+
+
+def test_a_point_names_what_its_meta_lacks():
+    with pytest.raises(ValueError, match="meta lacks gpu_name"):
+        profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[1.0]), call_ms=2.0,
+                       meta={k: v for k, v in META.items() if k != "gpu_name"}, ceilings=ceilings("abc1234"))
+
+
+def test_kto_counts_three_products_and_grpo_four():
+    kto = {**kto_bench.SPEC.published["sizes"], "B": 8}
+    product = 2.0 * 8 * kto["T"] * kto["H"] * kto["V"]
+    assert profiles.call_flops(kto_bench.KERNEL_NAME, kto) == pytest.approx(3 * product), \
+        "KTO's published call has no dx: policy and reference logits and dW, three products"
+    name = grpo_bench.KERNEL_NAMES["token"]
+    grpo = {**grpo_bench.SPEC_TOKEN.published["sizes"], "B": 8}
+    product = 2.0 * 8 * grpo["T"] * grpo["H"] * grpo["V"]
+    assert profiles.call_flops(name, grpo) == pytest.approx(4 * product), "GRPO's call forms dx too: four products"
 
 
 def test_a_point_never_borrows_another_runs_ceilings():
-    point = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[40.0]), call_ms=50.0, meta=META,
-                           ceilings=ceilings("another"))
-    assert math.isnan(point["floor ms"]) and math.isnan(point["× floor"]), "a floor from another run's ceilings"
+    for other in (ceilings("another"), ceilings(META["kernels_lib_commit"], gpu="NVIDIA H100 80GB HBM3")):
+        point = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[40.0]), call_ms=50.0, meta=META, ceilings=other)
+        assert math.isnan(point["floor ms"]) and math.isnan(point["× floor"]), "a floor from another run's ceilings"
     assert "no ceilings measured in its run" in profiles.lines(pd.DataFrame([point]))
 
 
@@ -90,12 +118,19 @@ def test_preference_profiles_join_times_and_kernels_per_loss_and_b():
                           for b in (8, 16) for case, ms in (("full", 50.0 * b / 8), ("reference pass", 13.0))])
     listed = pd.DataFrame([{"loss": dpo_bench.KERNEL_NAME, "B": b, "kernel": name, "cuda_ms": ms}
                            for b in (8, 16) for name, ms in (("nvjet_x", 40.0 * b / 8), ("token_logprobs_kernel", 3.0))])
+    other = {**META, "gpu_name": "NVIDIA H100 80GB HBM3"}  # a second run: its rows must not join the first's
+    times = pd.concat([times, times.assign(**other, ms_p50=times.ms_p50 * 2)], ignore_index=True)
+    listed = pd.concat([listed.assign(**META), listed.assign(**other, cuda_ms=listed.cuda_ms * 2)], ignore_index=True)
     table = profiles.preference_profiles(times, listed, ceilings(META["kernels_lib_commit"]))
-    assert list(table.B) == [8, 16]
-    assert list(table["the rest of the call"]) == pytest.approx([7.0, 17.0])
-    assert list(table["reference pass ms"]) == [13.0, 13.0]
+    assert len(table) == 4, f"one row per run and B, got {len(table)}"
+    h200 = table[table.gpu_name == META["gpu_name"]]
+    assert list(h200.B) == [8, 16]
+    assert list(h200["the rest"]) == pytest.approx([7.0, 17.0]), "kernels of another run joined these times"
+    assert list(h200["reference pass ms"]) == [13.0, 13.0]
+    assert table[table.gpu_name != META["gpu_name"]]["× floor"].isna().all(), "the H100 run borrowed the H200's ceilings"
+    table = h200
     text = profiles.lines(table, {dpo_bench.KERNEL_NAME: "DPO"})
-    assert text.count("- **DPO**") == 2 and "on the H200" in text and "matmuls 40.00 ms (80%)" in text
+    assert text.count("- **DPO**") == 2 and "on the H200" in text and "matmuls 40.00 ms (80%)" in text, text
 
 
 def test_kto_profiles_keep_device_rows_and_compare_chunks_with_the_default():
@@ -107,19 +142,24 @@ def test_kto_profiles_keep_device_rows_and_compare_chunks_with_the_default():
     table = profiles.kto_profiles(times, pd.DataFrame(rows).assign(**META), ceilings(META["kernels_lib_commit"]))
     row = table.iloc[0]
     assert row["matmuls"] == 5.0, "the op aten::addmm and its kernel were both counted"
-    assert row["the rest of the call"] == pytest.approx(1.5)
-    assert row["× at chunk 2048"] == pytest.approx(0.85) and row["chunk"] == 512
-    assert row["× floor"] == pytest.approx(8.0 / (kto_bench.flops({**kto_bench.SPEC.published["sizes"], "B": 8}, "full") / 700e9))
-    assert "2048-row chunks 0.85×" in profiles.lines(table)
+    assert row["the rest"] == pytest.approx(1.5), "the rest is the call less its device rows"
+    assert row["× at chunk 2048"] == pytest.approx(0.85) and row["chunk"] == 512, "chunks not set against the profiled one"
+    sizes = {**kto_bench.SPEC.published["sizes"], "B": 8}
+    three_products = 3 * 2.0 * 8 * sizes["T"] * sizes["H"] * sizes["V"]
+    assert row["× floor"] == pytest.approx(8.0 / (three_products / 700e9)), "KTO's floor is not its three products' time"
+    text = profiles.lines(table)
+    assert "B = 8 at 512-row chunks" in text and "0.85× with 2048-row chunks" in text, text
     ratios = profiles.chunk_ratios(times)
-    assert list(ratios.loc[8]) == pytest.approx([1.0, 0.9, 0.85])
+    default = profiles.default_chunk("kto_loss", 8)
+    assert ratios.loc[("H200", "abc1234", 8), default] == pytest.approx(1.0), "not set against the default chunk"
+    assert ratios.loc[("H200", "abc1234", 8), 512] == pytest.approx(8.0 / times.set_index("chunk_size").ms_50[default])
 
 
 def test_the_committed_profiles_read_and_split_whole_calls():
     for table in (profiles.preference_profiles(), profiles.kto_profiles()):
         assert len(table), "a committed profile in data/measured/gpu_runs/ reads empty"
         share = profiles.shares(table).sum(axis=1)
-        assert (share.round(6) == 1.0).all(), f"the parts do not add up to the call: {share.tolist()}"
+        assert (share.round(6) == 1.0).all(), f"listed kernels exceed the call's median (rest clipped): {share.tolist()}"
         assert table["gpu_name"].str.startswith("NVIDIA").all()
     assert profiles.lines(pd.DataFrame()) == "No profile measured yet."
 
@@ -128,11 +168,14 @@ def test_small_vocab_steps_take_the_median_over_rounds_per_chart_v_and_provider(
     steps = pd.DataFrame([{"chart": "cross_entropy", "V": v, "round": r, "provider": p, "loss in step ms": ms}
                           for v in (4096, 8192) for r, scale in ((1, 1.0), (2, 3.0), (3, 2.0))
                           for p, ms in (("kernels_lib", 0.2 * scale), ("torch", 0.3 * scale * (v // 4096)))])
-    table = profiles.small_vocab_steps(steps)
-    assert table.loc[("cross_entropy", 4096), "kernels_lib"] == pytest.approx(0.4), "not the median of 0.2, 0.6, 0.4"
-    assert table.loc[("cross_entropy", 8192), "torch"] == pytest.approx(1.2)
-    text = profiles.step_lines(table, steps.assign(**META))
-    assert "kernels_lib adds less than torch at 2 of 2 V" in text and "H200, kernels_lib abc1234" in text
+    steps = steps.assign(**META)
+    table = profiles.small_vocab_steps(pd.concat([steps, steps.assign(gpu_name="NVIDIA H100 80GB HBM3")]))
+    assert table.loc[("H200", "abc1234", "cross_entropy", 4096), "kernels_lib"] == pytest.approx(0.4), \
+        "not the median of 0.2, 0.6, 0.4"
+    assert table.loc[("H200", "abc1234", "cross_entropy", 8192), "torch"] == pytest.approx(1.2)
+    assert len(table) == 4, "two runs' rows were combined"
+    text = profiles.step_lines(table)
+    assert text.count("at 2 of the 2 vocabularies") == 2 and "H200 (kernels_lib abc1234)" in text, text
 
 
 def test_the_committed_step_profile_reads():

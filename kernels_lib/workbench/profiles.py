@@ -8,13 +8,15 @@ over a call) says where a call spends the time above it:
 - **matmuls**: cuBLAS's kernels (``nvjet…``, ``…gemm…``, ``cutlass…``), with the rate their FLOPs imply;
 - **kernels_lib's kernels**: the loss's Triton kernels, named by their Python function;
 - **torch's kernels**: the elementwise ops, reductions, fills and copies the loss's Python layer launches;
-- **the rest of the call**: the call's median time (``triton.testing.do_bench``) minus the profiled kernels:
-  time the GPU waited for the host, and kernels too short to be listed.
+- **the rest**: the call's median time (``triton.testing.do_bench``) minus the profiled kernels: the kernels a
+  profile did not list (a top-k table leaves the shortest out) and the time the GPU sat idle, which a kernel
+  profile cannot tell apart.
 
 The profiles are files of ``data/measured/gpu_runs/`` written by the studies in ``studies/``
 (``preference_scaling_profile``, ``kto_small_batch_profile``); each row carries its GPU, versions and commit,
 and :func:`provenance` says them beside the table. A point's floor uses only the ceilings measured in the
-profile's own run (its commit, on its GPU); without them the floor reads NaN.
+profile's own run (its commit, on its GPU); without them the floor reads NaN. Rows of different runs (GPU or commit)
+are never mixed: every table keeps its run's GPU and commit per row.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pandas as pd
 from . import data
 
 #: The parts of a call, in the order a table shows them.
-KINDS = ("matmuls", "kernels_lib's kernels", "torch's kernels", "the rest of the call")
+KINDS = ("matmuls", "kernels_lib's kernels", "torch's kernels", "the rest")
 
 _MATMUL_MARKS = ("nvjet", "gemm", "cutlass", "xmma")
 _TORCH_MARKS = ("at::", "at_cuda_detail", "memset", "memcpy", "cub::")
@@ -43,9 +45,11 @@ def kind(kernel: str) -> str:
 def breakdown(kernels: pd.DataFrame, call_ms: float, flops: float | None = None) -> dict:
     """One call's time by part: ``kernels`` has one row per kernel name (``kernel``, ``ms``: its CUDA time in
     one call), ``call_ms`` the call's median time. Returns the milliseconds of each of :data:`KINDS` (the rest
-    is ``call_ms`` less the kernels, never below 0), the call's time, and the matmuls' TFLOP/s when ``flops``
+    is ``call_ms`` less the kernels, never below 0: listed kernels longer than the median leave no rest), the call's time, and the matmuls' TFLOP/s when ``flops``
     (the call's matmul FLOPs) is given."""
-    if call_ms <= 0 or call_ms != call_ms:
+    if not isinstance(kernels, pd.DataFrame):
+        raise TypeError(f"kernels must be a DataFrame with columns kernel and ms, got {type(kernels).__name__}")
+    if not isinstance(call_ms, (int, float)) or isinstance(call_ms, bool) or not call_ms > 0:
         raise ValueError(f"call_ms must be a positive time in ms, got {call_ms!r}")
     missing = {"kernel", "ms"} - set(kernels.columns)
     if missing:
@@ -57,6 +61,9 @@ def breakdown(kernels: pd.DataFrame, call_ms: float, flops: float | None = None)
     out[KINDS[-1]] = max(0.0, float(call_ms) - sum(out[part] for part in KINDS[:-1]))
     out["matmul TFLOP/s"] = flops / (out["matmuls"] * 1e9) if flops and out["matmuls"] > 0 else float("nan")
     return out
+
+
+RUN = ["gpu_name", "kernels_lib_commit"]  # the columns that name a run: rows of two runs are never combined
 
 
 def _module(kernel_name: str):
@@ -73,118 +80,166 @@ def _meta(rows: pd.DataFrame) -> dict:
             "torch_version": str(rows.torch_version.iloc[0]), "triton_version": str(rows.triton_version.iloc[0])}
 
 
+def call_flops(kernel_name: str, sizes: dict) -> float:
+    """The matmul FLOPs of one ``full`` call of the loss's bench at ``sizes``, with the bench's default options
+    (KTO's published harness gives no gradient to ``x``: ``input_grad=False``, three products, not four)."""
+    import inspect
+
+    spec, module = _module(kernel_name)
+    options = {}
+    if "input_grad" in inspect.signature(module.flops).parameters and "input_grad" in spec.default_options:
+        options["input_grad"] = bool(spec.default_options["input_grad"])
+    return module.flops(sizes, "full", **options)
+
+
 def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta: dict,
           ceilings: pd.DataFrame | None = None) -> dict:
     """The :func:`breakdown` of one profiled ``full`` call at the published sizes with batch ``b``, its floor
-    (:func:`.overview.floor_ms` at the ceilings of the profile's own run; NaN without them), the call over
-    the floor, and the matmuls over their time at the run's measured matmul rate."""
+    (:func:`.overview.floor_ms` at the ceilings of the profile's own run, ``meta``'s GPU and commit; NaN without
+    them), the call over the floor, the run's matmul rate, and the matmuls over their time at that rate."""
     import torch
 
     from .bench.analysis import ceiling_run
     from .overview import floor_ms
 
-    spec, module = _module(kernel_name)
-    sizes = {**spec.published["sizes"], "B": int(b)}
-    flops = module.flops(sizes, "full")
-    out = {"loss": kernel_name, "B": int(b), **breakdown(kernels, call_ms, flops)}
-    out.update({"floor ms": float("nan"), "× floor": float("nan"), "matmuls × their floor": float("nan")})
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"b must be a batch size of at least 1, got {b!r}")
+    missing = {"gpu_name", "kernels_lib_commit", "torch_version", "triton_version"} - set(meta)
+    if missing:
+        raise ValueError(f"meta lacks {', '.join(sorted(missing))} (the profile's run: GPU, commit, versions)")
+    spec, _ = _module(kernel_name)
+    sizes = {**spec.published["sizes"], "B": b}
+    flops = call_flops(kernel_name, sizes)
+    out = {"loss": kernel_name, "B": b, **breakdown(kernels, call_ms, flops)}
+    out.update({"floor ms": float("nan"), "× floor": float("nan"), "run matmul TFLOP/s": float("nan"),
+                "matmuls × their floor": float("nan")})
     rates = {}
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
     for name in ("copy", "matmul"):
         try:
-            rate, measured_in = ceiling_run(data.load_measured("ceilings", latest=False) if ceilings is None else ceilings,
-                                            name, meta["gpu_name"], meta["kernels_lib_commit"])
+            rate, measured_in = ceiling_run(ceilings, name, meta["gpu_name"], meta["kernels_lib_commit"])
         except ValueError:
             continue
         if measured_in == meta["kernels_lib_commit"]:
             rates[name] = rate
     if {"copy", "matmul"} <= set(rates):
-        dtype = spec.published.get("dtype", torch.bfloat16)
-        out["floor ms"] = floor_ms(kernel_name, sizes, dtype, "full", rates["copy"], rates["matmul"])[0]
+        out["floor ms"] = floor_ms(kernel_name, sizes, spec.published.get("dtype", torch.bfloat16), "full",
+                                   rates["copy"], rates["matmul"])[0]
         out["× floor"] = call_ms / out["floor ms"]
+        out["run matmul TFLOP/s"] = rates["matmul"]
         out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
-    return {**out, **meta}
+    return {**out, **{k: meta[k] for k in ("gpu_name", "kernels_lib_commit", "torch_version", "triton_version")}}
+
+
+def _read(*names: str) -> list[pd.DataFrame] | None:
+    paths = [data.MEASURED_DIR / "gpu_runs" / name for name in names]
+    return [data.read_table(path) for path in paths] if all(path.exists() for path in paths) else None
 
 
 def preference_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
                         ceilings: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per sequence loss and B in the preference profile (``preference_scaling_profile.csv``: the ``full`` call
-    of DPO and GRPO at the published workload; ``preference_scaling_kernels.csv``: its twelve longest kernels),
-    the :func:`point` of ``full``, with the time of the reference model's pass measured alone."""
-    gpu_runs = data.MEASURED_DIR / "gpu_runs"
+    """Per run, sequence loss and B in the preference profile (``preference_scaling_profile.csv``: the ``full``
+    call of DPO and GRPO at the published workload; ``preference_scaling_kernels.csv``: the twelve longest
+    kernels of one such call), the :func:`point` of ``full``, with the time of the reference model's pass
+    measured alone. The kernels are joined to the times of the same run."""
     if times is None or kernels is None:
-        if not (gpu_runs / "preference_scaling_profile.csv").exists() or not (gpu_runs / "preference_scaling_kernels.csv").exists():
+        read = _read("preference_scaling_profile.csv", "preference_scaling_kernels.csv")
+        if read is None:
             return pd.DataFrame()
-        times, kernels = (data.read_table(gpu_runs / f"preference_scaling_{n}.csv") for n in ("profile", "kernels"))
+        times, kernels = read
     rows = []
-    for (loss, b), at in times.groupby(["loss", "B"]):
+    for (gpu, commit, loss, b), at in times.groupby([*RUN, "loss", "B"]):
         case = at.set_index("case").ms_p50
-        listed = kernels[(kernels.loss == loss) & (kernels.B == b)].rename(columns={"cuda_ms": "ms"})
+        listed = kernels[(kernels.gpu_name == gpu) & (kernels.kernels_lib_commit == commit) & (kernels.loss == loss)
+                         & (kernels.B == b)].rename(columns={"cuda_ms": "ms"})
         if "full" not in case or not len(listed):
             continue
-        rows.append({**point(loss, b, listed, case["full"], _meta(at), ceilings),
-                     "reference pass ms": case.get("reference pass", float("nan"))})
+        rows.append({**point(loss, int(b), listed, float(case["full"]), _meta(at), ceilings),
+                     "reference pass ms": float(case.get("reference pass", float("nan")))})
     return pd.DataFrame(rows)
+
+
+def default_chunk(kernel_name: str = "kto_loss", b: int = 8) -> int:
+    """The rows per chunk the library picks by default for the loss's published workload at batch ``b``."""
+    from .._sequence_logprobs import chunk_rows
+
+    spec, _ = _module(kernel_name)
+    sizes = spec.published["sizes"]
+    return chunk_rows(None, int(sizes["T"]), b * int(sizes["T"]), int(sizes["H"]))
 
 
 def kto_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
                  ceilings: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per B in KTO's profile (``kto_small_batch.csv``: the call's median per chunk size;
-    ``kto_small_batch_profile.csv``: CUDA time per kernel and per torch op, per call), the :func:`point` of one
-    call at the default chunk (the smallest measured), with the call's time at each larger chunk over it. (The
-    profiled call is the forward with the gradient: KTO forms its gradient there, and ``backward`` only scales it.)"""
-    gpu_runs = data.MEASURED_DIR / "gpu_runs"
+    """Per run and B in KTO's profile (``kto_small_batch.csv``: the call's median per chunk size;
+    ``kto_small_batch_profile.csv``: CUDA time per kernel and per torch op, per call, at the smallest chunk
+    measured), the :func:`point` of the profiled call, its chunk, and the call's time at each other chunk over
+    it. (The profiled call is the forward with the gradient: KTO forms its gradient there, and ``backward``
+    only scales it.)"""
     if times is None or kernels is None:
-        if not (gpu_runs / "kto_small_batch.csv").exists() or not (gpu_runs / "kto_small_batch_profile.csv").exists():
+        read = _read("kto_small_batch.csv", "kto_small_batch_profile.csv")
+        if read is None:
             return pd.DataFrame()
-        times, kernels = (data.read_table(gpu_runs / f"kto_small_batch{n}.csv") for n in ("", "_profile"))
+        times, kernels = read
     device = kernels[(kernels.cpu_ms_per_call == 0) & (kernels.cuda_ms_per_call > 0)]  # kernels and copies, not ops
     rows = []
-    for b, listed in device.groupby("B"):
-        calls = times[times.B == b].set_index("chunk_size").ms_50.sort_index()
+    for (gpu, commit, b), listed in device.groupby([*RUN, "B"]):
+        calls = times[(times.gpu_name == gpu) & (times.kernels_lib_commit == commit) & (times.B == b)]
+        calls = calls.set_index("chunk_size").ms_50.sort_index()
         if not len(calls):
             continue
-        default = calls.index[0]
+        profiled = calls.index[0]
         listed = listed.rename(columns={"name": "kernel", "cuda_ms_per_call": "ms"})
-        chunks = {f"× at chunk {int(c)}": calls[c] / calls[default] for c in calls.index[1:]}
-        rows.append({**point("kto_loss", b, listed, calls[default], _meta(listed), ceilings), "chunk": int(default),
-                     **chunks})
+        chunks = {f"× at chunk {int(c)}": calls[c] / calls[profiled] for c in calls.index[1:]}
+        rows.append({**point("kto_loss", int(b), listed, float(calls[profiled]), _meta(listed), ceilings),
+                     "chunk": int(profiled), **chunks})
     return pd.DataFrame(rows)
 
 
-def chunk_ratios(times: pd.DataFrame | None = None) -> pd.DataFrame:
-    """KTO's call time at each chunk size over its time at the default (smallest) chunk, per B
-    (``kto_small_batch.csv``): below 1 where larger chunks are faster."""
-    times = data.read_table(data.MEASURED_DIR / "gpu_runs" / "kto_small_batch.csv") if times is None else times
-    table = times.pivot_table(index="B", columns="chunk_size", values="ms_50").sort_index(axis=1)
-    return table.div(table.iloc[:, 0], axis=0).rename_axis(columns="time × the default chunk's, at chunk (rows)")
+def chunk_ratios(times: pd.DataFrame | None = None, kernel_name: str = "kto_loss") -> pd.DataFrame:
+    """Per run (GPU and commit) and B of ``kto_small_batch.csv``, the call's time at each chunk size over its
+    time at the chunk the library picks by default (:func:`default_chunk`): below 1 where that chunk is faster.
+    NaN where the default chunk was not measured."""
+    if times is None:
+        read = _read("kto_small_batch.csv")
+        if read is None:
+            return pd.DataFrame()
+        times = read[0]
+    table = times.assign(GPU=times.gpu_name.map(data.gpu_label), commit=times.kernels_lib_commit.astype(str).str[:7])
+    table = table.pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50").sort_index(axis=1)
+    base = pd.Series([table.loc[i].get(default_chunk(kernel_name, int(i[-1])), float("nan")) for i in table.index],
+                     index=table.index)
+    return table.div(base, axis=0).rename_axis(columns="time × the default chunk's, at chunk (rows)")
 
 
 def small_vocab_steps(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """What the cross-entropy on logits adds to a step at small V (``cross_entropy_small_vocab_step.csv``): per
-    chart, V and provider, the median over rounds of the step's time (a chain of GPU work, then the loss and its
-    backward) less the chain's alone. Inside a step the host has run ahead, so a call's host time hides behind the
-    GPU's work unless the call waits for the GPU (a check read on the host does)."""
-    path = data.MEASURED_DIR / "gpu_runs" / "cross_entropy_small_vocab_step.csv"
+    run (GPU and commit), chart, V and provider, the median over rounds of the step's time (a chain of GPU work,
+    then the loss and its backward) less the chain's alone. Inside a step the host has run ahead, so a call's
+    host time hides behind the GPU's work unless the call waits for the GPU (a check read on the host does)."""
     if steps is None:
-        if not path.exists():
+        read = _read("cross_entropy_small_vocab_step.csv")
+        if read is None:
             return pd.DataFrame()
-        steps = data.read_table(path)
-    table = steps.pivot_table(index=["chart", "V"], columns="provider", values="loss in step ms", aggfunc="median")
+        steps = read[0]
+    table = steps.assign(GPU=steps.gpu_name.map(data.gpu_label), commit=steps.kernels_lib_commit.astype(str).str[:7])
+    table = table.pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
+                              aggfunc="median")
     return table.rename_axis(columns="ms the loss adds to a step")
 
 
-def step_lines(table: pd.DataFrame, meta: pd.DataFrame, ours: str = "kernels_lib", peer: str = "torch") -> str:
-    """One bullet per chart of :func:`small_vocab_steps`: what each provider's loss adds to a step, per V."""
+def step_lines(table: pd.DataFrame, ours: str = "kernels_lib", peer: str = "torch") -> str:
+    """One bullet per run and chart of :func:`small_vocab_steps`: what each provider's loss adds to a step, per V."""
     if not len(table):
         return "No step profile measured yet."
     out = []
-    for chart, rows in table.groupby(level="chart"):
-        rows = rows.droplevel("chart")
-        cells = "; ".join(f"V = {v}: " + ", ".join(f"{p} {rows.loc[v, p]:.2f} ms" for p in rows.columns if rows.loc[v, p] == rows.loc[v, p])
-                          for v in rows.index)
-        faster = (rows[ours] < rows[peer]).sum() if {ours, peer} <= set(rows.columns) else 0
-        out.append(f"- `{chart}`: {cells} ({ours} adds less than {peer} at {faster} of {len(rows)} V).")
-    return "\n".join(out) + f"\n\n({provenance(meta.drop_duplicates(['gpu_name', 'kernels_lib_commit']))}.)"
+    for (gpu, commit, chart), rows in table.groupby(level=["GPU", "commit", "chart"]):
+        rows = rows.droplevel(["GPU", "commit", "chart"])
+        cells = "; ".join(f"V = {v}: " + ", ".join(f"{p} {rows.loc[v, p]:.2f} ms" for p in rows.columns
+                                                  if rows.loc[v, p] == rows.loc[v, p]) for v in rows.index)
+        faster = int((rows[ours] < rows[peer]).sum()) if {ours, peer} <= set(rows.columns) else 0
+        out.append(f"- `{chart}`, {gpu} (kernels_lib {commit}): {cells}; {ours} adds less than {peer} at {faster} of "
+                   f"the {len(rows)} vocabularies.")
+    return "\n".join(out)
 
 
 def shares(table: pd.DataFrame) -> pd.DataFrame:
@@ -200,20 +255,25 @@ def provenance(table: pd.DataFrame) -> str:
 
 
 def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
-    """One markdown bullet per profiled point: the loss (``labels`` names it), B, the call's time, each part's
-    milliseconds and share, and the rate the matmuls ran at."""
+    """One markdown bullet per profiled point: the loss (``labels`` names it), B, the call's time and its floor,
+    each part's milliseconds and share, and the matmuls' rate beside the run's measured one."""
     if not len(table):
         return "No profile measured yet."
     labels = labels or {}
     out = []
     for (_, row), (_, share) in zip(table.iterrows(), shares(table).iterrows()):
-        parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS)
-        rate = f"; the matmuls at {row['matmul TFLOP/s']:.0f} TFLOP/s" if row["matmul TFLOP/s"] == row["matmul TFLOP/s"] else ""
-        floor = (f", {row['× floor']:.2f}× its floor (the matmuls alone {row['matmuls × their floor']:.2f}× their time at the "
-                 f"run's matmul rate)") if row["× floor"] == row["× floor"] else ", no ceilings measured in its run"
-        chunks = "; ".join(f"{int(c.removeprefix('× at chunk '))}-row chunks {row[c]:.2f}×" for c in table.columns
+        at = f" at {int(row['chunk'])}-row chunks" if "chunk" in row and row["chunk"] == row["chunk"] else ""
+        parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS[:-1])
+        parts += f", the rest (unlisted kernels and the GPU idle) {row[KINDS[-1]]:.2f} ms ({share[KINDS[-1]]:.0%})"
+        if row["× floor"] == row["× floor"]:
+            floor = (f", {row['× floor']:.2f}× its floor. Its matmuls took {row['matmuls × their floor']:.2f}× the time "
+                     f"their FLOPs need at the run's measured {row['run matmul TFLOP/s']:.0f} TFLOP/s (they ran at "
+                     f"{row['matmul TFLOP/s']:.0f})")
+        else:
+            floor = f", no ceilings measured in its run (the matmuls ran at {row['matmul TFLOP/s']:.0f} TFLOP/s)"
+        chunks = ", ".join(f"{row[c]:.2f}× with {int(c.removeprefix('× at chunk '))}-row chunks" for c in table.columns
                            if c.startswith("× at chunk ") and row[c] == row[c])
-        chunks = f" The same call with {chunks} the time." if chunks else ""
-        out.append(f"- **{labels.get(row['loss'], row['loss'])}**, B = {row['B']}, on the {data.gpu_label(row['gpu_name'])}: "
-                   f"{row['call ms']:.2f} ms a call{floor}: {parts}{rate}.{chunks}")
+        chunks = f" The same call takes {chunks}." if chunks else ""
+        out.append(f"- **{labels.get(row['loss'], row['loss'])}**, B = {row['B']}{at}, on the {data.gpu_label(row['gpu_name'])}: "
+                   f"{row['call ms']:.2f} ms a call{floor}: {parts}.{chunks}")
     return "\n".join(out)
