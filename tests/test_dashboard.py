@@ -330,7 +330,10 @@ def test_the_training_step_has_a_card(board):
         assert cell["time ratio"] == pytest.approx(at["kernels_lib"] / at["torch_lce"], rel=1e-12)
         assert set(every[beside].commit) == set(lce.kernels_lib_commit)
     one = shown[(shown.kind == "ratio") & (shown.peer == "huggingface")].iloc[0]
-    ok = rows[(rows.model == "llama-3.2-1b") & (~rows.checkpointing.astype(bool)) & rows.note.isna() & rows.step_ms_50.notna()]
+    one_run = rows[(rows.kernels_lib_commit.astype(str).str[:7] == str(one.commit)[:7]) & (rows.gpu_name == one.gpu)]
+    assert len(one_run), f"no rows of the card's run ({one.commit} on {one.gpu}) in training_step.csv"  # one run, one GPU
+    ok = one_run[(one_run.model == "llama-3.2-1b") & (~one_run.checkpointing.astype(bool)) & one_run.note.isna()
+                 & one_run.step_ms_50.notna()]
     at = ok[ok.tokens == one.x].set_index("provider").step_ms_50
     assert one["time ratio"] == pytest.approx(at["kernels_lib"] / at["huggingface"], rel=1e-12)
 

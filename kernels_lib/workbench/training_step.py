@@ -1081,8 +1081,10 @@ def step_chart(rows: pd.DataFrame, model: str):
         if not math.isnan(capacity):
             figure.add_hline(y=capacity, line_dash="dot", line_color="#7f7f7f", row=2, col=col,
                              annotation_text=f"GPU {capacity:.0f} GiB", annotation_position="top left")  # the OOM crosses sit at the right
-        figure.update_xaxes(type="log", title_text="tokens per step (B × T)", row=2, col=col)
-        figure.update_xaxes(type="log", row=1, col=col)
+        ticks = sorted(int(t) for t in these.tokens.dropna().unique())  # the sizes swept: 8k, 16k, … (no crowded minor labels)
+        labels = [f"{t // 1024}k" if t % 1024 == 0 else str(t) for t in ticks]
+        figure.update_xaxes(type="log", title_text="tokens per step (B × T)", tickvals=ticks, ticktext=labels, row=2, col=col)
+        figure.update_xaxes(type="log", tickvals=ticks, ticktext=labels, row=1, col=col)
     figure.update_yaxes(title_text="step time (ms)", row=1, col=1)
     figure.update_yaxes(title_text="peak allocated (GiB)", row=2, col=1)
     gpu = rows.gpu_name.iloc[0] if len(rows) else ""
