@@ -42,10 +42,16 @@ def peers_of(run: pd.DataFrame, ours: str = "kernels_lib") -> list[str]:
 def run_rates(run: pd.DataFrame, ceilings: pd.DataFrame) -> dict[str, float]:
     """The ``copy`` (GB/s) and ``matmul`` (TFLOP/s) ceilings measured in the run's own run (commit and GPU);
     a ceiling that run did not measure is absent."""
-    gpu, commit, rates = str(run.gpu_name.iloc[0]), data.run_commit(run), {}
+    return own_rates(ceilings, str(run.gpu_name.iloc[0]), data.run_commit(run))
+
+
+def own_rates(ceilings: pd.DataFrame, gpu_name: str, commit: str | None) -> dict[str, float]:
+    """The ``copy`` and ``matmul`` ceilings measured on ``gpu_name`` in the run of ``commit`` itself (never the
+    newest run's, which :func:`~.bench.analysis.ceiling_run` falls back to); a ceiling it did not measure is absent."""
+    rates = {}
     for name in ("copy", "matmul"):
         try:
-            rate, measured_in = ceiling_run(ceilings, name, gpu, commit)
+            rate, measured_in = ceiling_run(ceilings, name, gpu_name, commit)
         except ValueError:
             continue
         if measured_in == str(commit):

@@ -64,6 +64,7 @@ def breakdown(kernels: pd.DataFrame, call_ms: float, flops: float | None = None)
 
 
 RUN = ["gpu_name", "kernels_lib_commit"]  # the columns that name a run: rows of two runs are never combined
+META = (*RUN, "torch_version", "triton_version")  # what a profile row says of its run
 
 
 def _module(kernel_name: str):
@@ -76,8 +77,12 @@ def _module(kernel_name: str):
 
 
 def _meta(rows: pd.DataFrame) -> dict:
-    return {"gpu_name": str(rows.gpu_name.iloc[0]), "kernels_lib_commit": str(rows.kernels_lib_commit.iloc[0]),
-            "torch_version": str(rows.torch_version.iloc[0]), "triton_version": str(rows.triton_version.iloc[0])}
+    return {key: str(rows[key].iloc[0]) for key in META}
+
+
+def _by_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with the run named for a table's index: ``GPU`` (its label) and ``commit`` (7 characters)."""
+    return rows.assign(GPU=rows.gpu_name.map(data.gpu_label), commit=rows.kernels_lib_commit.astype(str).str[:7])
 
 
 def call_flops(kernel_name: str, sizes: dict) -> float:
@@ -99,12 +104,12 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
     them), the call over the floor, the run's matmul rate, and the matmuls over their time at that rate."""
     import torch
 
-    from .bench.analysis import ceiling_run
+    from .comparison import own_rates
     from .overview import floor_ms
 
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
         raise ValueError(f"b must be a batch size of at least 1, got {b!r}")
-    missing = {"gpu_name", "kernels_lib_commit", "torch_version", "triton_version"} - set(meta)
+    missing = set(META) - set(meta)
     if missing:
         raise ValueError(f"meta lacks {', '.join(sorted(missing))} (the profile's run: GPU, commit, versions)")
     spec, _ = _module(kernel_name)
@@ -113,25 +118,21 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
     out = {"loss": kernel_name, "B": b, **breakdown(kernels, call_ms, flops)}
     out.update({"floor ms": float("nan"), "× floor": float("nan"), "run matmul TFLOP/s": float("nan"),
                 "matmuls × their floor": float("nan")})
-    rates = {}
     ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
-    for name in ("copy", "matmul"):
-        try:
-            rate, measured_in = ceiling_run(ceilings, name, meta["gpu_name"], meta["kernels_lib_commit"])
-        except ValueError:
-            continue
-        if measured_in == meta["kernels_lib_commit"]:
-            rates[name] = rate
+    rates = own_rates(ceilings, meta["gpu_name"], meta["kernels_lib_commit"])
     if {"copy", "matmul"} <= set(rates):
         out["floor ms"] = floor_ms(kernel_name, sizes, spec.published.get("dtype", torch.bfloat16), "full",
                                    rates["copy"], rates["matmul"])[0]
         out["× floor"] = call_ms / out["floor ms"]
         out["run matmul TFLOP/s"] = rates["matmul"]
         out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
-    return {**out, **{k: meta[k] for k in ("gpu_name", "kernels_lib_commit", "torch_version", "triton_version")}}
+    return {**out, **{key: meta[key] for key in META}}
 
 
-def _read(*names: str) -> list[pd.DataFrame] | None:
+def _given_or_read(given: tuple, *names: str) -> list[pd.DataFrame] | None:
+    """The frames the caller gave, else the files ``names`` of ``data/measured/gpu_runs/``; None where a file is missing."""
+    if all(frame is not None for frame in given):
+        return list(given)
     paths = [data.MEASURED_DIR / "gpu_runs" / name for name in names]
     return [data.read_table(path) for path in paths] if all(path.exists() for path in paths) else None
 
@@ -142,11 +143,11 @@ def preference_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame
     call of DPO and GRPO at the published workload; ``preference_scaling_kernels.csv``: the twelve longest
     kernels of one such call), the :func:`point` of ``full``, with the time of the reference model's pass
     measured alone. The kernels are joined to the times of the same run."""
-    if times is None or kernels is None:
-        read = _read("preference_scaling_profile.csv", "preference_scaling_kernels.csv")
-        if read is None:
-            return pd.DataFrame()
-        times, kernels = read
+    read = _given_or_read((times, kernels), "preference_scaling_profile.csv", "preference_scaling_kernels.csv")
+    if read is None:
+        return pd.DataFrame()
+    times, kernels = read
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings  # read once, not per point
     rows = []
     for (gpu, commit, loss, b), at in times.groupby([*RUN, "loss", "B"]):
         case = at.set_index("case").ms_p50
@@ -175,11 +176,11 @@ def kto_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame | None
     measured), the :func:`point` of the profiled call, its chunk, and the call's time at each other chunk over
     it. (The profiled call is the forward with the gradient: KTO forms its gradient there, and ``backward``
     only scales it.)"""
-    if times is None or kernels is None:
-        read = _read("kto_small_batch.csv", "kto_small_batch_profile.csv")
-        if read is None:
-            return pd.DataFrame()
-        times, kernels = read
+    read = _given_or_read((times, kernels), "kto_small_batch.csv", "kto_small_batch_profile.csv")
+    if read is None:
+        return pd.DataFrame()
+    times, kernels = read
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings  # read once, not per point
     device = kernels[(kernels.cpu_ms_per_call == 0) & (kernels.cuda_ms_per_call > 0)]  # kernels and copies, not ops
     rows = []
     for (gpu, commit, b), listed in device.groupby([*RUN, "B"]):
@@ -199,13 +200,10 @@ def chunk_ratios(times: pd.DataFrame | None = None, kernel_name: str = "kto_loss
     """Per run (GPU and commit) and B of ``kto_small_batch.csv``, the call's time at each chunk size over its
     time at the chunk the library picks by default (:func:`default_chunk`): below 1 where that chunk is faster.
     NaN where the default chunk was not measured."""
-    if times is None:
-        read = _read("kto_small_batch.csv")
-        if read is None:
-            return pd.DataFrame()
-        times = read[0]
-    table = times.assign(GPU=times.gpu_name.map(data.gpu_label), commit=times.kernels_lib_commit.astype(str).str[:7])
-    table = table.pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50").sort_index(axis=1)
+    read = _given_or_read((times,), "kto_small_batch.csv")
+    if read is None:
+        return pd.DataFrame()
+    table = _by_run(read[0]).pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50").sort_index(axis=1)
     base = pd.Series([table.loc[i].get(default_chunk(kernel_name, int(i[-1])), float("nan")) for i in table.index],
                      index=table.index)
     return table.div(base, axis=0).rename_axis(columns="time × the default chunk's, at chunk (rows)")
@@ -216,13 +214,10 @@ def small_vocab_steps(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     run (GPU and commit), chart, V and provider, the median over rounds of the step's time (a chain of GPU work,
     then the loss and its backward) less the chain's alone. Inside a step the host has run ahead, so a call's
     host time hides behind the GPU's work unless the call waits for the GPU (a check read on the host does)."""
-    if steps is None:
-        read = _read("cross_entropy_small_vocab_step.csv")
-        if read is None:
-            return pd.DataFrame()
-        steps = read[0]
-    table = steps.assign(GPU=steps.gpu_name.map(data.gpu_label), commit=steps.kernels_lib_commit.astype(str).str[:7])
-    table = table.pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
+    read = _given_or_read((steps,), "cross_entropy_small_vocab_step.csv")
+    if read is None:
+        return pd.DataFrame()
+    table = _by_run(read[0]).pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
                               aggfunc="median")
     return table.rename_axis(columns="ms the loss adds to a step")
 
@@ -249,7 +244,7 @@ def shares(table: pd.DataFrame) -> pd.DataFrame:
 
 def provenance(table: pd.DataFrame) -> str:
     """The generated line beside a profile table: its GPU(s), commit(s) and versions."""
-    runs = table[["gpu_name", "kernels_lib_commit", "torch_version", "triton_version"]].drop_duplicates()
+    runs = table[list(META)].drop_duplicates()
     return "; ".join(f"{data.gpu_label(r.gpu_name)}, kernels_lib {r.kernels_lib_commit[:7]}, torch {r.torch_version}, "
                      f"triton {r.triton_version}" for r in runs.itertuples())
 
