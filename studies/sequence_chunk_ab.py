@@ -31,8 +31,16 @@ FILE = "gpu_runs/sequence_epilogue_route_ab.csv"
 LOSSES = "fused_linear_dpo_loss,fused_linear_grpo_loss_token,kto_loss,fused_linear_cpo_loss"
 
 
-def measure(names: list[str], chunks: list[int | None], size: str, device: torch.device) -> list[dict]:
-    """One row per loss, B and chunk (None: the default)."""
+def measure(names: list[str], chunks: list[int | None], size: str, device: torch.device, rounds: int = 1) -> list[dict]:
+    """One row per round, loss, x (B, or BT for the two-head losses) and chunk (None: the default); the chunks'
+    order reversed every other round, so that the GPU's drift over a run falls on every chunk alike."""
+    rows = []
+    for round_ in range(rounds):
+        rows += _one_round(names, chunks if round_ % 2 == 0 else chunks[::-1], size, device, round_ + 1)
+    return rows
+
+
+def _one_round(names, chunks, size, device, round_) -> list[dict]:
     rows = []
     for name in names:
         spec = get_spec(name)
@@ -47,10 +55,13 @@ def measure(names: list[str], chunks: list[int | None], size: str, device: torch
                 def call():
                     return loss(*inputs.args, **kwargs)
 
-                row = {"loss": name, "B": batch, "chunk": chunk or "default"}
+                row = {"loss": name, "round": round_, "x_name": workload["x_name"], "B": batch, "chunk": chunk or "default"}
                 for mode in ("full", "forward"):
-                    row[f"{mode}_ms"] = time_callable(mode_callable(call, inputs.grad_inputs, mode), device,
-                                                      grad_to_none=inputs.grad_inputs).p50
+                    timing = time_callable(mode_callable(call, inputs.grad_inputs, mode), device,
+                                           grad_to_none=inputs.grad_inputs)
+                    row[f"{mode}_ms"] = timing.p50
+                    if mode == "full":
+                        row["full_ms_p20"], row["full_ms_p80"] = timing.p20, timing.p80
                 row["full_MiB"] = peak_memory_mib(mode_callable(call, inputs.grad_inputs, "full"), device,
                                                   inputs.grad_inputs)
                 rows.append(row)
@@ -65,12 +76,14 @@ def main(argv=None) -> int:
     parser.add_argument("--losses", default=LOSSES)
     parser.add_argument("--chunks", default="default", help="comma-separated: default or a row count")
     parser.add_argument("--size", choices=["published", "small"], default="published")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, the chunks' order reversed every other one")
+    parser.add_argument("--file", default=FILE, help="where under --out the rows go")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     chunks = [None if c == "default" else int(c) for c in args.chunks.split(",")]
-    rows = pd.DataFrame(measure(args.losses.split(","), chunks, args.size, device)).assign(route=args.route,
+    rows = pd.DataFrame(measure(args.losses.split(","), chunks, args.size, device, args.rounds)).assign(route=args.route,
                                                                                         **provenance(device))
-    path = args.out / FILE
+    path = args.out / args.file
     path.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(path, mode="a", header=not path.exists(), index=False)
     print(f"{len(rows)} rows -> {path}")
