@@ -16,9 +16,10 @@ each row's gradient factor is known in forward and all gradients are formed ther
 constant: no gradient flows to it, and its tensors are read detached.
 
 Memory: two ``chunk × V`` buffers (the student's, which becomes ``dz``, and the teacher's) in the
-matmul dtype, plus the gradients themselves. The default chunk is the cross-entropy's
-(:func:`~kernels_lib._flce.chunk_size.lean_chunk_size` of the student's ``H``), so the
-two buffers together are a quarter of ``dW_s``.
+matmul dtype, plus the gradients themselves. The default chunk (:func:`two_head_chunk_size`) holds at
+least :data:`MIN_TWO_HEAD_CHUNK_ROWS` rows: each chunk's ``dW_s += dzᵀ x_c`` reads and writes the whole
+accumulator, and each chunk's kernel runs one program per row, so small chunks pay in both; 2048 rows
+hold 1 GiB of bf16 buffers at ``V = 128256``, and ``chunk_size`` trades that memory back for time.
 
 float16: each chunk's ``dz`` is formed at the power-of-two scale that brings the largest gradient
 factor to [1, 2) and undone in float32, as in cross-entropy (its module docstring says why).
@@ -37,6 +38,19 @@ from ._flce.gradient_sums import _GradientSums
 from ._flce.operands import _Operands
 from ._sequence_logprobs import FusedSequenceLoss
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
+
+
+#: The fewest rows of a default chunk of the two-head losses. At the published workloads (``V = 128256``,
+#: bf16) the distillation losses ran at 0.70–0.76× the time of ``H_s / 8``-row chunks and the fused linear
+#: JSD at 0.86–0.92×, for 0.5–0.9 GiB more (``data/measured/gpu_runs/two_head_chunk_ab.csv``).
+MIN_TWO_HEAD_CHUNK_ROWS = 2048
+
+
+def two_head_chunk_size(n_rows: int, hidden: int) -> int:
+    """Rows per chunk of the two-head losses by default: the lean budget of the student's ``hidden``
+    (:func:`~kernels_lib._flce.chunk_size.lean_chunk_size`) or :data:`MIN_TWO_HEAD_CHUNK_ROWS`, whichever is
+    larger, at most ``n_rows``."""
+    return max(1, min(n_rows, max(MIN_TWO_HEAD_CHUNK_ROWS, lean_chunk_size(n_rows, hidden))))
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,7 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     """
     x, weight, bias = student
     n_rows = x.shape[0]
-    rows_per_chunk = opts.chunk_size or lean_chunk_size(n_rows, x.shape[1])
+    rows_per_chunk = opts.chunk_size or two_head_chunk_size(n_rows, x.shape[1])
     # Each head's matmul dtype (the autocast dtype inside torch.autocast), resolved before autocast is
     # turned off for the chunk loop: inside that block every head would read as outside autocast.
     dtypes = compute_dtype_for(x), compute_dtype_for(teacher[0])

@@ -59,6 +59,7 @@ import torch
 from ._distillation import (
     SoftLoss, check_targets, cosine_soft, fused_two_head_loss, jsd_soft, kept_rows, needs_grad, teacher_constant,
     two_head_rows, validate_heads, validate_options,
+    two_head_chunk_size,
 )
 from . import _validate as v
 from .jsd import _require_beta
@@ -115,7 +116,8 @@ _ARGS_DOC = """
         beta: see the soft loss above (0.5, as Liger's modules).
         temperature: ``T > 0``, dividing both heads' logits in the soft loss only.
         ignore_index: the target value of rows that count nowhere (nor in ``n``).
-        chunk_size: rows per chunk, or None for the cross-entropy default (``H_s / 8`` rows, at least 256).
+        chunk_size: rows per chunk, or None for the default (``H_s / 8`` rows, at least 2048: two
+            ``chunk × V`` buffers; a smaller chunk holds less memory for more time).
         accurate: accumulate ``dW``/``db`` across chunks in float32.
 
     Returns:
@@ -209,4 +211,5 @@ class DistillCosineLoss(_DistillationModule):
     loss_fn = staticmethod(distill_cosine_loss)
 
 
-__all__ = ["DistillationOutput", "distill_jsd_loss", "distill_cosine_loss", "DistillJSDLoss", "DistillCosineLoss"]
+__all__ = ["DistillationOutput", "distill_jsd_loss", "distill_cosine_loss", "DistillJSDLoss", "DistillCosineLoss",
+           "two_head_chunk_size"]

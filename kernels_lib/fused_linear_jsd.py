@@ -107,7 +107,8 @@ def fused_linear_jsd(
         reduction: ``"batchmean"`` (sum over kept rows / their number, at least 1), ``"sum"`` or
             ``"mean"`` (``batchmean / V``). No ``"none"``: the pointwise loss is the ``N × V`` matrix
             this function exists not to store.
-        chunk_size: rows per chunk, or None for the cross-entropy default (``H_s / 8`` rows, at least 256).
+        chunk_size: rows per chunk, or None for the default (``H_s / 8`` rows, at least 2048: two
+            ``chunk × V`` buffers; a smaller chunk holds less memory for more time).
         accurate: accumulate ``dW``/``db`` across chunks in float32 (as cross-entropy's option).
 
     Returns:

@@ -181,3 +181,41 @@ def test_jsd_beta_range_and_module_forms():
         assert "temperature=2.0" in repr(module)
     with pytest.raises(ValueError, match="beta must be in"):
         kernels_lib.DistillJSDLoss(beta=-0.5)
+
+
+# --------------------------------------------------------------------------- the default chunk
+
+
+def test_two_head_chunk_size_rule():
+    from kernels_lib._distillation import MIN_TWO_HEAD_CHUNK_ROWS
+    from kernels_lib._flce.chunk_size import lean_chunk_size
+
+    assert kernels_lib.distillation.two_head_chunk_size(8192, 2048) == MIN_TWO_HEAD_CHUNK_ROWS, "the floor of the default"
+    assert kernels_lib.distillation.two_head_chunk_size(1024, 2048) == 1024, "never more rows than the input has"
+    assert kernels_lib.distillation.two_head_chunk_size(65536, 32768) == lean_chunk_size(65536, 32768) > MIN_TWO_HEAD_CHUNK_ROWS, \
+        "a wide student's lean budget wins over the floor"
+    assert kernels_lib.distillation.two_head_chunk_size(1, 8) == 1
+
+
+@pytest.mark.parametrize("fn", [distill_jsd_loss, distill_cosine_loss, kernels_lib.fused_linear_jsd], ids=lambda f: f.__name__)
+def test_default_chunk_is_two_head_chunk_size(monkeypatch, fn):
+    """The loop is built with ``two_head_chunk_size`` rows when ``chunk_size`` is None, and with the given rows otherwise."""
+    from kernels_lib import _distillation
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(x, weight, bias, rows_per_chunk, dtype, **kwargs):
+        seen.append(rows_per_chunk)
+        raise Stop
+
+    monkeypatch.setattr(_distillation, "_Operands", spy)
+    t = make(n=3000, hs=8, ht=8, v=16)
+    args = (t["student_x"], t["student_weight"], t["teacher_x"], t["teacher_weight"])
+    kwargs = {"target": t["target"]}
+    for chunk, want in ((None, _distillation.two_head_chunk_size(3000, 8)), (96, 96)):
+        with pytest.raises(Stop):
+            fn(*args, **kwargs, chunk_size=chunk)
+        assert seen[-1] == want, f"{fn.__name__} with chunk_size={chunk} built chunks of {seen[-1]} rows, not {want}"
