@@ -2,7 +2,8 @@
 
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python -m studies.kto_small_batch_profile --out OUT
 
-For B in {2, 4, 8, 16} and chunk_size in {default (one 512-row sequence), 1024, 2048}: the median of
+For B in {2, 4, 8, 16} and chunk_size in {default, 1024, 2048} (the default, ``chunk_rows``'s, labelled with its rows and
+measured once where it equals a given size): the median of
 ``forward`` (with grad, where all of KTO's work happens) by do_bench; and, for B = 4 and 8 at the
 default chunk, the CUDA time per kernel name from torch.profiler over 5 calls. Writes
 ``kto_small_batch.csv`` and ``kto_small_batch_profile.csv``.
@@ -15,6 +16,7 @@ import pandas as pd
 import torch
 import triton
 
+from kernels_lib._sequence_logprobs import chunk_rows
 from kernels_lib.workbench.bench import get_spec
 from kernels_lib.workbench.bench.environment import provenance
 
@@ -29,10 +31,11 @@ def main():
     for b in (2, 4, 8, 16):
         sizes = {"B": b, **spec.published["sizes"]}
         inputs = spec.make_inputs(sizes, torch.bfloat16, "cuda", spec.default_options, 0)
-        for chunk in (None, 1024, 2048):
+        default = chunk_rows(None, sizes["T"], b * sizes["T"], sizes["H"])
+        for chunk in sorted({default, 1024, 2048}):
             call = lambda: fn(*inputs.args, **inputs.kwargs, chunk_size=chunk).loss  # noqa: E731
             ms = triton.testing.do_bench(call, quantiles=[0.2, 0.5, 0.8])
-            rows.append({"B": b, "chunk_size": chunk or 512, "ms_20": ms[0], "ms_50": ms[1], "ms_80": ms[2],
+            rows.append({"B": b, "chunk_size": chunk, "ms_20": ms[0], "ms_50": ms[1], "ms_80": ms[2],
                          "ms_per_sequence": ms[1] / b, **provenance("cuda")})
             print(rows[-1]["B"], rows[-1]["chunk_size"], round(ms[1], 3), flush=True)
         if b in (4, 8):
