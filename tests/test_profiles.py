@@ -182,3 +182,87 @@ def test_the_committed_step_profile_reads():
     table = profiles.small_vocab_steps()
     assert len(table) and {"kernels_lib", "torch"} <= set(table.columns), f"columns: {list(table.columns)}"
     assert (table > 0).all().all(), "a loss that adds no time to a step"
+
+
+# --------------------------------------------------------------------------- the every-loss profile
+
+
+def loss_profile_rows(commit="abc1234", gpu="NVIDIA H200", stamp="2026-01-01 00:00:00", call_ms=10.0, host_ms=2.0):
+    meta = {**META, "gpu_name": gpu, "kernels_lib_commit": commit, "timestamp": stamp}
+    times = pd.DataFrame([
+        {"loss": "distill_jsd_loss", "x_name": "BT", "x_value": 1024, "ms_p50": call_ms, "host_ms": host_ms, **meta},
+        {"loss": "jsd", "x_name": "V", "x_value": 4096, "ms_p50": 0.3, "host_ms": 0.7, **meta},
+        {"loss": "jsd", "x_name": "V", "x_value": 8192, "ms_p50": float("nan"), "host_ms": float("nan"), **meta},  # failed
+    ])
+    kernels = pd.DataFrame([
+        {"loss": "distill_jsd_loss", "x_value": 1024, "kernel": "nvjet_a", "cuda_ms": 6.0, **meta},
+        {"loss": "distill_jsd_loss", "x_value": 1024, "kernel": "distill_chunk_kernel", "cuda_ms": 2.0, **meta},
+        {"loss": "jsd", "x_value": 4096, "kernel": "jsd_kernel", "cuda_ms": 0.1, **meta},
+    ])
+    return times, kernels
+
+
+def test_loss_profiles_put_each_loss_on_its_own_axis_with_its_own_run_floor():
+    from kernels_lib.workbench.bench import distillation as distill_bench
+
+    times, listed = loss_profile_rows()
+    table = profiles.loss_profiles(times, listed, ceilings("abc1234"))
+    assert list(table["at"]) == ["BT = 1024", "V = 4096"], "each point named on its chart's axis; the failed point left out"
+    distill = table.set_index("at").loc["BT = 1024"]
+    flops = distill_bench.flops({"BT": 1024, "H": 4096, "V": 128256}, "full")
+    assert distill["matmuls × their floor"] == pytest.approx(6.0 / (flops / 700e9)), "the matmuls against their FLOPs at the run's rate"
+    assert distill["the rest"] == pytest.approx(2.0), "the call less every kernel"
+    assert distill["host ms"] == 2.0
+    jsd = table.set_index("at").loc["V = 4096"]
+    assert math.isnan(jsd["matmuls × their floor"]) and jsd["× floor"] > 0, "a loss on logits has a bytes floor and no matmuls"
+
+
+def test_loss_profiles_keep_each_gpus_newest_run_only():
+    old_t, old_k = loss_profile_rows("old0000", stamp="2026-01-01 00:00:00", call_ms=20.0)
+    new_t, new_k = loss_profile_rows("new0000", stamp="2026-02-01 00:00:00", call_ms=10.0)
+    other_t, other_k = loss_profile_rows("h100000", gpu="NVIDIA H100 80GB HBM3", stamp="2025-12-01 00:00:00")
+    table = profiles.loss_profiles(pd.concat([old_t, new_t, other_t]), pd.concat([old_k, new_k, other_k]),
+                                   pd.concat([ceilings(c, g) for c, g in (("old0000", "NVIDIA H200"), ("new0000", "NVIDIA H200"),
+                                                                        ("h100000", "NVIDIA H100 80GB HBM3"))]))
+    assert set(table.kernels_lib_commit) == {"new0000", "h100000"}, "the older H200 run was kept, or the H100's dropped"
+    both = profiles.loss_profiles(pd.concat([old_t, new_t]), pd.concat([old_k, new_k]),
+                                  pd.concat([ceilings("old0000"), ceilings("new0000")]), newest=False)
+    assert len(both) == 4 and set(both.kernels_lib_commit) == {"old0000", "new0000"}
+    old = both[both.kernels_lib_commit == "old0000"].set_index("at").loc["BT = 1024"]
+    assert old["call ms"] == 20.0 and old["the rest"] == pytest.approx(12.0), "a run's times were joined to another run's kernels"
+
+
+def test_lines_name_the_axis_and_say_when_the_host_sets_the_pace():
+    times, listed = loss_profile_rows(call_ms=10.0, host_ms=12.0)
+    times.loc[times.loss == "jsd", "host_ms"] = 0.1
+    text = profiles.lines(profiles.loss_profiles(times, listed, ceilings("abc1234")), {"distill_jsd_loss": "distillation JSD"})
+    first, second = text.splitlines()
+    assert first.startswith("- **distillation JSD**, BT = 1024") and "the host, not the GPU, sets the pace" in first, first
+    assert second.startswith("- **jsd**, V = 4096") and "its floor (no matmul)" in second and "sets the pace" not in second, second
+
+
+def test_point_on_another_axis_names_it_in_its_refusal():
+    with pytest.raises(ValueError, match="b must be a size of BT"):
+        profiles.point("distill_jsd_loss", 0, kernels(matmul=[1.0]), call_ms=2.0, meta=META, ceilings=ceilings("abc1234"),
+                       x_name="BT")
+
+
+def test_chunk_trade_sets_each_chunk_against_the_default_of_its_own_run_and_keeps_memory():
+    rows = pd.DataFrame([{"loss": "distill_jsd_loss", "x_name": "BT", "B": 1024, "chunk": chunk, "round": r,
+                          "full_ms": ms, "full_MiB": mib, **META}
+                         for r, scale in ((1, 1.0), (2, 1.1), (3, 5.0))  # round 3 an outlier: the median ignores it
+                         for chunk, ms, mib in (("default", 10.0 * scale, 630.0), ("2048", 7.0 * scale, 1006.0))])
+    table = profiles.chunk_trade(rows, default_label="lean")
+    point = table.loc[("H200", "abc1234", "distill_jsd_loss", "BT", 1024)]
+    assert point[("time × lean", "lean")] == 1.0
+    assert point[("time × lean", "2048")] == pytest.approx(7.7 / 11.0), "not the median over rounds over the default's median"
+    assert point[("MiB", "2048")] == 1006.0 and point[("MiB", "lean")] == 630.0
+
+
+def test_small_vocab_steps_read_the_divergences_file_with_the_loss_as_its_chart():
+    rows = pd.DataFrame([{"loss": "jsd", "V": 4096, "round": r, "provider": p, "loss in step ms": ms, **META}
+                         for r in (1, 2, 3) for p, ms in (("kernels_lib", 0.1 * r), ("liger", 0.6))])
+    table = profiles.small_vocab_steps(rows)
+    assert table.loc[("H200", "abc1234", "jsd", 4096), "kernels_lib"] == pytest.approx(0.2), "the median over rounds"
+    text = profiles.step_lines(table, peer="liger")
+    assert text.startswith("- `jsd`, H200") and "adds less than liger at 1 of the 1" in text, text

@@ -13,7 +13,7 @@ over a call) says where a call spends the time above it:
   profile cannot tell apart.
 
 The profiles are files of ``data/measured/gpu_runs/`` written by the studies in ``studies/``
-(``preference_scaling_profile``, ``kto_small_batch_profile``); each row carries its GPU, versions and commit,
+(``loss_profile``: every kernel of every loss's call; ``preference_scaling_profile``, ``kto_small_batch_profile``); each row carries its GPU, versions and commit,
 and :func:`provenance` says them beside the table. A point's floor uses only the ceilings measured in the
 profile's own run (its commit, on its GPU); without them the floor reads NaN. Rows of different runs (GPU or commit)
 are never mixed: every table keeps its run's GPU and commit per row.
@@ -85,12 +85,15 @@ def _by_run(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(GPU=rows.gpu_name.map(data.gpu_label), commit=rows.kernels_lib_commit.astype(str).str[:7])
 
 
-def call_flops(kernel_name: str, sizes: dict) -> float:
+def call_flops(kernel_name: str, sizes: dict) -> float | None:
     """The matmul FLOPs of one ``full`` call of the loss's bench at ``sizes``, with the bench's default options
-    (KTO's published harness gives no gradient to ``x``: ``input_grad=False``, three products, not four)."""
+    (KTO's published harness gives no gradient to ``x``: ``input_grad=False``, three products, not four); None for
+    a loss on logits, which runs no matmul."""
     import inspect
 
     spec, module = _module(kernel_name)
+    if not hasattr(module, "flops"):
+        return None
     options = {}
     if "input_grad" in inspect.signature(module.flops).parameters and "input_grad" in spec.default_options:
         options["input_grad"] = bool(spec.default_options["input_grad"])
@@ -98,24 +101,26 @@ def call_flops(kernel_name: str, sizes: dict) -> float:
 
 
 def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta: dict,
-          ceilings: pd.DataFrame | None = None) -> dict:
-    """The :func:`breakdown` of one profiled ``full`` call at the published sizes with batch ``b``, its floor
-    (:func:`.overview.floor_ms` at the ceilings of the profile's own run, ``meta``'s GPU and commit; NaN without
-    them), the call over the floor, the run's matmul rate, and the matmuls over their time at that rate."""
+          ceilings: pd.DataFrame | None = None, *, x_name: str = "B") -> dict:
+    """The :func:`breakdown` of one profiled ``full`` call at the published sizes with ``x_name`` (the chart's
+    axis: the batch ``B`` by default) set to ``b``, its floor (:func:`.overview.floor_ms` at the ceilings of the
+    profile's own run, ``meta``'s GPU and commit; NaN without them), the call over the floor, the run's matmul
+    rate, and the matmuls over their time at that rate (NaN for a loss without matmuls)."""
     import torch
 
     from .comparison import own_rates
     from .overview import floor_ms
 
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-        raise ValueError(f"b must be a batch size of at least 1, got {b!r}")
+        what = "b must be a batch size" if x_name == "B" else f"b must be a size of {x_name}"
+        raise ValueError(f"{what} of at least 1, got {b!r}")
     missing = set(META) - set(meta)
     if missing:
         raise ValueError(f"meta lacks {', '.join(sorted(missing))} (the profile's run: GPU, commit, versions)")
     spec, _ = _module(kernel_name)
-    sizes = {**spec.published["sizes"], "B": b}
+    sizes = {**spec.published["sizes"], x_name: b}
     flops = call_flops(kernel_name, sizes)
-    out = {"loss": kernel_name, "B": b, **breakdown(kernels, call_ms, flops)}
+    out = {"loss": kernel_name, x_name: b, "at": f"{x_name} = {b}", **breakdown(kernels, call_ms, flops)}
     out.update({"floor ms": float("nan"), "× floor": float("nan"), "run matmul TFLOP/s": float("nan"),
                 "matmuls × their floor": float("nan")})
     ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
@@ -125,7 +130,8 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
                                    rates["copy"], rates["matmul"])[0]
         out["× floor"] = call_ms / out["floor ms"]
         out["run matmul TFLOP/s"] = rates["matmul"]
-        out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
+        if flops:
+            out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
     return {**out, **{key: meta[key] for key in META}}
 
 
@@ -157,6 +163,34 @@ def preference_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame
             continue
         rows.append({**point(loss, int(b), listed, float(case["full"]), _meta(at), ceilings),
                      "reference pass ms": float(case.get("reference pass", float("nan")))})
+    return pd.DataFrame(rows)
+
+
+def loss_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
+                  ceilings: pd.DataFrame | None = None, *, newest: bool = True) -> pd.DataFrame:
+    """Per run, loss and x of the every-loss profile (``loss_profile_times.csv``: the ``full`` call's median and the
+    host's time per call; ``loss_profile_kernels.csv``: every kernel of the call, none left out, so the rest is the
+    GPU idle), the :func:`point` of the call on its chart's axis, and the host's ms per call. ``newest``: only each
+    GPU's newest run (by the rows' timestamps). Under the profiler the large matmuls can run longer than in the
+    timed calls (their sum then passes the call's median, and the rest reads 0): a profile says where the time
+    goes, the median what a call costs."""
+    read = _given_or_read((times, kernels), "loss_profile_times.csv", "loss_profile_kernels.csv")
+    if read is None:
+        return pd.DataFrame()
+    times, kernels = read
+    times = times[times.ms_p50.notna()]
+    if newest and len(times):
+        last = times.groupby(RUN).timestamp.max().reset_index().sort_values("timestamp").groupby("gpu_name").tail(1)
+        times = times.merge(last[RUN], on=RUN)
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings  # read once, not per point
+    rows = []
+    for (gpu, commit, loss, x_name, x), at in times.groupby([*RUN, "loss", "x_name", "x_value"], sort=False):
+        listed = kernels[(kernels.gpu_name == gpu) & (kernels.kernels_lib_commit == commit) & (kernels.loss == loss)
+                         & (kernels.x_value == x)].rename(columns={"cuda_ms": "ms"})
+        if not len(listed):
+            continue
+        rows.append({**point(loss, int(x), listed, float(at.ms_p50.iloc[0]), _meta(at), ceilings, x_name=str(x_name)),
+                     "host ms": float(at.host_ms.iloc[0])})
     return pd.DataFrame(rows)
 
 
@@ -209,15 +243,36 @@ def chunk_ratios(times: pd.DataFrame | None = None, kernel_name: str = "kto_loss
     return table.div(base, axis=0).rename_axis(columns="time × the default chunk's, at chunk (rows)")
 
 
-def small_vocab_steps(steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """What the cross-entropy on logits adds to a step at small V (``cross_entropy_small_vocab_step.csv``): per
-    run (GPU and commit), chart, V and provider, the median over rounds of the step's time (a chain of GPU work,
-    then the loss and its backward) less the chain's alone. Inside a step the host has run ahead, so a call's
-    host time hides behind the GPU's work unless the call waits for the GPU (a check read on the host does)."""
-    read = _given_or_read((steps,), "cross_entropy_small_vocab_step.csv")
+def chunk_trade(rows: pd.DataFrame | None = None, file: str = "two_head_chunk_ab.csv", default_label: str = "default") -> pd.DataFrame:
+    """The chunk dial of a same-run A/B (``studies/sequence_chunk_ab.py``'s rows: ``full`` time and memory per loss,
+    x and chunk, in rounds): per run (GPU and commit), loss and x, the median over rounds of the ``full`` time at
+    each chunk over its time at the default chunk of that run's code (``default``), and the memory at each chunk
+    in MiB. Columns ``(what, chunk)``: ``what`` is ``time × <default_label>`` or ``MiB``; the default chunk's column is
+    named ``default_label`` (what the default was in that run's code, where it has changed since)."""
+    read = _given_or_read((rows,), file)
     if read is None:
         return pd.DataFrame()
-    table = _by_run(read[0]).pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
+    rows = _by_run(read[0]).assign(chunk=lambda r: r["chunk"].astype(str))
+    keys = ["GPU", "commit", "loss", "x_name", "B"]
+    time = rows.pivot_table(index=keys, columns="chunk", values="full_ms", aggfunc="median")
+    memory = rows.pivot_table(index=keys, columns="chunk", values="full_MiB", aggfunc="median")
+    order = sorted(time.columns, key=lambda c: (c != "default", int(c) if c.isdigit() else 0))
+    time = time[order].div(time["default"], axis=0) if "default" in time else time[order] * float("nan")
+    table = pd.concat({f"time × {default_label}": time, "MiB": memory[order]}, axis=1)
+    return table.rename(columns={"default": default_label}, level=1).rename_axis(index={"B": "x"})
+
+
+def small_vocab_steps(steps: pd.DataFrame | None = None, file: str = "cross_entropy_small_vocab_step.csv") -> pd.DataFrame:
+    """What a loss on logits adds to a step at small V (``cross_entropy_small_vocab_step.csv``, or the row
+    divergences' ``divergence_small_vocab_step.csv``, whose rows name the loss for the chart): per run (GPU and
+    commit), chart, V and provider, the median over rounds of the step's time (a chain of GPU work, then the loss
+    and its backward) less the chain's alone. Inside a step the host has run ahead, so a call's host time hides
+    behind the GPU's work unless the call waits for the GPU (a check read on the host does)."""
+    read = _given_or_read((steps,), file)
+    if read is None:
+        return pd.DataFrame()
+    rows = read[0] if "chart" in read[0].columns else read[0].rename(columns={"loss": "chart"})
+    table = _by_run(rows).pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
                               aggfunc="median")
     return table.rename_axis(columns="ms the loss adds to a step")
 
@@ -260,7 +315,9 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
         at = f" at {int(row['chunk'])}-row chunks" if "chunk" in row and row["chunk"] == row["chunk"] else ""
         parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS[:-1])
         parts += f", the rest (unlisted kernels and the GPU idle) {row[KINDS[-1]]:.2f} ms ({share[KINDS[-1]]:.0%})"
-        if row["× floor"] == row["× floor"]:
+        if row["× floor"] == row["× floor"] and row["matmuls × their floor"] != row["matmuls × their floor"]:
+            floor = f", {row['× floor']:.2f}× its floor (no matmul)"
+        elif row["× floor"] == row["× floor"]:
             floor = (f", {row['× floor']:.2f}× its floor. Its matmuls took {row['matmuls × their floor']:.2f}× the time "
                      f"their FLOPs need at the run's measured {row['run matmul TFLOP/s']:.0f} TFLOP/s (they ran at "
                      f"{row['matmul TFLOP/s']:.0f})")
@@ -269,6 +326,12 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
         chunks = ", ".join(f"{row[c]:.2f}× with {int(c.removeprefix('× at chunk '))}-row chunks" for c in table.columns
                            if c.startswith("× at chunk ") and row[c] == row[c])
         chunks = f" The same call takes {chunks}." if chunks else ""
-        out.append(f"- **{labels.get(row['loss'], row['loss'])}**, B = {row['B']}{at}, on the {data.gpu_label(row['gpu_name'])}: "
-                   f"{row['call ms']:.2f} ms a call{floor}: {parts}.{chunks}")
+        host = ""
+        if "host ms" in row and row["host ms"] == row["host ms"]:
+            host_bound = row["host ms"] >= row["call ms"] and row[KINDS[-1]] >= 0.2 * row["call ms"]
+            host = (f" The host took {row['host ms']:.2f} ms to issue a call (under the profiler)"
+                    + (": the host, not the GPU, sets the pace." if host_bound else "."))
+        where = row["at"] if "at" in row and isinstance(row["at"], str) else f"B = {row['B']}"
+        out.append(f"- **{labels.get(row['loss'], row['loss'])}**, {where}{at}, on the {data.gpu_label(row['gpu_name'])}: "
+                   f"{row['call ms']:.2f} ms a call{floor}: {parts}.{chunks}{host}")
     return "\n".join(out)
