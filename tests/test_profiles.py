@@ -266,3 +266,27 @@ def test_small_vocab_steps_read_the_divergences_file_with_the_loss_as_its_chart(
     assert table.loc[("H200", "abc1234", "jsd", 4096), "kernels_lib"] == pytest.approx(0.2), "the median over rounds"
     text = profiles.step_lines(table, peer="liger")
     assert text.startswith("- `jsd`, H200") and "adds less than liger at 1 of the 1" in text, text
+
+
+def test_profile_markdown_reads_the_committed_files_of_the_measured_dir(tmp_path, monkeypatch):
+    from kernels_lib.workbench import data
+
+    monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
+    assert profiles.profile_markdown({"jsd": "JSD"}).startswith("No kernel profile of these losses measured yet")
+    (tmp_path / "gpu_runs").mkdir()
+    times, listed = loss_profile_rows()
+    times.to_csv(tmp_path / "gpu_runs" / "loss_profile_times.csv", index=False)
+    listed.to_csv(tmp_path / "gpu_runs" / "loss_profile_kernels.csv", index=False)
+    ceilings("abc1234").assign(kernel_provider="torch", kernel_operation_mode="forward", metric_name="rate",
+                               x_value=0).to_csv(tmp_path / "ceilings.csv", index=False)
+    text = profiles.profile_markdown({"jsd": "JSD"}, "Intro:\n\n")
+    assert text.startswith("Intro:\n\n- **JSD**, V = 4096") and "distill" not in text, text
+    assert text.rstrip().endswith("(H200, kernels_lib abc1234, torch 2.11, triton 3.6.)"), text
+
+
+def test_by_run_names_each_rows_gpu_and_commit_so_two_runs_stay_apart():
+    rows = pd.DataFrame({"gpu_name": ["NVIDIA H200", "NVIDIA H100 80GB HBM3"], "kernels_lib_commit": ["bb7b6bd00256", "963cbcd11111"],
+                         "B": [2, 2], "chunk_size": [1024, 1024], "ms_50": [2.0, 3.0]})
+    table = profiles.by_run(rows).pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50")
+    assert len(table) == 2, f"two runs at one B must stay two rows, got {table}"
+    assert set(table.index.get_level_values("commit")) == {"bb7b6bd", "963cbcd"}

@@ -80,7 +80,7 @@ def _meta(rows: pd.DataFrame) -> dict:
     return {key: str(rows[key].iloc[0]) for key in META}
 
 
-def _by_run(rows: pd.DataFrame) -> pd.DataFrame:
+def by_run(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with the run named for a table's index: ``GPU`` (its label) and ``commit`` (7 characters)."""
     return rows.assign(GPU=rows.gpu_name.map(data.gpu_label), commit=rows.kernels_lib_commit.astype(str).str[:7])
 
@@ -194,6 +194,16 @@ def loss_profiles(times: pd.DataFrame | None = None, kernels: pd.DataFrame | Non
     return pd.DataFrame(rows)
 
 
+def profile_markdown(losses: dict[str, str], intro: str = "") -> str:
+    """The :func:`lines` of :func:`loss_profiles` (each GPU's newest run) for the losses named in ``losses`` (kernel
+    name -> label), ``intro`` before them and the run's provenance after; a sentence saying so where none is measured."""
+    table = loss_profiles()
+    table = table[table.loss.isin(list(losses))] if len(table) else table
+    if not len(table):
+        return "No kernel profile of these losses measured yet: `python -m studies.loss_profile --out OUT` on a GPU."
+    return f"{intro}{lines(table, losses)}\n\n({provenance(table)}.)"
+
+
 def default_chunk(kernel_name: str = "kto_loss", b: int = 8) -> int:
     """The rows per chunk the library picks by default for the loss's published workload at batch ``b``."""
     from .._sequence_logprobs import chunk_rows
@@ -237,7 +247,7 @@ def chunk_ratios(times: pd.DataFrame | None = None, kernel_name: str = "kto_loss
     read = _given_or_read((times,), "kto_small_batch.csv")
     if read is None:
         return pd.DataFrame()
-    table = _by_run(read[0]).pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50").sort_index(axis=1)
+    table = by_run(read[0]).pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50").sort_index(axis=1)
     base = pd.Series([table.loc[i].get(default_chunk(kernel_name, int(i[-1])), float("nan")) for i in table.index],
                      index=table.index)
     return table.div(base, axis=0).rename_axis(columns="time × the default chunk's, at chunk (rows)")
@@ -252,7 +262,7 @@ def chunk_trade(rows: pd.DataFrame | None = None, file: str = "two_head_chunk_ab
     read = _given_or_read((rows,), file)
     if read is None:
         return pd.DataFrame()
-    rows = _by_run(read[0]).assign(chunk=lambda r: r["chunk"].astype(str))
+    rows = by_run(read[0]).assign(chunk=lambda r: r["chunk"].astype(str))
     keys = ["GPU", "commit", "loss", "x_name", "B"]
     time = rows.pivot_table(index=keys, columns="chunk", values="full_ms", aggfunc="median")
     memory = rows.pivot_table(index=keys, columns="chunk", values="full_MiB", aggfunc="median")
@@ -272,7 +282,7 @@ def small_vocab_steps(steps: pd.DataFrame | None = None, file: str = "cross_entr
     if read is None:
         return pd.DataFrame()
     rows = read[0] if "chart" in read[0].columns else read[0].rename(columns={"loss": "chart"})
-    table = _by_run(rows).pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
+    table = by_run(rows).pivot_table(index=["GPU", "commit", "chart", "V"], columns="provider", values="loss in step ms",
                               aggfunc="median")
     return table.rename_axis(columns="ms the loss adds to a step")
 
