@@ -239,6 +239,8 @@ def test_lines_name_the_axis_and_say_when_the_host_sets_the_pace():
     first, second = text.splitlines()
     assert first.startswith("- **distillation JSD**, BT = 1024") and "the host, not the GPU, sets the pace" in first, first
     assert second.startswith("- **jsd**, V = 4096") and "its floor (no matmul)" in second and "sets the pace" not in second, second
+    assert "matmuls" not in second.split("(no matmul)")[1], f"a loss without matmuls lists an empty matmul part: {second}"
+    assert "matmuls " in first.split("its floor")[1], f"a loss with matmuls lost its matmul part: {first}"
 
 
 def test_point_on_another_axis_names_it_in_its_refusal():

@@ -323,7 +323,8 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
     out = []
     for (_, row), (_, share) in zip(table.iterrows(), shares(table).iterrows()):
         at = f" at {int(row['chunk'])}-row chunks" if "chunk" in row and row["chunk"] == row["chunk"] else ""
-        parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS[:-1])
+        no_matmul = row["matmuls × their floor"] != row["matmuls × their floor"] and not row[KINDS[0]] > 0
+        parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS[no_matmul:-1])
         parts += f", the rest (unlisted kernels and the GPU idle) {row[KINDS[-1]]:.2f} ms ({share[KINDS[-1]]:.0%})"
         if row["× floor"] == row["× floor"] and row["matmuls × their floor"] != row["matmuls × their floor"]:
             floor = f", {row['× floor']:.2f}× its floor (no matmul)"
