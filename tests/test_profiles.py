@@ -292,3 +292,21 @@ def test_by_run_names_each_rows_gpu_and_commit_so_two_runs_stay_apart():
     table = profiles.by_run(rows).pivot_table(index=["GPU", "commit", "B"], columns="chunk_size", values="ms_50")
     assert len(table) == 2, f"two runs at one B must stay two rows, got {table}"
     assert set(table.index.get_level_values("commit")) == {"bb7b6bd", "963cbcd"}
+
+
+def test_logits_passes_are_our_kernels_time_in_passes_over_one_heads_logits_at_the_runs_copy_rate():
+    sizes = {**dpo_bench.SPEC.published["sizes"], "B": 8}
+    buffer = int(sizes["B"]) * int(sizes["T"]) * int(sizes["V"]) * 2  # bf16
+    assert profiles.logits_bytes(dpo_bench.KERNEL_NAME, sizes) == buffer
+    ours_ms = 3 * buffer / (4000.0 * 1e9) * 1e3  # three passes at 4000 GB/s
+    point = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[10.0], ours=[ours_ms]), call_ms=20.0, meta=META,
+                           ceilings=ceilings(META["kernels_lib_commit"], copy_gbps=4000.0))
+    assert point["logits passes"] == pytest.approx(3.0), "not our kernels' time over one pass at the run's copy rate"
+    assert point["logits GiB"] == pytest.approx(buffer / 2**30)
+    text = profiles.lines(pd.DataFrame([point]))
+    assert "3.0 passes over the" in text, text
+    other_run = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[10.0], ours=[ours_ms]), call_ms=20.0, meta=META,
+                               ceilings=ceilings("another"))
+    assert math.isnan(other_run["logits passes"]), "a copy rate of another run was used"
+    assert profiles.logits_bytes("jsd", {"N": 8192, "V": 4096}) is None, "a loss on logits has no chunked logits buffer"
+    assert profiles.logits_bytes("distill_jsd_loss", {"BT": 1024, "H": 4096, "V": 1000}) == 1024 * 1000 * 2

@@ -100,6 +100,25 @@ def call_flops(kernel_name: str, sizes: dict) -> float | None:
     return module.flops(sizes, "full", **options)
 
 
+def logits_bytes(kernel_name: str, sizes: dict) -> int | None:
+    """The bytes of one head's ``N × V`` logits at ``sizes`` in the spec's dtype (``N`` = ``B·T``, ``BT`` or ``N``):
+    what one pass of an elementwise kernel over a chunked loss's logits reads (or writes). None for a loss on
+    logits (its floor already counts its bytes) or sizes that name no row count."""
+    import torch
+
+    spec, module = _module(kernel_name)
+    if not hasattr(module, "flops"):
+        return None
+    if "B" in sizes and "T" in sizes:
+        rows = int(sizes["B"]) * int(sizes["T"])
+    elif "BT" in sizes or "N" in sizes:
+        rows = int(sizes.get("BT", sizes.get("N")))
+    else:
+        return None
+    dtype = spec.published.get("dtype", torch.bfloat16)
+    return rows * int(sizes["V"]) * torch.empty((), dtype=dtype).element_size()
+
+
 def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta: dict,
           ceilings: pd.DataFrame | None = None, *, x_name: str = "B") -> dict:
     """The :func:`breakdown` of one profiled ``full`` call at the published sizes with ``x_name`` (the chart's
@@ -132,6 +151,11 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
         out["run matmul TFLOP/s"] = rates["matmul"]
         if flops:
             out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
+    buffer = logits_bytes(kernel_name, sizes)
+    out["logits GiB"] = buffer / 2**30 if buffer else float("nan")
+    # kernels_lib's kernels in units of one pass over the logits at the run's copy bandwidth (bytes read + written)
+    out["logits passes"] = (out[KINDS[1]] * 1e-3 * rates["copy"] * 1e9 / buffer if buffer and "copy" in rates
+                            else float("nan"))
     return {**out, **{key: meta[key] for key in META}}
 
 
@@ -334,6 +358,10 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
                      f"{row['matmul TFLOP/s']:.0f})")
         else:
             floor = f", no ceilings measured in its run (the matmuls ran at {row['matmul TFLOP/s']:.0f} TFLOP/s)"
+        passes = ""
+        if "logits passes" in row and row["logits passes"] == row["logits passes"]:
+            passes = (f" kernels_lib's kernels took the time of {row['logits passes']:.1f} passes over the "
+                      f"{row['logits GiB']:.1f} GiB of logits at the run's copy bandwidth, time the matmul floor does not count.")
         chunks = ", ".join(f"{row[c]:.2f}× with {int(c.removeprefix('× at chunk '))}-row chunks" for c in table.columns
                            if c.startswith("× at chunk ") and row[c] == row[c])
         chunks = f" The same call takes {chunks}." if chunks else ""
@@ -344,5 +372,5 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
                     + (": the host, not the GPU, sets the pace." if host_bound else "."))
         where = row["at"] if "at" in row and isinstance(row["at"], str) else f"B = {row['B']}"
         out.append(f"- **{labels.get(row['loss'], row['loss'])}**, {where}{at}, on the {data.gpu_label(row['gpu_name'])}: "
-                   f"{row['call ms']:.2f} ms a call{floor}: {parts}.{chunks}{host}")
+                   f"{row['call ms']:.2f} ms a call{floor}: {parts}.{passes}{chunks}{host}")
     return "\n".join(out)
