@@ -41,3 +41,26 @@ def test_sequence_chunk_ab_script_small_path(tmp_path):
     rows = pd.read_csv(tmp_path / script.FILE)
     assert len(rows) == 2 * 3 * 2 and set(rows.chunk.astype(str)) == {"default", "16"}
     assert (rows[["full_ms", "forward_ms"]] > 0).all().all() and {"route", "kernels_lib_commit", "gpu_name"} <= set(rows.columns)
+
+
+def test_distill_chunk_ab_script_small_path(tmp_path):
+    """The two-head stage A/B at CPU size: a row per round, soft loss and arm with its errors against the library's
+    stage; a row per round, loss, BT and arm of the losses with the arm in place; provenance on each; bad arms refused."""
+    import importlib
+
+    import pandas as pd
+    import pytest
+
+    script = importlib.import_module("studies.distill_chunk_ab")
+    args = ["--out", str(tmp_path), "--size", "small", "--rounds", "2", "--stage-arms", "lanes+lane_lse+few_exp",
+            "--loss-arms", "lanes+few_exp"]
+    assert script.main(args) == 0
+    stage = pd.read_csv(tmp_path / "distill_chunk_ab_stage.csv")
+    assert len(stage) == 2 * 2 * 2 and set(stage.arm) == {"library", "lanes+lane_lse+few_exp"} and set(stage.soft) == {"jsd", "cosine"}
+    assert (stage[["soft error", "hard error", "dz error"]] <= 1e-5).all().all(), stage
+    assert (stage.ms > 0).all() and "kernels_lib_commit" in stage.columns
+    loss = pd.read_csv(tmp_path / "distill_chunk_ab_loss.csv")
+    assert set(loss.loss) == set(script.LOSSES) and set(loss.arm) == {"library", "lanes+few_exp"}
+    assert len(loss) == 3 * 2 * 2 * 2 and (loss.full_ms > 0).all()  # 3 losses, 2 BT, 2 arms, 2 rounds
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path), "--stage-arms", "lanes+typo"])
