@@ -22,6 +22,8 @@ dials here remove those and trim the mixture's transcendental functions:
   and head: the rescale of each lane's sum);
 - ``few_exp``: the mixture's ``log m = max(x, y) + log(β e^{y-top} + (1-β) e^{x-top})`` with one ``exp(-|x - y|)``
   (one of the two shifted exponentials is 1): 3 ``exp`` and 1 ``log`` per element instead of 4 and 1;
+- ``fast_log``: that log as the GPU's ``lg2.approx`` times ln 2 (inline PTX: CUDA only) where ``tl.log`` compiles
+  to a polynomial of about 20 instructions per element (the ``exp`` is already ``ex2.approx``);
 - ``block_v``, ``num_warps``: the loop step and the program's warps.
 
 What it costs
@@ -37,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_lib import INTERPRETED
 from kernels_lib.kernels.cross_entropy_chunk import NUM_WARPS, block_v as library_block_v
 from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD
 from kernels_lib.kernels.jsd import beta_mode
@@ -45,9 +48,19 @@ COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
 
 
 @triton.jit
-def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr):
+def _log(x, FAST_LOG: tl.constexpr):
+    """``ln x``: ``tl.log``, or with ``FAST_LOG`` the hardware's ``lg2.approx`` (relative error about 2^-22) times ln 2."""
+    if FAST_LOG:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1) * 0.6931471805599453
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr, FAST_LOG: tl.constexpr):
     """``(loss, d loss / d x)`` of the generalized JSD elementwise (``kernels_lib.kernels.jsd.jsd_pointwise``'s
-    formulas); with ``FEW_EXP`` the mixture's log from one ``exp(-|x - y|)``."""
+    formulas); with ``FEW_EXP`` the mixture's log from one ``exp(-|x - y|)``, with ``FAST_LOG`` that log in hardware."""
     q = tl.exp(x)
     p = tl.exp(y)
     if BETA_MODE == 0:
@@ -61,9 +74,9 @@ def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr):
         top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
         if FEW_EXP:
             e = tl.exp(-tl.abs(x - y))  # the smaller of the two shifted exponentials; the larger is 1
-            log_m = top + tl.log(tl.where(y >= x, beta + (1.0 - beta) * e, beta * e + (1.0 - beta)))
+            log_m = top + _log(tl.where(y >= x, beta + (1.0 - beta) * e, beta * e + (1.0 - beta)), FAST_LOG)
         else:
-            log_m = top + tl.log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top))
+            log_m = top + _log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top), FAST_LOG)
         teacher_term = tl.where(p == 0.0, 0.0, beta * p * (y - log_m))
         dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
         loss = teacher_term + dx
@@ -100,7 +113,8 @@ def distill_chunk_lanes_kernel(
     n_cols, ignore_index, inv_t, beta,
     SOFT: tl.constexpr, BETA_MODE: tl.constexpr, HAS_TARGET: tl.constexpr, HARD: tl.constexpr,
     RAW_LSE: tl.constexpr, WRITE_GRAD: tl.constexpr,
-    LANE_SUMS: tl.constexpr, LANE_LSE: tl.constexpr, FEW_EXP: tl.constexpr, BLOCK_V: tl.constexpr,
+    LANE_SUMS: tl.constexpr, LANE_LSE: tl.constexpr, FEW_EXP: tl.constexpr, FAST_LOG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     s_row = student_ptr + row * stride_s
@@ -181,7 +195,7 @@ def distill_chunk_lanes_kernel(
                 mask = offs < n_cols
                 z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
                 u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP)
+                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
                 soft_lanes += tl.where(mask, loss, 0.0)
                 g_lanes += tl.where(mask, g, 0.0)
             soft = tl.sum(soft_lanes, axis=0)
@@ -193,7 +207,7 @@ def distill_chunk_lanes_kernel(
                 mask = offs < n_cols
                 z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
                 u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP)
+                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
                 soft += tl.sum(tl.where(mask, loss, 0.0), axis=0)
                 big_g += tl.sum(tl.where(mask, g, 0.0), axis=0)
     else:
@@ -215,7 +229,7 @@ def distill_chunk_lanes_kernel(
             u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
             if SOFT == 0:
                 x = z * inv_t - lse_s
-                _, g = _pointwise(x, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP)
+                _, g = _pointwise(x, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
                 dz = f_s * (g - tl.exp(x) * big_g)
             else:
                 dz = -f_s * (u / norm_prod - cos * z * inv_zz)
@@ -228,7 +242,7 @@ def distill_chunk_lanes_kernel(
 def launch_distill_chunk_lanes(
     student: torch.Tensor, teacher: torch.Tensor, target: torch.Tensor | None, *, soft: torch.Tensor,
     hard: torch.Tensor | None, factors: torch.Tensor | None, soft_kind: int, beta: float, temperature: float,
-    ignore_index: int, lane_sums: bool = True, lane_lse: bool = False, few_exp: bool = True,
+    ignore_index: int, lane_sums: bool = True, lane_lse: bool = False, few_exp: bool = True, fast_log: bool = False,
     block_v: int | None = None, num_warps: int | None = None,
 ) -> None:
     """:func:`kernels_lib.kernels.distill_chunk.launch_distill_chunk`'s call, with the study's dials (the module
@@ -237,6 +251,8 @@ def launch_distill_chunk_lanes(
         raise ValueError("the hard loss needs a target")
     if soft_kind not in (SOFT_JSD, SOFT_COSINE):
         raise ValueError(f"soft_kind must be SOFT_JSD or SOFT_COSINE; got {soft_kind!r}")
+    if fast_log and INTERPRETED:
+        raise ValueError("fast_log needs a CUDA GPU: its lg2.approx is inline PTX, which Triton's interpreter cannot run")
     rows, n_cols = student.shape
     step = block_v or library_block_v(n_cols)
     if step & (step - 1):
@@ -250,6 +266,7 @@ def launch_distill_chunk_lanes(
         HAS_TARGET=target is not None, HARD=with_hard,
         RAW_LSE=with_hard and not (soft_kind == SOFT_JSD and float(temperature) == 1.0),
         WRITE_GRAD=factors is not None, LANE_SUMS=bool(lane_sums), LANE_LSE=bool(lane_lse), FEW_EXP=bool(few_exp),
+        FAST_LOG=bool(fast_log),
         BLOCK_V=step, num_warps=num_warps or NUM_WARPS,
     )
 

@@ -21,6 +21,8 @@ from studies.kernels.distill_chunk_lanes import launch_distill_chunk_lanes, laun
 from two_heads import DEVICE, STUDENT, float64, make, run
 
 DIALS = [dict(zip(("lane_sums", "lane_lse", "few_exp"), flags)) for flags in itertools.product((False, True), repeat=3)]
+if torch.cuda.is_available():  # fast_log is inline PTX: only a GPU runs it
+    DIALS += [dict(d, fast_log=True) for d in DIALS]
 DIAL_IDS = ["-".join(k for k, v in d.items() if v) or "library-like" for d in DIALS]
 
 
@@ -119,3 +121,47 @@ def test_bad_dials_are_refused_naming_them():
         _stage(launch_distill_chunk_lanes, torch.float32, SOFT_JSD, 0.5, 1.0, block_v=48)
     with pytest.raises(ValueError, match="soft_kind"):
         _stage(launch_distill_chunk_lanes, torch.float32, 7, 0.5, 1.0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fast_log needs a CUDA GPU"):
+            _stage(launch_distill_chunk_lanes, torch.float32, SOFT_JSD, 0.5, 1.0, fast_log=True)
+
+
+_COMPILE = r"""
+import itertools, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from studies.kernels import distill_chunk_lanes as m
+sig = {"student_ptr": "*bf16", "stride_s": "i64", "teacher_ptr": "*bf16", "stride_t": "i64", "target_ptr": "*i64",
+       "hard_ptr": "*fp32", "soft_ptr": "*fp32", "factor_ptr": "*fp32", "n_cols": "i32", "ignore_index": "i32",
+       "inv_t": "fp32", "beta": "fp32"}
+out = []
+for soft, fast_log in itertools.product((0, 1), (False, True)):
+    const = dict(SOFT=soft, BETA_MODE=2 if soft == 0 else 0, HAS_TARGET=True, HARD=True, RAW_LSE=soft == 1, WRITE_GRAD=True,
+                 LANE_SUMS=True, LANE_LSE=True, FEW_EXP=True, FAST_LOG=fast_log, BLOCK_V=4096)
+    s = dict(sig, **{n: "constexpr" for n in const})
+    kernel = triton.compile(ASTSource(m.distill_chunk_lanes_kernel, s, constexprs={(list(s).index(n),): v for n, v in const.items()}),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    ptx = kernel.asm["ptx"]
+    out.append(dict(soft=soft, fast_log=fast_log, lg2=ptx.count("lg2.approx"), ex2=ptx.count("ex2.approx")))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_every_dial_compiles_for_sm90_and_fast_log_is_the_hardware_log():
+    """Triton's compiler (not the interpreter, in a subprocess) builds the stage for sm_90 with every dial on; the
+    JSD's mixture log is ``lg2.approx`` with ``fast_log`` and a polynomial without; the cosine has no per-element log."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = {(c["soft"], c["fast_log"]): c for c in json.loads(done.stdout.split("RESULT")[-1])}
+    assert cases[(0, True)]["lg2"] > 0 and cases[(0, False)]["lg2"] == 0, cases
+    assert cases[(1, True)]["lg2"] == cases[(1, False)]["lg2"] == 0, cases
+    assert all(c["ex2"] > 0 for c in cases.values()), "the exponentials are not ex2.approx"
