@@ -42,7 +42,7 @@ from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
 #: The fewest rows of a default chunk of the two-head losses. At the published workloads (``V = 128256``,
 #: bf16) the distillation losses ran at 0.70–0.76× the time of ``H_s / 8``-row chunks and the fused linear
-#: JSD at 0.86–0.92×, for 0.5–0.9 GiB more (``data/measured/gpu_runs/two_head_chunk_ab.csv``).
+#: JSD at 0.86–0.92×, for 0.24–0.86 GiB more (``data/measured/gpu_runs/two_head_chunk_ab.csv``).
 MIN_TWO_HEAD_CHUNK_ROWS = 2048
 
 

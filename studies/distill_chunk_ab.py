@@ -72,11 +72,15 @@ def _chunk(rows: int, vocab: int, device: torch.device, seed: int = 0):
     return student, teacher, target
 
 
-def _run_stage(launch, student, teacher, target, soft_kind, beta):
-    rows = student.shape[0]
-    soft = torch.empty(rows, device=student.device)
-    hard = torch.empty(rows, device=student.device)
-    factors = torch.tensor([0.5 / rows, 0.5 / rows], device=student.device)
+def _outputs(rows: int, device: torch.device):
+    """The stage's outputs and gradient factors, made once per timed arm: nothing is allocated or copied from the
+    host inside a timed call (a copy from the host would make it wait for the GPU and time the launch)."""
+    return (torch.empty(rows, device=device), torch.empty(rows, device=device),
+            torch.full((2,), 0.5 / rows, device=device))
+
+
+def _run_stage(launch, student, teacher, target, soft_kind, beta, outputs=None):
+    soft, hard, factors = outputs or _outputs(student.shape[0], student.device)
     launch(student, teacher, target, soft=soft, hard=hard, factors=factors, soft_kind=soft_kind, beta=beta,
            temperature=1.0, ignore_index=-100)
     return soft, hard, student
@@ -97,8 +101,8 @@ def stage_rows(arms: list[str], rows: int, vocab: int, device: torch.device, rou
         for round_ in range(1, rounds + 1):
             for arm in (arms if round_ % 2 else arms[::-1]):
                 buffer = student.clone()  # overwritten with dz by each call: the same work every call
-                launch = _stage_for(arm)
-                timing = time_callable(lambda: _run_stage(launch, buffer, teacher, target, soft_kind, beta), device)
+                launch, outputs = _stage_for(arm), _outputs(rows, device)
+                timing = time_callable(lambda: _run_stage(launch, buffer, teacher, target, soft_kind, beta, outputs), device)
                 row = {"part": "stage", "soft": soft_name, "arm": arm, "round": round_, "rows": rows, "V": vocab,
                        "ms": timing.p50, "ms_p20": timing.p20, "ms_p80": timing.p80,
                        "passes": timing.p50 * 1e-3 * copy_gbps * 1e9 / one_pass if copy_gbps == copy_gbps else float("nan"),

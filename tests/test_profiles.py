@@ -304,7 +304,7 @@ def test_logits_passes_are_our_kernels_time_in_passes_over_one_heads_logits_at_t
     assert point["logits passes"] == pytest.approx(3.0), "not our kernels' time over one pass at the run's copy rate"
     assert point["logits GiB"] == pytest.approx(buffer / 2**30)
     text = profiles.lines(pd.DataFrame([point]))
-    assert "3.0 passes over the" in text, text
+    assert "one head's N × V logits" in text and f"({buffer / 2**20:.0f} MiB) 3.0 times" in text, text
     other_run = profiles.point(dpo_bench.KERNEL_NAME, 8, kernels(matmul=[10.0], ours=[ours_ms]), call_ms=20.0, meta=META,
                                ceilings=ceilings("another"))
     assert math.isnan(other_run["logits passes"]), "a copy rate of another run was used"

@@ -359,9 +359,11 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
         else:
             floor = f", no ceilings measured in its run (the matmuls ran at {row['matmul TFLOP/s']:.0f} TFLOP/s)"
         passes = ""
-        if "logits passes" in row and row["logits passes"] == row["logits passes"]:
-            passes = (f" kernels_lib's kernels took the time of {row['logits passes']:.1f} passes over the "
-                      f"{row['logits GiB']:.1f} GiB of logits at the run's copy bandwidth, time the matmul floor does not count.")
+        measured = row["× floor"] == row["× floor"]  # both ceilings of the run: the passes take its copy rate
+        if measured and "logits passes" in row and row["logits passes"] == row["logits passes"] and row["logits passes"] > 0:
+            passes = (f" kernels_lib's kernels took the time of reading or writing one head's N × V logits "
+                      f"({row['logits GiB'] * 1024:.0f} MiB) {row['logits passes']:.1f} times at the run's copy bandwidth: "
+                      "time the matmul floor does not count.")
         chunks = ", ".join(f"{row[c]:.2f}× with {int(c.removeprefix('× at chunk '))}-row chunks" for c in table.columns
                            if c.startswith("× at chunk ") and row[c] == row[c])
         chunks = f" The same call takes {chunks}." if chunks else ""

@@ -49,7 +49,7 @@ COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
 
 @triton.jit
 def _log(x, FAST_LOG: tl.constexpr):
-    """``ln x``: ``tl.log``, or with ``FAST_LOG`` the hardware's ``lg2.approx`` (relative error about 2^-22) times ln 2."""
+    """``ln x``: ``tl.log``, or with ``FAST_LOG`` the hardware's ``lg2.approx`` (absolute error about 2^-22) times ln 2."""
     if FAST_LOG:
         return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
                                          pack=1) * 0.6931471805599453
@@ -94,10 +94,11 @@ def _lane_lse_step(m, s, c):
 
 @triton.jit
 def _lane_lse_merge(m, s):
-    """The log-sum-exp of a row from its lanes' running maxima and sums."""
+    """A row's running max and sum ``(m, Σ e^{c - m})`` from its lanes' (the library's pair: a caller forms
+    ``(m - z_y) + log s`` rather than ``lse - z_y``, so that a large max cancels exactly)."""
     top = tl.max(m, axis=0)
     shift = tl.where(top == float("-inf"), 0.0, top)
-    return top + tl.log(tl.sum(s * tl.exp(m - shift), axis=0))
+    return top, tl.sum(s * tl.exp(m - shift), axis=0)
 
 
 @triton.jit
@@ -165,13 +166,15 @@ def distill_chunk_lanes_kernel(
                 m_r, sum_r = _lane_lse_step(m_r, sum_r, tl.where(mask, z, -float("inf")))
             else:
                 m_r, sum_r = _block_lse_step(m_r, sum_r, z, mask)
+    if LANE_LSE:  # the lanes' pairs merged into one (max, sum) per row, as the block path keeps them
+        if SOFT == 0:
+            m_s, sum_s = _lane_lse_merge(m_s, sum_s)
+            m_t, sum_t = _lane_lse_merge(m_t, sum_t)
+        if RAW_LSE:
+            m_r, sum_r = _lane_lse_merge(m_r, sum_r)
     if SOFT == 0:
-        if LANE_LSE:
-            lse_s = _lane_lse_merge(m_s, sum_s)
-            lse_t = _lane_lse_merge(m_t, sum_t)
-        else:
-            lse_s = m_s + tl.log(sum_s)
-            lse_t = m_t + tl.log(sum_t)
+        lse_s = m_s + tl.log(sum_s)
+        lse_t = m_t + tl.log(sum_t)
     else:
         if LANE_SUMS:
             zz = tl.sum(zz, axis=0)
@@ -179,11 +182,13 @@ def distill_chunk_lanes_kernel(
             zu = tl.sum(zu, axis=0)
     if HARD:
         if RAW_LSE:
-            lse_h = _lane_lse_merge(m_r, sum_r) if LANE_LSE else m_r + tl.log(sum_r)
+            m_h = m_r
+            log_h = tl.log(sum_r)
         else:  # JSD at T = 1: lse(z) is lse(z / T)
-            lse_h = lse_s
+            m_h = m_s
+            log_h = tl.log(sum_s)
         z_y = tl.load(s_row + y_safe).to(tl.float32)
-        tl.store(hard_ptr + row, tl.where(valid, lse_h - z_y, 0.0))
+        tl.store(hard_ptr + row, tl.where(valid, (m_h - z_y) + log_h, 0.0))
 
     # Sweep 2: the soft loss (and, for JSD, G = sum_j dl/dx_j).
     big_g = 0.0
@@ -234,7 +239,7 @@ def distill_chunk_lanes_kernel(
             else:
                 dz = -f_s * (u / norm_prod - cos * z * inv_zz)
             if HARD:
-                dz += f_h * (tl.exp(z - lse_h) - tl.where(offs == y_safe, 1.0, 0.0))
+                dz += f_h * (tl.exp((z - m_h) - log_h) - tl.where(offs == y_safe, 1.0, 0.0))
             dz = tl.where(valid, dz, 0.0)
             tl.store(s_row + offs, dz.to(student_ptr.dtype.element_ty), mask=mask)
 
