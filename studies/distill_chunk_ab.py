@@ -60,8 +60,7 @@ SOFTS = {"jsd": (SOFT_JSD, 0.5), "cosine": (SOFT_COSINE, 0.5)}
 def _stage_for(arm: str):
     if arm == LIBRARY:
         return launch_distill_chunk
-    dials = dict(STAGE_ARMS[arm])
-    return launcher(**dials)
+    return launcher(**STAGE_ARMS[arm])
 
 
 def _chunk(rows: int, vocab: int, device: torch.device, seed: int = 0):

@@ -347,19 +347,20 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
     out = []
     for (_, row), (_, share) in zip(table.iterrows(), shares(table).iterrows()):
         at = f" at {int(row['chunk'])}-row chunks" if "chunk" in row and row["chunk"] == row["chunk"] else ""
-        no_matmul = row["matmuls × their floor"] != row["matmuls × their floor"] and not row[KINDS[0]] > 0
+        measured = row["× floor"] == row["× floor"]  # both ceilings of the run (the floor, the passes' copy rate)
+        matmul_free = row["matmuls × their floor"] != row["matmuls × their floor"]
+        no_matmul = matmul_free and not row[KINDS[0]] > 0
         parts = ", ".join(f"{part} {row[part]:.2f} ms ({share[part]:.0%})" for part in KINDS[no_matmul:-1])
         parts += f", the rest (unlisted kernels and the GPU idle) {row[KINDS[-1]]:.2f} ms ({share[KINDS[-1]]:.0%})"
-        if row["× floor"] == row["× floor"] and row["matmuls × their floor"] != row["matmuls × their floor"]:
+        if measured and matmul_free:
             floor = f", {row['× floor']:.2f}× its floor (no matmul)"
-        elif row["× floor"] == row["× floor"]:
+        elif measured:
             floor = (f", {row['× floor']:.2f}× its floor. Its matmuls took {row['matmuls × their floor']:.2f}× the time "
                      f"their FLOPs need at the run's measured {row['run matmul TFLOP/s']:.0f} TFLOP/s (they ran at "
                      f"{row['matmul TFLOP/s']:.0f})")
         else:
             floor = f", no ceilings measured in its run (the matmuls ran at {row['matmul TFLOP/s']:.0f} TFLOP/s)"
         passes = ""
-        measured = row["× floor"] == row["× floor"]  # both ceilings of the run: the passes take its copy rate
         if measured and "logits passes" in row and row["logits passes"] == row["logits passes"] and row["logits passes"] > 0:
             passes = (f" kernels_lib's kernels took the time of reading or writing one head's N × V logits "
                       f"({row['logits GiB'] * 1024:.0f} MiB) {row['logits passes']:.1f} times at the run's copy bandwidth: "

@@ -41,8 +41,8 @@ import triton.language as tl
 
 from kernels_lib import INTERPRETED
 from kernels_lib.kernels.cross_entropy_chunk import NUM_WARPS, block_v as library_block_v
-from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD
-from kernels_lib.kernels.jsd import beta_mode
+from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, _online_lse
+from kernels_lib.kernels.jsd import beta_mode, jsd_pointwise
 
 COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
 
@@ -59,17 +59,12 @@ def _log(x, FAST_LOG: tl.constexpr):
 
 @triton.jit
 def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr, FAST_LOG: tl.constexpr):
-    """``(loss, d loss / d x)`` of the generalized JSD elementwise (``kernels_lib.kernels.jsd.jsd_pointwise``'s
-    formulas); with ``FEW_EXP`` the mixture's log from one ``exp(-|x - y|)``, with ``FAST_LOG`` that log in hardware."""
-    q = tl.exp(x)
-    p = tl.exp(y)
-    if BETA_MODE == 0:
-        loss = tl.where(p == 0.0, 0.0, p * (y - x))
-        dx = -p
-    elif BETA_MODE == 1:
-        loss = tl.where(q == 0.0, 0.0, q * (x - y))
-        dx = tl.where(q == 0.0, 0.0, q * (x - y + 1.0))
-    else:
+    """``(loss, d loss / d x)`` of the generalized JSD elementwise: the library's
+    :func:`~kernels_lib.kernels.jsd.jsd_pointwise`, but for the mixture (``BETA_MODE == 2``) with a dial on: its log
+    from one ``exp(-|x - y|)`` (``FEW_EXP``) and/or in hardware (``FAST_LOG``)."""
+    if BETA_MODE == 2 and (FEW_EXP or FAST_LOG):
+        q = tl.exp(x)
+        p = tl.exp(y)
         top = tl.maximum(x, y)
         top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
         if FEW_EXP:
@@ -77,11 +72,13 @@ def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr, FAST_
             log_m = top + _log(tl.where(y >= x, beta + (1.0 - beta) * e, beta * e + (1.0 - beta)), FAST_LOG)
         else:
             log_m = top + _log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top), FAST_LOG)
-        teacher_term = tl.where(p == 0.0, 0.0, beta * p * (y - log_m))
         dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
-        loss = teacher_term + dx
-    nan_in = (x != x) | (y != y)  # NaN in gives NaN out, past the zero guards
-    return tl.where(nan_in, x + y, loss), tl.where(nan_in, x + y, dx)
+        loss = tl.where(p == 0.0, 0.0, beta * p * (y - log_m)) + dx
+        nan_in = (x != x) | (y != y)  # NaN in gives NaN out, past the zero guards
+        loss, dx = tl.where(nan_in, x + y, loss), tl.where(nan_in, x + y, dx)
+    else:
+        loss, dx = jsd_pointwise(x, y, beta, BETA_MODE)
+    return loss, dx
 
 
 @triton.jit
@@ -99,13 +96,6 @@ def _lane_lse_merge(m, s):
     top = tl.max(m, axis=0)
     shift = tl.where(top == float("-inf"), 0.0, top)
     return top, tl.sum(s * tl.exp(m - shift), axis=0)
-
-
-@triton.jit
-def _block_lse_step(m, s, c, mask):
-    m_new = tl.maximum(m, tl.max(tl.where(mask, c, -float("inf")), axis=0))
-    s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(c - m_new), 0.0), axis=0)
-    return m_new, s
 
 
 @triton.jit
@@ -150,8 +140,8 @@ def distill_chunk_lanes_kernel(
                 m_s, sum_s = _lane_lse_step(m_s, sum_s, tl.where(mask, z * inv_t, -float("inf")))
                 m_t, sum_t = _lane_lse_step(m_t, sum_t, tl.where(mask, u * inv_t, -float("inf")))
             else:
-                m_s, sum_s = _block_lse_step(m_s, sum_s, z * inv_t, mask)
-                m_t, sum_t = _block_lse_step(m_t, sum_t, u * inv_t, mask)
+                m_s, sum_s = _online_lse(m_s, sum_s, z * inv_t, mask)
+                m_t, sum_t = _online_lse(m_t, sum_t, u * inv_t, mask)
         else:
             if LANE_SUMS:
                 zz += z * z
@@ -165,7 +155,7 @@ def distill_chunk_lanes_kernel(
             if LANE_LSE:
                 m_r, sum_r = _lane_lse_step(m_r, sum_r, tl.where(mask, z, -float("inf")))
             else:
-                m_r, sum_r = _block_lse_step(m_r, sum_r, z, mask)
+                m_r, sum_r = _online_lse(m_r, sum_r, z, mask)
     if LANE_LSE:  # the lanes' pairs merged into one (max, sum) per row, as the block path keeps them
         if SOFT == 0:
             m_s, sum_s = _lane_lse_merge(m_s, sum_s)
@@ -194,27 +184,24 @@ def distill_chunk_lanes_kernel(
     big_g = 0.0
     if SOFT == 0:
         if LANE_SUMS:
-            soft_lanes, g_lanes = lanes, lanes
-            for start in range(0, n_cols, BLOCK_V):
-                offs = start + cols
-                mask = offs < n_cols
-                z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
-                u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
-                soft_lanes += tl.where(mask, loss, 0.0)
-                g_lanes += tl.where(mask, g, 0.0)
-            soft = tl.sum(soft_lanes, axis=0)
-            big_g = tl.sum(g_lanes, axis=0)
+            soft, big_g = lanes, lanes
         else:
-            soft = 0.0
-            for start in range(0, n_cols, BLOCK_V):
-                offs = start + cols
-                mask = offs < n_cols
-                z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
-                u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-                loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
+            soft, big_g = 0.0, 0.0
+        for start in range(0, n_cols, BLOCK_V):
+            offs = start + cols
+            mask = offs < n_cols
+            z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
+            loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
+            if LANE_SUMS:  # per lane: one reduction after the loop
+                soft += tl.where(mask, loss, 0.0)
+                big_g += tl.where(mask, g, 0.0)
+            else:
                 soft += tl.sum(tl.where(mask, loss, 0.0), axis=0)
                 big_g += tl.sum(tl.where(mask, g, 0.0), axis=0)
+        if LANE_SUMS:
+            soft = tl.sum(soft, axis=0)
+            big_g = tl.sum(big_g, axis=0)
     else:
         norm_z = tl.sqrt(zz)
         norm_prod = tl.maximum(norm_z, COSINE_EPS) * tl.maximum(tl.sqrt(uu), COSINE_EPS)
