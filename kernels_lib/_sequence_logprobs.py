@@ -54,7 +54,6 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
-from ._flce.chunk_size import lean_chunk_size
 from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
 from ._flce.matmuls import _logits_chunk
 from ._flce.operands import _Operands
@@ -70,21 +69,26 @@ Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.
 TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 
-#: The fewest rows of a default chunk of the sequence losses. At a small ``H`` the lean budget
-#: (``H / 8``) makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
+#: The fewest rows of a default chunk of the sequence losses. At a small ``H`` a budget of ``H / 8`` rows
+#: makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
 #: (``H = 1024``, ``T = 512``) ran faster at B = 4 with 1024- and 2048-row chunks than with 512
 #: (``data/measured/gpu_runs/kto_small_batch.csv``).
 MIN_SEQUENCE_CHUNK_ROWS = 1024
+#: A default chunk holds up to ``H / SEQUENCE_CHUNK_HIDDEN_DIVISOR`` rows: its logits buffer is then half the weight
+#: gradient (bf16). At ``H = 4096`` that is 2048 rows, where GRPO's ``full`` took 0.93–0.98× the time of 1024-row
+#: chunks for 250 MiB more (``data/measured/gpu_runs/sequence_chunk_ab.csv``); 4096 rows were faster still, for
+#: 750 MiB more.
+SEQUENCE_CHUNK_HIDDEN_DIVISOR = 2
 
 
 def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int) -> int:
-    """Rows per chunk: ``chunk_size`` (or the lean budget, at least :data:`MIN_SEQUENCE_CHUNK_ROWS`)
-    rounded down to whole groups.
+    """Rows per chunk: ``chunk_size`` (or the default budget: ``H / 2`` rows, at least
+    :data:`MIN_SEQUENCE_CHUNK_ROWS`) rounded down to whole groups.
 
     A group is the rows that must share a chunk (one sequence, or an ORPO pair); at least one group
     per chunk, so a group longer than the budget makes a larger chunk.
     """
-    budget = chunk_size or max(MIN_SEQUENCE_CHUNK_ROWS, lean_chunk_size(n_rows, hidden))
+    budget = chunk_size or max(MIN_SEQUENCE_CHUNK_ROWS, hidden // SEQUENCE_CHUNK_HIDDEN_DIVISOR // 128 * 128)
     return max(1, budget // group_rows) * group_rows
 
 

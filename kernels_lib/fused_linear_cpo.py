@@ -189,7 +189,7 @@ def fused_linear_cpo(
         nll_target: optional ``(2n, T)`` targets for the NLL term only (its chosen half is read);
             the NLL over it needs at least one valid token.
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
-            least one pair; None for the default (H / 8 rows, at least 1024).
+            least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
 
     Returns:

@@ -306,7 +306,7 @@ def fused_linear_dpo(
         average_log_prob: average the log-probs over the valid tokens instead of summing them (TRL
             1.16 sums; not with ``ipo``/``sigmoid_norm``, which divide by the length themselves).
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
-            least one pair; None for the default (H / 8 rows, at least 1024).
+            least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
 
     Returns:

@@ -742,7 +742,7 @@ def fused_linear_grpo(
             from the same pass (no gradient; for a differentiable entropy, see
             :func:`kernels_lib.fused_linear_token_logprobs`).
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
-            None for the default (H / 8 rows, at least 1024).
+            None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
 
     Returns:

@@ -192,7 +192,7 @@ def fused_linear_kto(
             1.16 always sums; older TRL had this switch).
         desirable_weight, undesirable_weight: λ_D, λ_U.
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
-            None for the default (H / 8 rows, at least 1024).
+            None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,

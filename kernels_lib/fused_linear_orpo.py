@@ -156,7 +156,7 @@ def fused_linear_orpo(
             e.g. prompt and response where ``target`` masks the prompt; the NLL over it needs at
             least one valid token.
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
-            least one pair; None for the default (H / 8 rows, at least 1024). The speed/memory dial.
+            least one pair; None for the default (H / 2 rows, at least 1024). The speed/memory dial.
         accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
             DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
