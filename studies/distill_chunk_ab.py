@@ -42,15 +42,19 @@ from studies.kernels.distill_chunk_lanes import launcher
 
 LIBRARY = "library"
 _NO = dict(lane_sums=False, lane_lse=False, few_exp=False, fast_log=False)
-_DIALS = {"lanes": dict(_NO, lane_sums=True), "few_exp": dict(_NO, few_exp=True), "fast_log": dict(_NO, fast_log=True),
-          "lanes+few_exp": dict(_NO, lane_sums=True, few_exp=True),
-          "lanes+lane_lse+few_exp": dict(_NO, lane_sums=True, lane_lse=True, few_exp=True),
-          "lanes+few_exp+fast_log": dict(_NO, lane_sums=True, few_exp=True, fast_log=True),
-          "lanes+lane_lse+few_exp+fast_log": dict(_NO, lane_sums=True, lane_lse=True, few_exp=True, fast_log=True)}
-#: arm name -> the stage's dials; the tile arms take lanes + few_exp + fast_log at other loop steps and warp counts.
-STAGE_ARMS = {**_DIALS, **{f"lanes+few_exp+fast_log bv{bv} w{w}": dict(_DIALS["lanes+few_exp+fast_log"], block_v=bv,
-                                                                         num_warps=w)
-                           for bv, w in ((2048, 4), (2048, 8), (4096, 4), (4096, 16), (8192, 8), (8192, 16))}}
+_FAST = dict(_NO, few_exp=True, fast_log=True)
+_DIALS = {"plain": _NO, "few_exp": dict(_NO, few_exp=True), "fast_log": dict(_NO, fast_log=True),
+          "few_exp+fast_log": _FAST, "lanes+few_exp": dict(_NO, lane_sums=True, few_exp=True),
+          "lanes+few_exp+fast_log": dict(_FAST, lane_sums=True),
+          "lanes+lane_lse+few_exp+fast_log": dict(_FAST, lane_sums=True, lane_lse=True)}
+#: arm name -> the stage's dials. ``plain`` is the mixture's two-exponential ``tl.log`` form; the library's stage is
+#: ``few_exp`` on a CPU and ``few_exp+fast_log`` on CUDA, at its loop step and warps. The tile arms take
+#: ``few_exp+fast_log`` (with or without per-lane sums) at other loop steps and warp counts.
+STAGE_ARMS = {**_DIALS,
+              **{f"few_exp+fast_log bv{bv} w{w}": dict(_FAST, block_v=bv, num_warps=w)
+                 for bv, w in ((2048, 4), (2048, 8), (4096, 8), (8192, 16))},
+              **{f"lanes+few_exp+fast_log bv{bv} w{w}": dict(_FAST, lane_sums=True, block_v=bv, num_warps=w)
+                 for bv, w in ((2048, 4), (8192, 16))}}
 #: the arms of the CPU's smoke run: fast_log is inline PTX, which the interpreter cannot run.
 CPU_ARMS = [arm for arm, dials in STAGE_ARMS.items() if not dials["fast_log"]]
 LOSSES = ("distill_jsd_loss", "distill_cosine_loss", "fused_linear_jsd")
@@ -146,14 +150,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=2048, help="rows of the stage's chunk (the losses' default chunk)")
     parser.add_argument("--stage-arms", default=None, help="comma-separated arms of STAGE_ARMS (default: all that run here)")
     parser.add_argument("--loss-arms", default=None,
-                        help="default: lanes+few_exp,lanes+few_exp+fast_log (on a CPU: lanes+few_exp)")
+                        help="default: plain,few_exp+fast_log bv2048 w4,few_exp+fast_log bv8192 w16 (on a CPU: plain)")
     parser.add_argument("--points", choices=("ends", "all"), default="ends")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.type == "cuda"
     args.stage_arms = args.stage_arms or ",".join(STAGE_ARMS if gpu else CPU_ARMS)
-    args.loss_arms = args.loss_arms or ("lanes+few_exp,lanes+few_exp+fast_log" if gpu else "lanes+few_exp")
+    args.loss_arms = args.loss_arms or ("plain,few_exp+fast_log bv2048 w4,few_exp+fast_log bv8192 w16" if gpu else "plain")
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - {"stage", "loss"}) + sorted(
         a for a in args.stage_arms.split(",") + args.loss_arms.split(",") if a and a not in STAGE_ARMS)

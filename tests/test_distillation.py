@@ -219,3 +219,53 @@ def test_default_chunk_is_two_head_chunk_size(monkeypatch, fn):
         with pytest.raises(Stop):
             fn(*args, **kwargs, chunk_size=chunk)
         assert seen[-1] == want, f"{fn.__name__} with chunk_size={chunk} built chunks of {seen[-1]} rows, not {want}"
+
+
+# --------------------------------------------------------------------------- the stage's hardware log
+
+_COMPILE_STAGE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels_lib.kernels import distill_chunk as m
+sig = {"student_ptr": "*bf16", "stride_s": "i64", "teacher_ptr": "*bf16", "stride_t": "i64", "target_ptr": "*i64",
+       "hard_ptr": "*fp32", "soft_ptr": "*fp32", "factor_ptr": "*fp32", "n_cols": "i32", "ignore_index": "i32",
+       "inv_t": "fp32", "beta": "fp32"}
+out = []
+for fast_log in (False, True):
+    const = dict(SOFT=m.SOFT_JSD, BETA_MODE=2, HAS_TARGET=True, HARD=True, RAW_LSE=True, WRITE_GRAD=True,
+                 FAST_LOG=fast_log, BLOCK_V=4096)
+    s = dict(sig, **{n: "constexpr" for n in const})
+    kernel = triton.compile(ASTSource(m.distill_chunk_kernel, s, constexprs={(list(s).index(n),): v for n, v in const.items()}),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    ptx = kernel.asm["ptx"]
+    out.append(dict(fast_log=fast_log, lg2=ptx.count("lg2.approx"), ex2=ptx.count("ex2.approx")))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_stage_takes_the_hardware_log_only_where_it_is_compiled_for_cuda():
+    """The two-head stage's mixture log is ``lg2.approx`` on CUDA (compiled for sm_90 by Triton's compiler in a
+    subprocess, as on a GPU) and ``tl.log`` elsewhere; Triton's interpreter, which cannot run inline PTX, never gets
+    it (so the CPU tests above check the ``tl.log`` form against float64, and the GPU target the hardware one)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kernels_lib.kernels.distill_chunk import hardware_log
+
+    assert not hardware_log(torch.zeros(1)), "a CPU tensor took the inline-PTX log"
+    if torch.cuda.is_available():
+        assert hardware_log(torch.zeros(1, device="cuda")) == (torch.version.hip is None and not kernels_lib.INTERPRETED)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", _COMPILE_STAGE], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = {c["fast_log"]: c for c in json.loads(done.stdout.split("RESULT")[-1])}
+    assert cases[True]["lg2"] > 0, f"FAST_LOG compiled without lg2.approx: {cases}"
+    assert cases[False]["lg2"] == 0, f"tl.log compiled to lg2.approx after all (the polynomial is gone?): {cases}"
+    assert all(c["ex2"] > 0 for c in cases.values()), f"the exponentials are not ex2.approx: {cases}"

@@ -50,8 +50,12 @@ What it costs
 -------------
 Per logit of the chunk (``e`` bytes each: 2 for bf16/fp16, 4 for fp32): pass 1 reads both, pass 2
 (JSD) both again, pass 3 both and writes one: ``7·rows·V·e`` bytes for JSD with the gradient,
-``5·rows·V·e`` for cosine; about 4 ``exp`` per element for the JSD mixture (2 at its ends), one with
-the hard loss. Memory-bound, and small next to the ``2·rows·V·(H_s + H_t)`` FLOPs of the two matmuls
+``5·rows·V·e`` for cosine. The JSD mixture takes 3 ``exp`` and 1 ``log`` per element (2 ``exp`` at its ends): its
+``log m`` from one ``exp(-|x - y|)`` rather than two shifted exponentials (``jsd_pointwise``'s ``FEW_EXP``), and on
+CUDA from the hardware's ``lg2.approx`` (``FAST_LOG``; :func:`hardware_log`) where ``tl.log`` compiles to a
+polynomial of about 20 instructions per element; the hard loss adds one ``exp``. Even so the JSD stage is bound by
+its per-element instructions more than by its bytes (``studies/distill_chunk_ab.py`` times it in passes over the
+logits at the copy bandwidth). Both are small next to the ``2·rows·V·(H_s + H_t)`` FLOPs of the two matmuls
 that made the chunk. Offsets are 64-bit, so ``rows·V`` may exceed 2**31.
 """
 
@@ -61,6 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._runtime import INTERPRETED
 from .cross_entropy_chunk import NUM_WARPS, block_v
 from .jsd import beta_mode, jsd_pointwise
 
@@ -98,6 +103,7 @@ def distill_chunk_kernel(
     HARD: tl.constexpr,  # compute the hard loss (and its gradient term)
     RAW_LSE: tl.constexpr,  # the hard loss needs lse(z) apart from lse(z / T) (HARD and not (JSD and T == 1))
     WRITE_GRAD: tl.constexpr,  # overwrite the student logits with dz
+    FAST_LOG: tl.constexpr,  # the JSD mixture's log in hardware (CUDA only: jsd.natural_log)
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -158,7 +164,7 @@ def distill_chunk_kernel(
             mask = offs < n_cols
             z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
             u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-            loss, g = jsd_pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE)
+            loss, g = jsd_pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, True, FAST_LOG)
             soft += tl.sum(tl.where(mask, loss, 0.0), axis=0)
             big_g += tl.sum(tl.where(mask, g, 0.0), axis=0)
     else:
@@ -180,7 +186,7 @@ def distill_chunk_kernel(
             u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
             if SOFT == 0:
                 x = z * inv_t - lse_s
-                _, g = jsd_pointwise(x, u * inv_t - lse_t, beta, BETA_MODE)
+                _, g = jsd_pointwise(x, u * inv_t - lse_t, beta, BETA_MODE, True, FAST_LOG)
                 dz = f_s * (g - tl.exp(x) * big_g)
             else:
                 dz = -f_s * (u / norm_prod - cos * z * inv_zz)
@@ -189,6 +195,12 @@ def distill_chunk_kernel(
                 dz += f_h * (p - tl.where(offs == y_safe, 1.0, 0.0))
             dz = tl.where(valid, dz, 0.0)
             tl.store(s_row + offs, dz.to(student_ptr.dtype.element_ty), mask=mask)
+
+
+def hardware_log(tensor: torch.Tensor) -> bool:
+    """Whether the kernel on ``tensor``'s device takes the hardware's ``lg2.approx`` (compiled CUDA; not Triton's
+    interpreter, not ROCm)."""
+    return tensor.is_cuda and not INTERPRETED and torch.version.hip is None
 
 
 def launch_distill_chunk(
@@ -227,5 +239,5 @@ def launch_distill_chunk(
         SOFT=soft_kind, BETA_MODE=beta_mode(float(beta)) if soft_kind == SOFT_JSD else 0,
         HAS_TARGET=target is not None, HARD=with_hard,
         RAW_LSE=with_hard and not (soft_kind == SOFT_JSD and float(temperature) == 1.0),
-        WRITE_GRAD=factors is not None, BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
+        WRITE_GRAD=factors is not None, FAST_LOG=hardware_log(student), BLOCK_V=block_v(n_cols), num_warps=NUM_WARPS,
     )

@@ -20,10 +20,11 @@ dials here remove those and trim the mixture's transcendental functions:
   after the loop;
 - ``lane_lse``: sweep 1's running max and sum per lane, merged once after the loop (one more ``exp`` per element
   and head: the rescale of each lane's sum);
-- ``few_exp``: the mixture's ``log m = max(x, y) + log(β e^{y-top} + (1-β) e^{x-top})`` with one ``exp(-|x - y|)``
-  (one of the two shifted exponentials is 1): 3 ``exp`` and 1 ``log`` per element instead of 4 and 1;
-- ``fast_log``: that log as the GPU's ``lg2.approx`` times ln 2 (inline PTX: CUDA only) where ``tl.log`` compiles
-  to a polynomial of about 20 instructions per element (the ``exp`` is already ``ex2.approx``);
+- ``few_exp`` and ``fast_log``: ``jsd_pointwise``'s dials (``kernels_lib/kernels/jsd.py``): the mixture's
+  ``log m`` from one ``exp(-|x - y|)`` (3 ``exp`` and 1 ``log`` per element instead of 4 and 1), and that log as the
+  GPU's ``lg2.approx`` (inline PTX: CUDA only) where ``tl.log`` compiles to a polynomial of about 20 instructions
+  per element. Both won their same-run A/B and are now the library stage's (``few_exp`` everywhere, ``fast_log``
+  on CUDA); with both off the stage is the two-exponential ``tl.log`` form it had before;
 - ``block_v``, ``num_warps``: the loop step and the program's warps.
 
 What it costs
@@ -45,40 +46,6 @@ from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, _online_lse
 from kernels_lib.kernels.jsd import beta_mode, jsd_pointwise
 
 COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
-
-
-@triton.jit
-def _log(x, FAST_LOG: tl.constexpr):
-    """``ln x``: ``tl.log``, or with ``FAST_LOG`` the hardware's ``lg2.approx`` (absolute error about 2^-22) times ln 2."""
-    if FAST_LOG:
-        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=1) * 0.6931471805599453
-    else:
-        return tl.log(x)
-
-
-@triton.jit
-def _pointwise(x, y, beta, BETA_MODE: tl.constexpr, FEW_EXP: tl.constexpr, FAST_LOG: tl.constexpr):
-    """``(loss, d loss / d x)`` of the generalized JSD elementwise: the library's
-    :func:`~kernels_lib.kernels.jsd.jsd_pointwise`, but for the mixture (``BETA_MODE == 2``) with a dial on: its log
-    from one ``exp(-|x - y|)`` (``FEW_EXP``) and/or in hardware (``FAST_LOG``)."""
-    if BETA_MODE == 2 and (FEW_EXP or FAST_LOG):
-        q = tl.exp(x)
-        p = tl.exp(y)
-        top = tl.maximum(x, y)
-        top = tl.where(top == float("-inf"), 0.0, top)  # both -inf: m = 0 and both terms are 0
-        if FEW_EXP:
-            e = tl.exp(-tl.abs(x - y))  # the smaller of the two shifted exponentials; the larger is 1
-            log_m = top + _log(tl.where(y >= x, beta + (1.0 - beta) * e, beta * e + (1.0 - beta)), FAST_LOG)
-        else:
-            log_m = top + _log(beta * tl.exp(y - top) + (1.0 - beta) * tl.exp(x - top), FAST_LOG)
-        dx = tl.where(q == 0.0, 0.0, (1.0 - beta) * q * (x - log_m))
-        loss = tl.where(p == 0.0, 0.0, beta * p * (y - log_m)) + dx
-        nan_in = (x != x) | (y != y)  # NaN in gives NaN out, past the zero guards
-        loss, dx = tl.where(nan_in, x + y, loss), tl.where(nan_in, x + y, dx)
-    else:
-        loss, dx = jsd_pointwise(x, y, beta, BETA_MODE)
-    return loss, dx
 
 
 @triton.jit
@@ -192,7 +159,7 @@ def distill_chunk_lanes_kernel(
             mask = offs < n_cols
             z = tl.load(s_row + offs, mask=mask, other=0.0).to(tl.float32)
             u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
-            loss, g = _pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
+            loss, g = jsd_pointwise(z * inv_t - lse_s, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
             if LANE_SUMS:  # per lane: one reduction after the loop
                 soft += tl.where(mask, loss, 0.0)
                 big_g += tl.where(mask, g, 0.0)
@@ -221,7 +188,7 @@ def distill_chunk_lanes_kernel(
             u = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32)
             if SOFT == 0:
                 x = z * inv_t - lse_s
-                _, g = _pointwise(x, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
+                _, g = jsd_pointwise(x, u * inv_t - lse_t, beta, BETA_MODE, FEW_EXP, FAST_LOG)
                 dz = f_s * (g - tl.exp(x) * big_g)
             else:
                 dz = -f_s * (u / norm_prod - cos * z * inv_zz)

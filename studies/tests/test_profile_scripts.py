@@ -52,11 +52,11 @@ def test_distill_chunk_ab_script_small_path(tmp_path):
     import pytest
 
     script = importlib.import_module("studies.distill_chunk_ab")
-    args = ["--out", str(tmp_path), "--size", "small", "--rounds", "2", "--stage-arms", "lanes+lane_lse+few_exp",
+    args = ["--out", str(tmp_path), "--size", "small", "--rounds", "2", "--stage-arms", "plain",
             "--loss-arms", "lanes+few_exp"]
     assert script.main(args) == 0
     stage = pd.read_csv(tmp_path / "distill_chunk_ab_stage.csv")
-    assert len(stage) == 2 * 2 * 2 and set(stage.arm) == {"library", "lanes+lane_lse+few_exp"} and set(stage.soft) == {"jsd", "cosine"}
+    assert len(stage) == 2 * 2 * 2 and set(stage.arm) == {"library", "plain"} and set(stage.soft) == {"jsd", "cosine"}
     assert (stage[["soft error", "hard error", "dz error"]] <= 1e-5).all().all(), stage
     assert (stage.ms > 0).all() and "kernels_lib_commit" in stage.columns
     loss = pd.read_csv(tmp_path / "distill_chunk_ab_loss.csv")
