@@ -64,3 +64,44 @@ def test_distill_chunk_ab_script_small_path(tmp_path):
     assert len(loss) == 3 * 2 * 2 * 2 and (loss.full_ms > 0).all()  # 3 losses, 2 BT, 2 arms, 2 rounds
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path), "--stage-arms", "lanes+typo"])
+
+
+def test_jsd_log_ab_script_small_path(tmp_path):
+    """The logits JSD's log-dial A/B at CPU size: a row per chart, x, arm and round with the errors against the
+    library's kernel (the few_exp arm computes the same loss and gradient), provenance on each; bad arms refused."""
+    import importlib
+
+    import pandas as pd
+    import pytest
+
+    script = importlib.import_module("studies.jsd_log_ab")
+    assert script.main(["--out", str(tmp_path), "--size", "small", "--rounds", "2", "--points", "ends"]) == 0
+    table = pd.read_csv(tmp_path / "jsd_log_ab.csv")
+    assert set(table.arm) == {"library", *script.CPU_ARMS} and set(table.chart) == set(script.CHARTS)
+    assert len(table) == 2 * 2 * (1 + len(script.CPU_ARMS)) * 2  # 2 charts, 2 ends, arms, 2 rounds
+    assert (table[["loss error", "grad error"]] <= 1e-5).all().all(), table
+    assert (table.full_ms > 0).all() and "kernels_lib_commit" in table.columns
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path), "--arms", "few_exp+typo"])
+
+
+def test_jsd_log_ab_arm_runs_the_study_kernel():
+    """An arm's stand-in is what ``kernels_lib.jsd`` launches (a stand-in that refuses to launch makes the loss raise),
+    and the library's kernel is back after the arm."""
+    import pytest
+    import torch
+
+    import kernels_lib
+    from kernels_lib.kernels import jsd as module
+    from studies.bench.arms import constants_set
+
+    class Refuses:
+        def __getitem__(self, grid):
+            raise RuntimeError("the arm's kernel was launched")
+
+    library = module.jsd_kernel
+    x = torch.randn(4, 33).log_softmax(-1).requires_grad_()
+    y = torch.randn(4, 33).log_softmax(-1)
+    with constants_set({"kernels_lib.kernels.jsd": {"jsd_kernel": Refuses()}}), pytest.raises(RuntimeError, match="arm's kernel"):
+        kernels_lib.jsd(x, y, beta=0.5)
+    assert module.jsd_kernel is library
