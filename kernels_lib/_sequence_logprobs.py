@@ -69,7 +69,7 @@ Coefficients = Callable[[slice, torch.Tensor, torch.Tensor | None], tuple[torch.
 TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 
-#: The fewest rows of a default chunk of the sequence losses. At a small ``H`` a budget of ``H / 8`` rows
+#: The fewest rows of a default chunk of the sequence losses. At a small ``H`` a budget in proportion to ``H``
 #: makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
 #: (``H = 1024``, ``T = 512``) ran faster at B = 4 with 1024- and 2048-row chunks than with 512
 #: (``data/measured/gpu_runs/kto_small_batch.csv``).

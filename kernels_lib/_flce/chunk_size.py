@@ -9,8 +9,9 @@ GPU that runs ``dW``'s read and write at its memory bandwidth); with ``H`` rows 
 size of ``dW`` itself, so forward + backward hold at most twice the gradients. ``chunk_size`` is the dial:
 past ``H`` rows time hardly falls while memory keeps growing (every point of the dial beside the peers:
 ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``). The
-memory-lean point of earlier versions, ``H / 8`` rows, is :func:`lean_chunk_size`: the fused losses
-with a second head or a reference model keep it (their memory is judged against Liger's).
+memory-lean budget, ``H / 8`` rows, is :func:`lean_chunk_size`: the two-head losses take it or 2048 rows, whichever
+is more (``kernels_lib._distillation.two_head_chunk_size``); the sequence losses take ``H / 2`` rows, at least 1024
+(``kernels_lib._sequence_logprobs.chunk_rows``).
 
 The choice costs one query of the device's free memory per call (:func:`free_device_bytes`), made only
 when ``chunk_size`` is left to the default.
