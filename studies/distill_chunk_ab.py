@@ -32,12 +32,12 @@ import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable, peak_memory_mib, time_callable
 from kernels_lib.workbench.check import relative_error
 from studies.bench.arms import constants_set
+from studies.bench.timing import run_ceilings
 from studies.kernels.distill_chunk_lanes import launcher
 
 LIBRARY = "library"
@@ -164,10 +164,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown part or arm: {', '.join(unknown)} (arms: {', '.join(STAGE_ARMS)})")
     args.out.mkdir(parents=True, exist_ok=True)
-    ceilings = measure_ceilings(device)
-    ceilings.to_csv(args.out / "ceilings.csv", index=False)
-    copy = ceilings[ceilings.kernel_name == "copy"].y_value_50
-    copy_gbps = float(copy.iloc[0]) if len(copy) else float("nan")
+    copy_gbps = run_ceilings(device, args.out).get("copy", float("nan"))
     stamp = provenance(device)
     small = args.size == "small"
     if "stage" in parts:

@@ -27,12 +27,12 @@ import pandas as pd
 import torch
 
 import kernels_lib
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
 from kernels_lib.workbench.check import relative_error
 from studies.bench.arms import constants_set
+from studies.bench.timing import run_ceilings
 from studies.kernels.jsd_log_dials import WithDials
 
 LIBRARY = "library"
@@ -104,10 +104,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown arm: {', '.join(unknown)} (arms: {', '.join(ARMS)})")
     args.out.mkdir(parents=True, exist_ok=True)
-    ceilings = measure_ceilings(device)
-    ceilings.to_csv(args.out / "ceilings.csv", index=False)
-    copy = ceilings[ceilings.kernel_name == "copy"].y_value_50
-    copy_gbps = float(copy.iloc[0]) if len(copy) else float("nan")
+    copy_gbps = run_ceilings(device, args.out).get("copy", float("nan"))
     table = pd.DataFrame(rows([LIBRARY, *arms], args.size, args.points, device, args.rounds, copy_gbps))
     table.assign(**provenance(device)).to_csv(args.out / "jsd_log_ab.csv", index=False)
     return 0

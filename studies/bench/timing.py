@@ -1,6 +1,7 @@
 """Timing for the studies: where a CUDA stream's time goes (:func:`busy_timeline`), where the host waits
 for the GPU (:func:`sync_sites`), and interleaved timing of several calls whose per-sample ratios cancel
-the GPU's drift (:func:`paired_times`, :func:`paired_summary`). The product's timing (do_bench, the modes,
+the GPU's drift (:func:`paired_times`, :func:`paired_summary`), and the run's ceilings measured beside an A/B
+(:func:`run_ceilings`). The product's timing (do_bench, the modes,
 peak memory) is :mod:`kernels_lib.workbench.bench.timing`, which these build on.
 """
 
@@ -14,7 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels_lib.workbench.bench.ceilings import measure_ceilings
+
 from kernels_lib.workbench.bench.timing import FLUSH_BYTES, QUANTILES, _clear_grads
+
+
+def run_ceilings(device: torch.device, out=None) -> dict[str, float]:
+    """Measure the copy and matmul ceilings on ``device`` (written to ``out / "ceilings.csv"`` when ``out`` is a
+    folder) and return them as ``{"copy": GB/s, "matmul": TFLOP/s}``; empty on a CPU, where nothing is measured."""
+    ceilings = measure_ceilings(device)
+    if out is not None:
+        ceilings.to_csv(out / "ceilings.csv", index=False)
+    return {str(k): float(v) for k, v in zip(ceilings.kernel_name, ceilings.y_value_50)}
 
 
 @dataclass(frozen=True)
