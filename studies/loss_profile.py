@@ -6,6 +6,8 @@ bench's own inputs and options:
 
 - the ``full`` call (forward and backward, the sweep's ``mode_callable``) timed as the sweep times it
   (``timing.time_callable``: median, p20, p80);
+- the places where one call makes the host wait for the GPU (``studies.bench.timing.sync_sites``: ``.item()``, a
+  blocking copy, ``nonzero`` …), ``; ``-joined in ``sync_sites`` (empty on the CPU);
 - ``torch.profiler`` over three such calls: the CUDA time of **every** kernel name per call (no top-k cut, so the
   call's time less the kernels is the time the GPU sat idle), and the host's time per call (the profiler's
   CPU total of the call's top-level op is not taken: the wall time of three unsynchronized launches is).
@@ -32,6 +34,7 @@ from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec, registered_losses
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from studies.bench.timing import sync_sites
 
 SKIP = ("fused_linear_cross_entropy",)
 
@@ -92,6 +95,7 @@ def main() -> None:
                 full = mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
                 timing = time_callable(full, device, grad_to_none=inputs.grad_inputs)
                 listed, host_ms = _profile(full, device)
+                sites = "; ".join(sync_sites(full, device))
             except Exception as error:  # a loss that fails is a row that says so, not a lost run
                 times.append({**at, "ms_p50": float("nan"), "note": f"{type(error).__name__}: {str(error)[:200]}", **stamp})
                 print(f"[{i}/{len(losses)}] {name} {x_name}={x}: {type(error).__name__}", flush=True)
@@ -103,9 +107,10 @@ def main() -> None:
                     torch.cuda.empty_cache()
             busy = sum(k["cuda_ms"] for k in listed)
             times.append({**at, "ms_p50": timing.p50, "ms_p20": timing.p20, "ms_p80": timing.p80, "host_ms": host_ms,
-                          "kernels_ms": busy, "timer": timing.timer, "note": "", **stamp})
+                          "kernels_ms": busy, "timer": timing.timer, "sync_sites": sites, "note": "", **stamp})
             kernels += [{**at, **k, **stamp} for k in listed]
-            print(f"[{i}/{len(losses)}] {name} {x_name}={x}: {timing.p50:.3f} ms, kernels {busy:.3f} ms, host {host_ms:.3f} ms",
+            print(f"[{i}/{len(losses)}] {name} {x_name}={x}: {timing.p50:.3f} ms, kernels {busy:.3f} ms, host {host_ms:.3f} ms, "
+                  f"{len(sites.split('; ')) if sites else 0} sync site(s)",
                   flush=True)
         pd.DataFrame(times).to_csv(args.out / "loss_profile_times.csv", index=False)  # written as it goes
         pd.DataFrame(kernels).to_csv(args.out / "loss_profile_kernels.csv", index=False)
