@@ -165,12 +165,12 @@ def kept_rows(target: torch.Tensor | None, n_rows: int, ignore_index: int, devic
     return (target != ignore_index).sum().to(torch.float32)
 
 
-def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
-    """Refuse targets outside ``[0, n_cols)`` other than ``ignore_index`` (one host sync), naming ``target``."""
+def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> v.RangeCheck:
+    """The range check of ``target`` (values outside ``[0, n_cols)`` other than ``ignore_index``), counted
+    on the device and read on the host only by the returned check's ``raise_if_bad``, which the caller
+    runs once the call's kernels are queued (:class:`~kernels_lib._validate.RangeCheck`: no stall)."""
     _, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    n_bad = int(bad.sum())
-    if n_bad:
-        raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
+    return v.RangeCheck(target, bad.sum(), n_cols, ignore_index)
 
 
 def validate_heads(student_x, student_weight, teacher_x, teacher_weight, target, student_bias, teacher_bias,

@@ -225,30 +225,46 @@ def sequence_logprobs(
     return sums, sums2, None if grads is None else grads.result()
 
 
-def check_targets(
-    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True
-) -> torch.Tensor:
-    """Valid tokens per sequence of ``target`` ``(S, T)`` (float32, on its device), after checking it.
+class TargetCheck:
+    """The checks of one sequence loss's ``target`` ``(S, T)``, counted on the device and read on the host
+    only by :meth:`raise_if_bad`, which the caller runs once the call's kernels are queued
+    (:class:`~kernels_lib._validate.HostCounts`: the GPU never waits for the host).
 
     Refuses values outside ``[0, V)`` other than ``ignore_index``, and sequences with no valid token
-    (their average log-prob would be 0/0; with ``every_sequence=False`` only a ``target`` with no
-    valid token at all), naming ``name``. One host sync for both checks.
-    """
-    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    counts = valid.sum(-1)
-    empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
-    n_bad, n_empty = torch.stack([bad.sum(), empty.sum()]).tolist()
-    if n_bad:
-        raise v.targets_out_of_range_error(name, target, bad, n_bad, n_cols, ignore_index)
-    if n_empty and every_sequence:
-        first = torch.nonzero(empty)[0, 0].item()
-        raise ValueError(
-            f"{name} has {n_empty} sequence(s) with no valid token (every position is ignore_index="
-            f"{ignore_index}; e.g. sequence {first}): its log-prob is undefined; drop it from the batch"
-        )
-    if n_empty:
-        raise ValueError(f"{name} has no valid token (all ignore_index={ignore_index}): its mean would be 0/0")
-    return counts.to(torch.float32)
+    (their average log-prob would be 0/0; with ``every_sequence=False`` only a ``target`` with no valid
+    token at all), naming ``name``. The kernels read only in-range targets' entries, so the work done
+    on a refused ``target`` is discarded, never out of bounds."""
+
+    def __init__(self, name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True):
+        self.name, self.target, self.n_cols, self.ignore_index = name, target, n_cols, ignore_index
+        self.every_sequence = every_sequence
+        valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
+        counts = valid.sum(-1)
+        empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
+        self.counts = counts.to(torch.float32)  #: valid tokens per sequence, float32 on the target's device
+        self.host = v.HostCounts(torch.stack([bad.sum(), empty.sum()]))
+
+    def raise_if_bad(self) -> None:
+        n_bad, n_empty = self.host.read()
+        if n_bad:
+            _, bad = v.out_of_range_targets(self.target, self.n_cols, self.ignore_index)
+            raise v.targets_out_of_range_error(self.name, self.target, bad, n_bad, self.n_cols, self.ignore_index)
+        if n_empty and self.every_sequence:
+            first = torch.nonzero(self.counts == 0)[0, 0].item()
+            raise ValueError(
+                f"{self.name} has {n_empty} sequence(s) with no valid token (every position is ignore_index="
+                f"{self.ignore_index}; e.g. sequence {first}): its log-prob is undefined; drop it from the batch"
+            )
+        if n_empty:
+            raise ValueError(f"{self.name} has no valid token (all ignore_index={self.ignore_index}): its mean would be 0/0")
+
+
+def check_targets(
+    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True
+) -> TargetCheck:
+    """The :class:`TargetCheck` of ``target`` ``(S, T)``: its ``counts`` (valid tokens per sequence) for the
+    call, its ``raise_if_bad`` for the call's end."""
+    return TargetCheck(name, target, n_cols, ignore_index, every_sequence)
 
 
 class FusedSequenceLoss(torch.autograd.Function):

@@ -170,8 +170,8 @@ def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> 
 
 def out_of_range_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(valid, bad)`` masks of ``target``: not ``ignore_index``, and valid but outside ``[0, n_cols)``.
-    The caller reads ``bad.sum()`` in the host sync it makes anyway and, if non-zero, raises
-    :func:`targets_out_of_range_error`."""
+    The caller counts ``bad`` on the device and reads the count once its kernels are queued
+    (:class:`RangeCheck`, :class:`HostCounts`); if non-zero, it raises :func:`targets_out_of_range_error`."""
     valid = target != ignore_index
     return valid, valid & ((target < 0) | (target >= n_cols))
 
@@ -184,45 +184,65 @@ def targets_out_of_range_error(name: str, target: torch.Tensor, bad: torch.Tenso
     )
 
 
+class HostCounts:
+    """A few integer counts made on the device, read on the host without stalling the GPU.
+
+    On CUDA the counts (a small int tensor, computed before the call's kernels) are copied to pinned
+    host memory behind an event; :meth:`read` waits for that event alone, which waits for the counts
+    (queued before the call's kernels), never for the kernels, so the CPU keeps launching ahead of the
+    GPU. On a CPU they are read as they are. The pinned buffer and its event are reused from call to
+    call (a free list per device, size and dtype; creating them cost tens of microseconds of host
+    time per call): a pair goes back to the list once :meth:`read` has waited on it, so no copy can
+    still be writing it."""
+
+    _free: dict[tuple, list] = {}  # (device index, numel, dtype) -> [(pinned counts, event)], guarded by the GIL
+
+    def __init__(self, counts: torch.Tensor):
+        counts = counts.reshape(-1)
+        self.values: list[int] | None = None
+        self.event = None
+        if counts.is_cuda:
+            self.key = (counts.device.index, counts.numel(), counts.dtype)
+            free = HostCounts._free.setdefault(self.key, [])
+            if free:
+                self.host, self.event = free.pop()
+            else:
+                self.host, self.event = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True), torch.cuda.Event()
+            self.host.copy_(counts, non_blocking=True)
+            self.event.record(torch.cuda.current_stream(counts.device))
+        else:
+            self.host = counts
+
+    def read(self) -> list[int]:
+        """The counts as Python ints (the first call waits for their copy; later calls return the same)."""
+        if self.values is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self.values = [int(c) for c in self.host.tolist()]
+            if self.event is not None:
+                HostCounts._free[self.key].append((self.host, self.event))
+            self.host = self.event = None
+        return self.values
+
+
 class RangeCheck:
     """The targets' range check of ``host_checks=True`` without stalling the GPU.
 
     ``n_bad`` is the number of targets outside ``[0, n_cols)`` (not ``ignore_index``), a one-element
-    device tensor computed before the call's kernels (:mod:`kernels_lib.kernels.target_totals`). On
-    CUDA it is copied to pinned host memory behind an event, and read only by :meth:`raise_if_bad`,
+    device tensor computed before the call's kernels (:mod:`kernels_lib.kernels.target_totals`, or
+    :func:`out_of_range_targets`). It is read through :class:`HostCounts` only by :meth:`raise_if_bad`,
     which the caller runs at the end of the call or, when the call forms a gradient, at the start of
-    its backward: waiting for that event waits for the count alone (queued before the call's kernels),
-    never for the kernels, so the CPU keeps launching ahead of the GPU. A bad target then raises
-    :func:`targets_out_of_range_error` (the targets re-read to name one), after work on inputs it
-    discards (the kernels read only in-range targets' entries). On a CPU the same, without the event.
+    its backward. A bad target then raises :func:`targets_out_of_range_error` naming ``name`` (the
+    targets re-read to quote one), after work on inputs it discards: the kernels read only in-range
+    targets' entries."""
 
-    The pinned count and its event are reused from call to call (a free list per device; creating
-    them cost tens of microseconds of host time per call): a pair goes back to the list once
-    :meth:`raise_if_bad` has waited on it, so no copy can still be writing it."""
-
-    _free: dict[int, list] = {}  # device index -> [(pinned count, event)], guarded by the GIL
-
-    def __init__(self, target: torch.Tensor, n_bad: torch.Tensor, n_cols: int, ignore_index: int):
-        self.target, self.n_cols, self.ignore_index = target, n_cols, ignore_index
-        self.event = None
-        if n_bad.is_cuda:
-            free = RangeCheck._free.setdefault(n_bad.device.index, [])
-            if free:
-                self.count, self.event = free.pop()
-            else:
-                self.count, self.event = torch.empty((), dtype=n_bad.dtype, pin_memory=True), torch.cuda.Event()
-            self.count.copy_(n_bad.reshape(()), non_blocking=True)
-            self.event.record(torch.cuda.current_stream(n_bad.device))
-        else:
-            self.count = n_bad.reshape(())
+    def __init__(self, target: torch.Tensor, n_bad: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target"):
+        self.target, self.n_cols, self.ignore_index, self.name = target, n_cols, ignore_index, name
+        self.counts = HostCounts(n_bad)
 
     def raise_if_bad(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
-            slot, self.count, self.event = (self.count, self.event), int(self.count), None
-            RangeCheck._free[self.target.device.index].append(slot)
-        if not int(self.count):
+        if not self.counts.read()[0]:
             return
         _, bad = out_of_range_targets(self.target, self.n_cols, self.ignore_index)
         n_bad = int(bad.sum())
-        raise targets_out_of_range_error("target", self.target, bad, n_bad, self.n_cols, self.ignore_index)
+        raise targets_out_of_range_error(self.name, self.target, bad, n_bad, self.n_cols, self.ignore_index)

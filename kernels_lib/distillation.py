@@ -35,8 +35,8 @@ by chunk with one kernel (:mod:`kernels_lib.kernels.distill_chunk`), the pipelin
 
 Cost: the two logits matmuls (:math:`2NVH_s + 2NVH_t` FLOPs) and ``dx``, ``dW`` (:math:`4NVH_s`);
 per chunk the kernel reads both logits chunks three times (JSD; twice for the cosine) and writes
-``dz`` once. Memory: two ``chunk × V`` buffers and the gradients. One host sync per call (the
-targets' range check).
+``dz`` once. Memory: two ``chunk × V`` buffers and the gradients. No host sync: the targets' range is
+counted on the device and read once the call's kernels are queued.
 
 **Where we differ from Liger** (0.8.5): ``hard_loss`` and ``soft_loss`` are always returned, for
 logging, and carry no gradient (Liger returns them only with ``return_soft_hard_loss``; its
@@ -82,7 +82,7 @@ def _distill(soft: SoftLoss, student_x, student_weight, teacher_x, teacher_weigh
     for name, value in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss)):
         v.require_real(name, value)
     flat_target = target.reshape(-1).contiguous()
-    check_targets(flat_target, student_weight.shape[0], ignore_index)
+    check = check_targets(flat_target, student_weight.shape[0], ignore_index)
     count = kept_rows(flat_target, flat_target.numel(), ignore_index, student_x.device).clamp_min(1.0)
     teacher = teacher_constant(teacher_x, teacher_weight, teacher_bias)
     needs = needs_grad(student_x, student_weight, student_bias)
@@ -98,7 +98,9 @@ def _distill(soft: SoftLoss, student_x, student_weight, teacher_x, teacher_weigh
         hard, soft_loss = hard_rows.sum() / count, soft_rows.sum() / count
         return w_hard * hard + w_soft * soft_loss, (hard, soft_loss), grads
 
-    return DistillationOutput(*fused_two_head_loss(student_x, student_weight, student_bias, run))
+    out = DistillationOutput(*fused_two_head_loss(student_x, student_weight, student_bias, run))
+    check.raise_if_bad()  # the targets' range, read now that the call's kernels are queued
+    return out
 
 
 _ARGS_DOC = """

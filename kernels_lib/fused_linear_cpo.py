@@ -205,9 +205,10 @@ def fused_linear_cpo(
     opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
     v.require_same_device(validate_pairs(x, weight, target, bias, nll_target))
     n_cols = weight.shape[0]
-    counts = check_targets("target", target, n_cols, ignore_index)
+    checks = [check_targets("target", target, n_cols, ignore_index)]
     if nll_target is not None and cpo_alpha != 0:
-        check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False)
+        checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
+    counts = checks[0].counts
     grad_on = torch.is_grad_enabled()
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     flags = (float(cpo_alpha), ignore_index, chunk_size, accurate, needs)
@@ -215,7 +216,10 @@ def fused_linear_cpo(
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, nll_target, counts, opts, flags)
 
-    return CPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    out = CPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    for check in checks:  # the targets' checks, read now that the call's kernels are queued
+        check.raise_if_bad()
+    return out
 
 
 def fused_linear_simpo(

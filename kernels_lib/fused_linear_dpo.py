@@ -325,7 +325,8 @@ def fused_linear_dpo(
     tensors = validate_pairs(x, weight, target, bias)
     tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch="2n"))
     v.require_same_device(tensors)
-    counts = check_targets("target", target, weight.shape[0], ignore_index)
+    check = check_targets("target", target, weight.shape[0], ignore_index)
+    counts = check.counts
     if ref_logps is not None:
         ref = ref_logps.detach().to(torch.float32)
     else:
@@ -338,7 +339,9 @@ def fused_linear_dpo(
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, counts, ref, opts, flags)
 
-    return DPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    out = DPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued
+    return out
 
 
 class FusedLinearDPOLoss(torch.nn.Module):

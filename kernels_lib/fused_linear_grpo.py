@@ -630,14 +630,12 @@ _REAL_OPTIONS = (
 _OPTIONAL_REAL_OPTIONS = ("delta", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
-def _check_targets(target, n_cols: int, ignore_index: int) -> torch.Tensor:
-    """The valid-target mask, after refusing values outside ``[0, V)`` (one host sync). Sequences
-    without a valid token are allowed (TRL clamps their token count to 1: they add 0)."""
+def _check_targets(target, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, v.RangeCheck]:
+    """The valid-target mask and the range check of values outside ``[0, V)``, read on the host only by
+    its ``raise_if_bad`` once the call's kernels are queued (no stall). Sequences without a valid token
+    are allowed (TRL clamps their token count to 1: they add 0)."""
     valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    n_bad = int(bad.sum().item())
-    if n_bad:
-        raise v.targets_out_of_range_error("target", target, bad, n_bad, n_cols, ignore_index)
-    return valid
+    return valid, v.RangeCheck(target, bad.sum(), n_cols, ignore_index)
 
 
 def fused_linear_grpo(
@@ -782,7 +780,7 @@ def fused_linear_grpo(
     v.require_same_device(tensors)
     opts.update({k: float(opts[k]) for k in _REAL_OPTIONS})
     opts.update({k: None if opts[k] is None else float(opts[k]) for k in _OPTIONAL_REAL_OPTIONS})
-    valid = _check_targets(target, weight.shape[0], ignore_index)
+    valid, check = _check_targets(target, weight.shape[0], ignore_index)
     mask = valid.to(torch.float32)
     if completion_mask is not None:
         mask = mask * completion_mask.detach().to(torch.float32)
@@ -807,6 +805,7 @@ def fused_linear_grpo(
         return _run(x_, w_, b_, target, mask, adv, old, ref, sampler, normalizer, opts)
 
     loss, logps, *rest = FusedSequenceLoss.apply(x, weight, bias, run)
+    check.raise_if_bad()  # the targets' range, read now that the call's kernels are queued
     clips, rest = (rest[:5], rest[5:]) if loss_type in CLIPPED else ([None] * 5, rest)
     kl = rest.pop(0) if ref is not None else None
     entropy = rest.pop(0) if return_entropy else None

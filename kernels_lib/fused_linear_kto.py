@@ -244,7 +244,8 @@ def fused_linear_kto(
         )
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: this decides alike.
-    counts = check_targets("target", target, n_cols, ignore_index)
+    check = check_targets("target", target, n_cols, ignore_index)
+    counts = check.counts
     ref = _reference_logps(
         target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
     )
@@ -259,7 +260,9 @@ def fused_linear_kto(
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, preference_labels, kl, ref, counts, opts, shard)
 
-    return KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    out = KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued
+    return out
 
 
 class FusedLinearKTOLoss(torch.nn.Module):

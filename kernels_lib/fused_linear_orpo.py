@@ -204,16 +204,20 @@ def fused_linear_orpo(
         )
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: these decide alike.
-    counts = check_targets("target", target, n_cols, ignore_index)
+    checks = [check_targets("target", target, n_cols, ignore_index)]
     if nll_target is not None:
-        check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False)
+        checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
+    counts = checks[0].counts
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = (float(beta), ignore_index, chunk_size, accurate, needs)
 
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, nll_target, counts, opts, shard)
 
-    return ORPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    out = ORPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    for check in checks:  # the targets' checks, read now that the call's kernels are queued
+        check.raise_if_bad()
+    return out
 
 
 class FusedLinearORPOLoss(torch.nn.Module):

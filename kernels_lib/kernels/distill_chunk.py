@@ -113,7 +113,8 @@ def distill_chunk_kernel(
     if HAS_TARGET:
         y = tl.load(target_ptr + row).to(tl.int64)
         valid = y != ignore_index
-        y_safe = tl.where(valid, y, 0)
+        # An out-of-range target (refused by the caller after the call) reads column 0, never past the row.
+        y_safe = tl.where(valid & (y >= 0) & (y < n_cols), y, 0)
     else:
         y_safe = row * 0
         valid = y_safe == 0
@@ -218,8 +219,8 @@ def launch_distill_chunk(
 ) -> None:
     """Launch the kernel on a ``rows × V`` student chunk and teacher chunk (unit stride along V).
 
-    ``target``: ``rows`` class indices in ``[0, V)`` or ``ignore_index`` (checked by the caller), or
-    None (every row counts; no hard loss then). ``soft`` (float32, ``rows``) and ``hard`` (float32,
+    ``target``: ``rows`` class indices in ``[0, V)`` or ``ignore_index`` (the caller refuses any other
+    once the call is queued; the kernel reads column 0 for it, never past the row), or None (every row counts; no hard loss then). ``soft`` (float32, ``rows``) and ``hard`` (float32,
     ``rows``, or None for no hard loss: its gradient term is then absent too) are written, never read.
     ``factors`` (float32, 2 elements on the device: ``f_h``, ``f_s`` as in the module docstring), when
     given, makes the kernel overwrite ``student`` with ``dz``. ``soft_kind``: :data:`SOFT_JSD` or
