@@ -190,10 +190,10 @@ class HostCounts:
     On CUDA the counts (a small int tensor, computed before the call's kernels) are copied to pinned
     host memory behind an event; :meth:`read` waits for that event alone, which waits for the counts
     (queued before the call's kernels), never for the kernels, so the CPU keeps launching ahead of the
-    GPU. On a CPU they are read as they are. The pinned buffer and its event are reused from call to
-    call (a free list per device, size and dtype; creating them cost tens of microseconds of host
-    time per call): a pair goes back to the list once :meth:`read` has waited on it, so no copy can
-    still be writing it."""
+    GPU. On a CPU they are read at once. Either way they are the counts as they were when the check
+    was made. The pinned buffer and its event are reused from call to call (a free list per device,
+    size and dtype; creating them cost tens of microseconds of host time per call): a pair goes back
+    to the list once :meth:`read` has waited on it, so no copy can still be writing it."""
 
     _free: dict[tuple, list] = {}  # (device index, numel, dtype) -> [(pinned counts, event)], guarded by the GIL
 
@@ -210,17 +210,15 @@ class HostCounts:
                 self.host, self.event = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True), torch.cuda.Event()
             self.host.copy_(counts, non_blocking=True)
             self.event.record(torch.cuda.current_stream(counts.device))
-        else:
-            self.host = counts
+        else:  # nothing to wait for: read now
+            self.values, self.host = [int(c) for c in counts.tolist()], None
 
     def read(self) -> list[int]:
-        """The counts as Python ints (the first call waits for their copy; later calls return the same)."""
+        """The counts as Python ints (the first call on CUDA waits for their copy; later calls return the same)."""
         if self.values is None:
-            if self.event is not None:
-                self.event.synchronize()
+            self.event.synchronize()
             self.values = [int(c) for c in self.host.tolist()]
-            if self.event is not None:
-                HostCounts._free[self.key].append((self.host, self.event))
+            HostCounts._free[self.key].append((self.host, self.event))
             self.host = self.event = None
         return self.values
 

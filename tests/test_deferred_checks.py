@@ -1,0 +1,86 @@
+"""The targets' checks of the distillation and sequence losses never make the GPU wait for the host.
+
+Each loss counts its bad targets (and, for the sequence losses, its empty sequences) on the device and
+reads the counts on the host (:class:`kernels_lib._validate.HostCounts`) only once every kernel of the
+call is queued: a read at the start of the call would leave the GPU idle while the host launches the
+rest. On the CPU (and on a GPU) the order of reads and launches is checked for every loss, on the
+bench's own inputs; on CUDA the call also runs under ``torch.cuda.set_sync_debug_mode("error")``, so
+any synchronizing operation (``.item()``, a blocking copy, boolean indexing ...) fails the test with
+the operation named. KTO returns its chosen and rejected rewards split by label, tensors whose size
+the host must know: it syncs once by design and is checked for the order alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
+from kernels_lib import _distillation, _sequence_logprobs, _validate, default_device
+from kernels_lib.workbench.bench.registry import get_spec
+from kernels_lib.workbench.bench.timing import mode_callable
+
+DEVICE = default_device()
+
+DEFERRED = (
+    "distill_jsd_loss", "distill_cosine_loss", "fused_linear_dpo_loss", "kto_loss", "fused_linear_orpo_loss",
+    "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
+    "fused_linear_grpo_loss_sequence",
+)
+SYNCS_BY_DESIGN = {"kto_loss"}  # its reward outputs are split by label: their sizes are read on the host
+
+
+def bench_call(name: str):
+    """The loss's ``full`` call (forward and backward) on its bench's CPU-sized inputs."""
+    spec = get_spec(name)
+    fn = spec.providers["kernels_lib"].load()
+    small = spec.small
+    sizes = {**small["sizes"], small["x_name"]: small["x_values"][0]}
+    inputs = spec.make_inputs(sizes, small.get("dtype", torch.float32), DEVICE, dict(spec.default_options))
+    return mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+
+
+def logged(log: list, what: str, fn):
+    def wrapper(*args, **kwargs):
+        log.append(what)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@pytest.mark.parametrize("name", DEFERRED)
+def test_the_targets_checks_are_read_after_every_kernel_of_the_call_is_queued(name, monkeypatch):
+    full = bench_call(name)
+    log: list[str] = []
+    monkeypatch.setattr(_validate.HostCounts, "read", logged(log, "read", _validate.HostCounts.read))
+    for module, launcher in ((_distillation, "launch_distill_chunk"), (_sequence_logprobs, "launch_token_logprobs"),
+                             (_sequence_logprobs, "launch_token_logprobs_grad")):
+        monkeypatch.setattr(module, launcher, logged(log, "launch", getattr(module, launcher)))
+    full()
+    assert "launch" in log, f"{name}: no kernel launch seen (the test patches the wrong launchers)"
+    assert "read" in log, f"{name}: its targets' checks were never read on the host"
+    last_launch = len(log) - 1 - log[::-1].index("launch")
+    assert log.index("read") > last_launch, (
+        f"{name}: the targets' checks were read on the host before the call's last kernel was queued: {log}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in DEFERRED if n not in SYNCS_BY_DESIGN])
+def test_the_call_makes_no_host_sync(name):
+    full = bench_call(name)
+    full()  # compile first: the launchers' own first-call work is not the call's
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        full()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def test_host_counts_read_once_and_keep_their_values():
+    counts = torch.tensor([3, 0], device=DEVICE)
+    host = _validate.HostCounts(counts)
+    counts.zero_()  # the counts were taken when the check was made, not when it is read
+    first = host.read()
+    assert first == [3, 0] and all(type(c) is int for c in first), first
+    assert host.read() is first, "a second read must return the first one's values, not wait again"
