@@ -88,8 +88,10 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     return _sequence_logps(sums, counts, average)
 
 
-def _run(x, weight, bias, target, labels, kl, ref, counts, opts, shard=None):
-    """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss."""
+def _run(x, weight, bias, target, labels, n_desirable, kl, ref, counts, opts, shard=None):
+    """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss.
+    ``n_desirable``: the count of True labels (:class:`~kernels_lib._validate.HostCounts`, made before
+    the call's kernels), which sizes the split outputs without a sync."""
     beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate, needs = opts
     n_seqs, seq_len = target.shape
     desirable = labels.to(torch.float32)
@@ -115,7 +117,13 @@ def _run(x, weight, bias, target, labels, kl, ref, counts, opts, shard=None):
     )
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
-    aux = (beta * r[labels], beta * r[~labels], logps[labels], logps[~labels])
+    # The outputs split by label, in batch order, without boolean indexing (a host sync): the desirable
+    # examples' positions sort first, and the host knows how many there are.
+    positions = torch.arange(n_seqs, device=labels.device)
+    order = torch.argsort(torch.where(labels, positions, positions + n_seqs))
+    n = n_desirable.read()[0]
+    chosen, rejected = order[:n], order[n:]
+    aux = (beta * r[chosen], beta * r[rejected], logps[chosen], logps[rejected])
     return per_example.mean(), aux, grads
 
 
@@ -246,6 +254,7 @@ def fused_linear_kto(
     # With a process group every rank passed the check above on the same targets: this decides alike.
     check = check_targets("target", target, n_cols, ignore_index)
     counts = check.counts
+    n_desirable = v.HostCounts(preference_labels.sum())
     ref = _reference_logps(
         target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
     )
@@ -258,7 +267,7 @@ def fused_linear_kto(
     )
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, preference_labels, kl, ref, counts, opts, shard)
+        return _run(x_, w_, b_, target, preference_labels, n_desirable, kl, ref, counts, opts, shard)
 
     out = KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
     check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued

@@ -6,8 +6,7 @@ call is queued: a read at the start of the call would leave the GPU idle while t
 rest. On the CPU (and on a GPU) the order of reads and launches is checked for every loss, on the
 bench's own inputs; on CUDA the call also runs under ``torch.cuda.set_sync_debug_mode("error")``, so
 any synchronizing operation (``.item()``, a blocking copy, boolean indexing ...) fails the test with
-the operation named. KTO returns its chosen and rejected rewards split by label, tensors whose size
-the host must know: it syncs once by design and is checked for the order alone.
+the operation named (KTO's outputs split by label included: their sizes come the same way).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ DEFERRED = (
     "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
     "fused_linear_grpo_loss_sequence",
 )
-SYNCS_BY_DESIGN = {"kto_loss"}  # its reward outputs are split by label: their sizes are read on the host
 
 
 def bench_call(name: str):
@@ -64,7 +62,7 @@ def test_the_targets_checks_are_read_after_every_kernel_of_the_call_is_queued(na
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [n for n in DEFERRED if n not in SYNCS_BY_DESIGN])
+@pytest.mark.parametrize("name", DEFERRED)
 def test_the_call_makes_no_host_sync(name):
     full = bench_call(name)
     full()  # compile first: the launchers' own first-call work is not the call's
