@@ -8,6 +8,9 @@ bench's own inputs and options:
   (``timing.time_callable``: median, p20, p80);
 - the places where one call makes the host wait for the GPU (``studies.bench.timing.sync_sites``: ``.item()``, a
   blocking copy, ``nonzero`` …), ``; ``-joined in ``sync_sites`` (empty on the CPU);
+- with ``--timeline``, the GPU's own view of ten back-to-back calls (``studies.bench.timing.busy_timeline``): the
+  idle time per call between its kernels, the largest gaps with the kernels around them, and the CUDA runtime
+  calls the host spent longest in (a ``cudaFree`` or a synchronize there is the host waiting);
 - ``torch.profiler`` over three such calls: the CUDA time of **every** kernel name per call (no top-k cut, so the
   call's time less the kernels is the time the GPU sat idle), and the host's time per call (the profiler's
   CPU total of the call's top-level op is not taken: the wall time of three unsynchronized launches is).
@@ -34,7 +37,7 @@ from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec, registered_losses
 from kernels_lib.workbench.bench.timing import mode_callable, time_callable
-from studies.bench.timing import sync_sites
+from studies.bench.timing import busy_timeline, sync_sites
 
 SKIP = ("fused_linear_cross_entropy",)
 
@@ -69,11 +72,21 @@ def _profile(full, device: torch.device, calls: int = 3) -> tuple[list[dict], fl
     return kernels, host_ms
 
 
+def _timeline_columns(line) -> dict:
+    """A point's timeline columns: idle ms per call, its largest gaps and the host's longest runtime calls."""
+    if line is None:
+        return {}
+    gaps = "; ".join(f"{ms:.3f} ms after {a[:40]} before {b[:40]}" for ms, a, b in line.gaps[:3])
+    calls = "; ".join(f"{name} {ms:.3f} ms x{n:.1f}" for name, ms, n in line.host_calls)
+    return {"timeline_idle_ms": line.idle, "timeline_busy_ms": line.busy, "largest_gaps": gaps, "host_runtime_calls": calls}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--losses", default=",".join(n for n in registered_losses() if n not in SKIP))
     parser.add_argument("--points", choices=("ends", "all"), default="ends")
+    parser.add_argument("--timeline", action="store_true", help="also each point's GPU timeline (idle gaps, host's runtime calls)")
     parser.add_argument("--device", default="cuda", help="cpu: the CPU-sized workloads through the interpreter, a smoke test")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +109,7 @@ def main() -> None:
                 timing = time_callable(full, device, grad_to_none=inputs.grad_inputs)
                 listed, host_ms = _profile(full, device)
                 sites = "; ".join(sync_sites(full, device))
+                line = busy_timeline(full, device) if args.timeline else None
             except Exception as error:  # a loss that fails is a row that says so, not a lost run
                 times.append({**at, "ms_p50": float("nan"), "note": f"{type(error).__name__}: {str(error)[:200]}", **stamp})
                 print(f"[{i}/{len(losses)}] {name} {x_name}={x}: {type(error).__name__}", flush=True)
@@ -107,7 +121,8 @@ def main() -> None:
                     torch.cuda.empty_cache()
             busy = sum(k["cuda_ms"] for k in listed)
             times.append({**at, "ms_p50": timing.p50, "ms_p20": timing.p20, "ms_p80": timing.p80, "host_ms": host_ms,
-                          "kernels_ms": busy, "timer": timing.timer, "sync_sites": sites, "note": "", **stamp})
+                          "kernels_ms": busy, "timer": timing.timer, "sync_sites": sites, **_timeline_columns(line),
+                          "note": "", **stamp})
             kernels += [{**at, **k, **stamp} for k in listed]
             print(f"[{i}/{len(losses)}] {name} {x_name}={x}: {timing.p50:.3f} ms, kernels {busy:.3f} ms, host {host_ms:.3f} ms, "
                   f"{len(sites.split('; ')) if sites else 0} sync site(s)",
