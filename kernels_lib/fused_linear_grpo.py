@@ -284,7 +284,7 @@ def _masked_seq_mean(x, mask):
 def _global_masked_mean(x, mask):
     """TRL lines 3259–3265 on one process (as tensors, not ``.item()``)."""
     if x.shape[1] == 1:
-        local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device, dtype=x.dtype)
+        local_sum, local_count = x.sum(), torch.full((), float(x.shape[0]), device=x.device, dtype=x.dtype)
     else:
         local_sum, local_count = (x * mask).sum(), mask.sum().to(x.dtype)
     return local_sum / local_count.clamp(min=1.0)
@@ -374,9 +374,9 @@ def _sequence_scale(mask, opts, normalizer):
     if loss_type == "bnpo":
         scale = 1.0 / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
-        scale = torch.tensor(1.0 / (n_seqs * opts["max_completion_length"]), device=mask.device)
+        scale = torch.full((), 1.0 / (n_seqs * opts["max_completion_length"]), device=mask.device)
     elif loss_type == "luspo":
-        scale = torch.tensor(1.0 / n_seqs, device=mask.device)
+        scale = torch.full((), 1.0 / n_seqs, device=mask.device)
     else:
         scale = 1.0 / normalizer
     return scale.reshape(1, 1).expand(n_seqs, 1)
@@ -797,7 +797,9 @@ def fused_linear_grpo(
     if num_items_in_batch is None:
         normalizer = mask.sum().clamp(min=1.0)
     else:
-        normalizer = torch.as_tensor(num_items_in_batch, device=x.device).detach().to(torch.float32).reshape(())
+        normalizer = (num_items_in_batch.detach().to(device=x.device, dtype=torch.float32).reshape(())
+                      if isinstance(num_items_in_batch, torch.Tensor)  # a number: a fill, not a blocking copy
+                      else torch.full((), float(num_items_in_batch), dtype=torch.float32, device=x.device))
     grad_on = torch.is_grad_enabled()
     opts["needs"] = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
 
