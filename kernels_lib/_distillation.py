@@ -91,7 +91,8 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
 
     Args:
         student, teacher: ``(x, weight, bias)`` with ``x`` 2-D ``(N, H)``; the teacher's detached.
-        target: ``(N,)`` class indices in ``[0, V)`` or ``ignore_index`` (checked by the caller), or None.
+        target: ``(N,)`` class indices in ``[0, V)`` or ``ignore_index`` (any other refused by the caller's
+            :func:`check_targets` once the call is queued; the stage reads column 0 for it), or None.
         with_hard: compute the hard loss (needs ``target``).
         factors: a function ``() -> float32 (2,)`` device tensor ``(f_h, f_s)``: the gradient factors
             of every counted row (loss weight × reduction × ``soft.chain``); called when ``any(needs)``.

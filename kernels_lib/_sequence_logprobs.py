@@ -170,7 +170,8 @@ def sequence_logprobs(
     Args:
         x: ``(S·T, H)`` rows, sequence after sequence (``T = seq_len`` rows each).
         weight, bias: the head ``(V, H)`` and optional ``(V,)``.
-        target, target2: ``(S·T,)`` class indices in ``[0, V)`` or ``ignore_index`` (checked by the caller).
+        target, target2: ``(S·T,)`` class indices in ``[0, V)`` or ``ignore_index`` (any other refused by the
+            caller's :class:`TargetCheck` once the call is queued; the kernels read nothing for it).
         rows_per_chunk: a multiple of ``seq_len`` (see :func:`chunk_rows`); chunks never split a
             sequence, nor anything the caller's ``coefficients`` needs together.
         coefficients: turns a chunk's sums into the per-sequence weights ``w`` (and ``w2``);

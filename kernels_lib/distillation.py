@@ -35,8 +35,9 @@ by chunk with one kernel (:mod:`kernels_lib.kernels.distill_chunk`), the pipelin
 
 Cost: the two logits matmuls (:math:`2NVH_s + 2NVH_t` FLOPs) and ``dx``, ``dW`` (:math:`4NVH_s`);
 per chunk the kernel reads both logits chunks three times (JSD; twice for the cosine) and writes
-``dz`` once. Memory: two ``chunk × V`` buffers and the gradients. No host sync: the targets' range is
-counted on the device and read once the call's kernels are queued.
+``dz`` once. Memory: two ``chunk × V`` buffers and the gradients. The targets' range is counted on the
+device and read once the call's kernels are queued: no host sync in bfloat16 and float32 (in float16
+the gradient's scale is read on the host, from its largest factor).
 
 **Where we differ from Liger** (0.8.5): ``hard_loss`` and ``soft_loss`` are always returned, for
 logging, and carry no gradient (Liger returns them only with ``return_soft_hard_loss``; its

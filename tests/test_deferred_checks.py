@@ -28,13 +28,18 @@ DEFERRED = (
 )
 
 
-def bench_call(name: str):
-    """The loss's ``full`` call (forward and backward) on its bench's CPU-sized inputs."""
+def bench_inputs(name: str, **options):
+    """The loss's kernels_lib call and its bench's CPU-sized inputs (``options`` over the bench's defaults)."""
     spec = get_spec(name)
-    fn = spec.providers["kernels_lib"].load()
     small = spec.small
     sizes = {**small["sizes"], small["x_name"]: small["x_values"][0]}
-    inputs = spec.make_inputs(sizes, small.get("dtype", torch.float32), DEVICE, dict(spec.default_options))
+    inputs = spec.make_inputs(sizes, small.get("dtype", torch.float32), DEVICE, {**spec.default_options, **options})
+    return spec.providers["kernels_lib"].load(), inputs
+
+
+def bench_call(name: str, **options):
+    """The loss's ``full`` call (forward and backward) on its bench's CPU-sized inputs."""
+    fn, inputs = bench_inputs(name, **options)
     return mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
 
 
@@ -61,10 +66,16 @@ def test_the_targets_checks_are_read_after_every_kernel_of_the_call_is_queued(na
         f"{name}: the targets' checks were read on the host before the call's last kernel was queued: {log}")
 
 
+NO_SYNC_CASES = [(name, {}) for name in DEFERRED] + [
+    ("fused_linear_grpo_loss_token", {"loss_type": "dr_grpo"}),
+    ("fused_linear_grpo_loss_sequence", {"loss_type": "dapo", "num_items_in_batch": 7}),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", DEFERRED)
-def test_the_call_makes_no_host_sync(name):
-    full = bench_call(name)
+@pytest.mark.parametrize("name, options", NO_SYNC_CASES, ids=[f"{n}-{'-'.join(map(str, o.values())) or 'default'}" for n, o in NO_SYNC_CASES])
+def test_the_call_makes_no_host_sync(name, options):
+    full = bench_call(name, **options)
     full()  # compile first: the launchers' own first-call work is not the call's
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
@@ -73,6 +84,19 @@ def test_the_call_makes_no_host_sync(name):
         full()
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["distill_jsd_loss", "fused_linear_dpo_loss", "fused_linear_grpo_loss_token"])
+def test_a_far_out_of_range_target_is_refused_after_kernels_that_read_nothing_for_it(name):
+    """The kernels run before the check is read: a target of 10**9 must reach no memory (an illegal
+    address would surface at the synchronize) and still be refused, named."""
+    fn, inputs = bench_inputs(name)
+    target = next(a for a in inputs.args if isinstance(a, torch.Tensor) and not a.is_floating_point())
+    target.view(-1)[1] = 10**9
+    with pytest.raises(ValueError, match=r"target holds 1 value\(s\) outside"):
+        fn(*inputs.args, **inputs.kwargs)
+    torch.cuda.synchronize()
 
 
 def test_host_counts_read_once_and_keep_their_values():

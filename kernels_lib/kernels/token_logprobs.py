@@ -44,7 +44,8 @@ Vocabulary-parallel (:mod:`kernels_lib._vocab_parallel`): the chunk holds this r
 shard's own :math:`\mathrm{lse}_r` and, only where this shard owns the target, the log-prob under
 the shard's softmax :math:`z_y - \mathrm{lse}_r` (0 elsewhere); the caller merges them over the
 ranks and runs the gradient pass with the global lse and log-probs, whose :math:`\delta_{jy}` lands
-on the owner only. On one process ``col_offset = 0``: owned = valid.
+on the owner only. On one process ``col_offset = 0``: a valid target is owned unless it lies outside
+``[0, V)``; such a target (refused by the caller once the call is queued) is read nowhere.
 
 How
 ---
@@ -96,7 +97,8 @@ def token_logprobs_kernel(
     row_ptr = logits_ptr + row * stride_row
     cols = tl.arange(0, BLOCK_V)
     # Targets are global; y (y') below is the target's column in this row, in [0, n_cols) where this
-    # shard owns it (always, for a valid target, on one process).
+    # shard owns it. The owned test also keeps a target outside [0, V) on one process (refused by the
+    # caller after the call's kernels are queued) from reading past the row: keep it.
     y = tl.load(target_ptr + row).to(tl.int64)
     valid = y != ignore_index
     y -= col_offset
@@ -161,7 +163,8 @@ def launch_token_logprobs(
     """Stats pass on a ``rows × V`` chunk (unit stride along V): write ``lse``, ``logp`` (and ``logp2``).
 
     ``target`` (and ``target2``, given together with ``logp2``): ``rows`` class indices, each in
-    ``[0, V)`` or ``ignore_index`` (the caller checks). ``lse``, ``logp``, ``logp2``: float32
+    ``[0, V)`` or ``ignore_index`` (the caller refuses any other after the call; the kernel reads
+    nothing for it). ``lse``, ``logp``, ``logp2``: float32
     ``rows`` output buffers, written, never read (``torch.empty`` is fine). ``entropy``: optional
     float32 ``rows`` buffer for each row's softmax entropy (0 at ignored rows). ``col_offset``: the
     global class of the chunk's first column (a vocabulary shard; module docstring): ``lse`` and
