@@ -4,12 +4,15 @@ Each loss counts its bad targets (and, for the sequence losses, its empty sequen
 reads the counts on the host (:class:`kernels_lib._validate.HostCounts`) only once every kernel of the
 call is queued: a read at the start of the call would leave the GPU idle while the host launches the
 rest. On the CPU (and on a GPU) the order of reads and launches is checked for every loss, on the
-bench's own inputs; on CUDA the call also runs under ``torch.cuda.set_sync_debug_mode("error")``, so
+bench's own inputs, with every host read of a tensor the library makes (``.item()``, ``int(t)`` ...)
+logged beside them; on CUDA the call also runs under ``torch.cuda.set_sync_debug_mode("error")``, so
 any synchronizing operation (``.item()``, a blocking copy, boolean indexing ...) fails the test with
 the operation named (KTO's outputs split by label included: their sizes come the same way).
 """
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -50,20 +53,42 @@ def logged(log: list, what: str, fn):
     return wrapper
 
 
+#: Tensor methods that read a value on the host: each a sync on CUDA.
+HOST_READS = ("item", "tolist", "__int__", "__float__", "__bool__", "nonzero")
+
+
+def host_read_spy(log: list, what: str, fn):
+    """``fn`` that also logs ``"<what> file:line"`` when the library calls it (its own frame in ``kernels_lib``,
+    not the workbench), but for :class:`~kernels_lib._validate.HostCounts` reading CPU counts at once."""
+    def wrapper(self, *args, **kwargs):
+        frame = sys._getframe(1)
+        path, func = frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_name
+        if "/kernels_lib/" in path and "/workbench/" not in path and not (path.endswith("/_validate.py") and func == "__init__"):
+            log.append(f"{what} {path.split('/kernels_lib/')[-1]}:{frame.f_lineno}")
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
 @pytest.mark.parametrize("name", DEFERRED)
 def test_the_targets_checks_are_read_after_every_kernel_of_the_call_is_queued(name, monkeypatch):
+    """On the CPU as on a GPU: the checks' counts are read (``HostCounts.read``) after the call's last launch,
+    and the library reads no other tensor on the host before it (``.item()``, ``int(t)``, ``nonzero`` ...)."""
     full = bench_call(name)
     log: list[str] = []
     monkeypatch.setattr(_validate.HostCounts, "read", logged(log, "read", _validate.HostCounts.read))
     for module, launcher in ((_distillation, "launch_distill_chunk"), (_sequence_logprobs, "launch_token_logprobs"),
                              (_sequence_logprobs, "launch_token_logprobs_grad")):
         monkeypatch.setattr(module, launcher, logged(log, "launch", getattr(module, launcher)))
+    for method in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, method, host_read_spy(log, method, getattr(torch.Tensor, method)))
     full()
     assert "launch" in log, f"{name}: no kernel launch seen (the test patches the wrong launchers)"
     assert "read" in log, f"{name}: its targets' checks were never read on the host"
     last_launch = len(log) - 1 - log[::-1].index("launch")
     assert log.index("read") > last_launch, (
         f"{name}: the targets' checks were read on the host before the call's last kernel was queued: {log}")
+    early = sorted({entry for entry in log[:last_launch] if entry not in ("launch", "read")})
+    assert not early, f"{name}: tensors read on the host before the call's last kernel was queued (syncs on CUDA): {early}"
 
 
 NO_SYNC_CASES = [(name, {}) for name in DEFERRED] + [
