@@ -170,8 +170,7 @@ def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> v.Ran
     """The range check of ``target`` (values outside ``[0, n_cols)`` other than ``ignore_index``), counted
     on the device and read on the host only by the returned check's ``raise_if_bad``, which the caller
     runs once the call's kernels are queued (:class:`~kernels_lib._validate.RangeCheck`: no stall)."""
-    _, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    return v.RangeCheck(target, bad.sum(), n_cols, ignore_index)
+    return v.RangeCheck.of(target, n_cols, ignore_index)
 
 
 def validate_heads(student_x, student_weight, teacher_x, teacher_weight, target, student_bias, teacher_bias,

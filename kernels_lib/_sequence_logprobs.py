@@ -236,20 +236,27 @@ class TargetCheck:
     token at all), naming ``name``. The kernels read only in-range targets' entries, so the work done
     on a refused ``target`` is discarded, never out of bounds."""
 
-    def __init__(self, name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True):
+    def __init__(
+        self, name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True,
+        extra: tuple[torch.Tensor, ...] = (),
+    ):
         self.name, self.target, self.n_cols, self.ignore_index = name, target, n_cols, ignore_index
         self.every_sequence = every_sequence
         valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
         counts = valid.sum(-1)
         empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
         self.counts = counts.to(torch.float32)  #: valid tokens per sequence, float32 on the target's device
-        self.host = v.HostCounts(torch.stack([bad.sum(), empty.sum()]))
+        # One copy for the checks and the caller's ``extra`` integer scalars (read by :meth:`extra_counts`).
+        self.host = v.HostCounts(torch.stack([bad.sum(), empty.sum(), *(e.reshape(()).to(torch.int64) for e in extra)]))
+
+    def extra_counts(self) -> list[int]:
+        """The ``extra`` scalars as Python ints (waits for the checks' copy alone, never for the call's kernels)."""
+        return self.host.read()[2:]
 
     def raise_if_bad(self) -> None:
-        n_bad, n_empty = self.host.read()
+        n_bad, n_empty = self.host.read()[:2]
         if n_bad:
-            _, bad = v.out_of_range_targets(self.target, self.n_cols, self.ignore_index)
-            raise v.targets_out_of_range_error(self.name, self.target, bad, n_bad, self.n_cols, self.ignore_index)
+            v.raise_out_of_range(self.name, self.target, self.n_cols, self.ignore_index)
         if n_empty and self.every_sequence:
             first = torch.nonzero(self.counts == 0)[0, 0].item()
             raise ValueError(
@@ -261,11 +268,12 @@ class TargetCheck:
 
 
 def check_targets(
-    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True
+    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True,
+    extra: tuple[torch.Tensor, ...] = (),
 ) -> TargetCheck:
     """The :class:`TargetCheck` of ``target`` ``(S, T)``: its ``counts`` (valid tokens per sequence) for the
-    call, its ``raise_if_bad`` for the call's end."""
-    return TargetCheck(name, target, n_cols, ignore_index, every_sequence)
+    call, its ``raise_if_bad`` for the call's end; ``extra`` device scalars ride in the same host copy."""
+    return TargetCheck(name, target, n_cols, ignore_index, every_sequence, extra)
 
 
 class FusedSequenceLoss(torch.autograd.Function):

@@ -237,10 +237,24 @@ class RangeCheck:
     def __init__(self, target: torch.Tensor, n_bad: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target"):
         self.target, self.n_cols, self.ignore_index, self.name = target, n_cols, ignore_index, name
         self.counts = HostCounts(n_bad)
+        self.valid: torch.Tensor | None = None  #: the not-``ignore_index`` mask, when :meth:`of` made it
+
+    @classmethod
+    def of(cls, target: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target") -> "RangeCheck":
+        """The check of ``target`` counted from its masks (:func:`out_of_range_targets`); its ``valid``
+        mask stays on the check for callers that weigh tokens by it."""
+        valid, bad = out_of_range_targets(target, n_cols, ignore_index)
+        check = cls(target, bad.sum(), n_cols, ignore_index, name)
+        check.valid = valid
+        return check
 
     def raise_if_bad(self) -> None:
-        if not self.counts.read()[0]:
-            return
-        _, bad = out_of_range_targets(self.target, self.n_cols, self.ignore_index)
-        n_bad = int(bad.sum())
-        raise targets_out_of_range_error(self.name, self.target, bad, n_bad, self.n_cols, self.ignore_index)
+        if self.counts.read()[0]:
+            raise_out_of_range(self.name, self.target, self.n_cols, self.ignore_index)
+
+
+def raise_out_of_range(name: str, target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
+    """Raise :func:`targets_out_of_range_error` for ``target``, once its count said it holds a bad value
+    (the masks are made again here: only a refused call pays for them)."""
+    _, bad = out_of_range_targets(target, n_cols, ignore_index)
+    raise targets_out_of_range_error(name, target, bad, int(bad.sum()), n_cols, ignore_index)

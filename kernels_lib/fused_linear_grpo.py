@@ -634,8 +634,8 @@ def _check_targets(target, n_cols: int, ignore_index: int) -> tuple[torch.Tensor
     """The valid-target mask and the range check of values outside ``[0, V)``, read on the host only by
     its ``raise_if_bad`` once the call's kernels are queued (no stall). Sequences without a valid token
     are allowed (TRL clamps their token count to 1: they add 0)."""
-    valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-    return valid, v.RangeCheck(target, bad.sum(), n_cols, ignore_index)
+    check = v.RangeCheck.of(target, n_cols, ignore_index)
+    return check.valid, check
 
 
 def fused_linear_grpo(

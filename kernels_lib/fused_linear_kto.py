@@ -88,10 +88,10 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     return _sequence_logps(sums, counts, average)
 
 
-def _run(x, weight, bias, target, labels, n_desirable, kl, ref, counts, opts, shard=None):
+def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts, shard=None):
     """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss.
-    ``n_desirable``: the count of True labels (:class:`~kernels_lib._validate.HostCounts`, made before
-    the call's kernels), which sizes the split outputs without a sync."""
+    ``check``: the targets' :class:`~kernels_lib._sequence_logprobs.TargetCheck`, whose extra count (the
+    True labels, copied before the call's kernels) sizes the split outputs without a sync."""
     beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate, needs = opts
     n_seqs, seq_len = target.shape
     desirable = labels.to(torch.float32)
@@ -121,7 +121,7 @@ def _run(x, weight, bias, target, labels, n_desirable, kl, ref, counts, opts, sh
     # examples' positions sort first, and the host knows how many there are.
     positions = torch.arange(n_seqs, device=labels.device)
     order = torch.argsort(torch.where(labels, positions, positions + n_seqs))
-    n = n_desirable.read()[0]
+    n = check.extra_counts()[0]
     chosen, rejected = order[:n], order[n:]
     aux = (beta * r[chosen], beta * r[rejected], logps[chosen], logps[rejected])
     return per_example.mean(), aux, grads
@@ -252,9 +252,8 @@ def fused_linear_kto(
         )
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: this decides alike.
-    check = check_targets("target", target, n_cols, ignore_index)
+    check = check_targets("target", target, n_cols, ignore_index, extra=(preference_labels.sum(),))
     counts = check.counts
-    n_desirable = v.HostCounts(preference_labels.sum())
     ref = _reference_logps(
         target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
     )
@@ -268,7 +267,7 @@ def fused_linear_kto(
     )
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, preference_labels, n_desirable, kl, ref, counts, opts, shard)
+        return _run(x_, w_, b_, target, preference_labels, check, kl, ref, counts, opts, shard)
 
     out = KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
     check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued

@@ -131,3 +131,57 @@ def test_host_counts_read_once_and_keep_their_values():
     first = host.read()
     assert first == [3, 0] and all(type(c) is int for c in first), first
     assert host.read() is first, "a second read must return the first one's values, not wait again"
+
+
+def test_kto_reads_its_checks_and_its_label_count_through_one_host_copy(monkeypatch):
+    """KTO's desirable count (which sizes its split outputs) rides in the targets' check's one pinned copy:
+    one ``HostCounts`` per call, so one event to wait on, not two."""
+    full = bench_call("kto_loss")
+    made: list[int] = []
+    original = _validate.HostCounts.__init__
+
+    def counting(self, counts):
+        made.append(counts.numel())
+        original(self, counts)
+
+    monkeypatch.setattr(_validate.HostCounts, "__init__", counting)
+    full()
+    assert len(made) == 1, f"kto_loss made {len(made)} host copies of counts per call (sizes {made}); expected one"
+    assert made[0] == 3, f"kto_loss's one copy holds {made[0]} counts; expected 3 (bad targets, empty sequences, desirable)"
+
+
+def test_range_check_of_keeps_the_valid_mask_and_names_the_target():
+    target = torch.tensor([[0, -100, 4], [7, 2, -100]], device=DEVICE)
+    check = _validate.RangeCheck.of(target, 5, -100, name="labels")
+    assert torch.equal(check.valid, target != -100), "RangeCheck.of must keep the not-ignore_index mask"
+    with pytest.raises(ValueError, match=r"labels holds 1 value\(s\) outside \[0, 5\) .* \(e\.g\. 7\)"):
+        check.raise_if_bad()
+    _validate.RangeCheck.of(target.clamp(max=4), 5, -100).raise_if_bad()  # in range: no error
+
+
+#: Where the package may copy a host value onto the device with ``torch.tensor``/``torch.as_tensor``:
+#: the float64 reference (not a hot path) and the vocab-parallel handshake (which reads its facts
+#: on the host anyway, once per call, by design).
+HOST_COPY_ALLOWED = ("reference.py", "_vocab_parallel.py")
+
+
+def test_the_package_makes_no_device_tensor_from_a_host_value():
+    """``torch.tensor(number, device=cuda)`` is a blocking copy from pageable memory: a host sync on every
+    call. The library makes device scalars with a fill (``torch.full``) instead; this scan of the package's
+    source finds any new ``torch.tensor``/``torch.as_tensor`` given a ``device`` (the GPU no-sync test finds
+    only the calls it runs)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(kernels_lib.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("workbench/") or rel in HOST_COPY_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("tensor", "as_tensor") and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch" and any(k.arg == "device" for k in node.keywords)):
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"device tensors made from host values (a blocking copy per call; use torch.full): {found}"
