@@ -105,3 +105,26 @@ def test_jsd_log_ab_arm_runs_the_study_kernel():
     with constants_set({"kernels_lib.kernels.jsd": {"jsd_kernel": Refuses()}}), pytest.raises(RuntimeError, match="arm's kernel"):
         kernels_lib.jsd(x, y, beta=0.5)
     assert module.jsd_kernel is library
+
+
+def test_host_sync_ab_script_runs_both_libraries_interleaved(tmp_path):
+    """The old/new A/B at CPU size, with this tree as the "old" copy: the old arm calls the package
+    imported as ``kernels_lib_old``, and each loss has a new and an old row with its ratio quantiles."""
+    import importlib
+    from pathlib import Path
+
+    import pandas as pd
+
+    import kernels_lib
+
+    script = importlib.import_module("studies.host_sync_ab")
+    root = Path(kernels_lib.__file__).parent.parent
+    args = ["--old", str(root), "--old-commit", "same", "--out", str(tmp_path), "--losses", "kto_loss,distill_jsd_loss",
+            "--samples", "2"]
+    assert script.main(args) == 0
+    new = importlib.import_module("kernels_lib.fused_linear_kto").fused_linear_kto
+    assert script.counterpart(new).__module__ == "kernels_lib_old.fused_linear_kto"
+    rows = pd.read_csv(tmp_path / script.FILE)
+    assert len(rows) == 4 and set(rows.kernel_provider) == {"new", "old"}
+    assert set(rows[rows.kernel_provider == "old"].arm_commit) == {"same"}
+    assert (rows[["ms_50", "ratio_50"]] > 0).all().all() and (rows[rows.kernel_provider == "old"].ratio_50 == 1).all()
