@@ -128,3 +128,24 @@ def test_host_sync_ab_script_runs_both_libraries_interleaved(tmp_path):
     assert len(rows) == 4 and set(rows.kernel_provider) == {"new", "old"}
     assert set(rows[rows.kernel_provider == "old"].arm_commit) == {"same"}
     assert (rows[["ms_50", "ratio_50"]] > 0).all().all() and (rows[rows.kernel_provider == "old"].ratio_50 == 1).all()
+
+
+def test_ce_resident_ab_script_small_path(tmp_path):
+    """The resident-row A/B at CPU size: each chart and V has a row per limit, the limit restored after,
+    and a longer resident row gives the same loss and gradient (rel_diff at float32 rounding)."""
+    import importlib
+
+    import pandas as pd
+
+    from kernels_lib.kernels import cross_entropy_rows
+
+    script = importlib.import_module("studies.ce_resident_ab")
+    before = cross_entropy_rows.RESIDENT_MAX_COLS
+    args = ["--out", str(tmp_path), "--size", "small", "--vocab", "2048", "--limits", "1024,4096", "--samples", "2"]
+    assert script.main(args) == 0
+    assert cross_entropy_rows.RESIDENT_MAX_COLS == before, "the A/B must leave the library's limit as it found it"
+    rows = pd.read_csv(tmp_path / script.FILE)
+    assert len(rows) == 4 and set(rows.chart) == set(script.CHARTS)
+    assert list(rows.resident) == [False, True, False, True]
+    assert (rows.rel_diff < 1e-5).all()
+    assert (rows.ms_50 > 0).all() and "kernels_lib_commit" in rows.columns

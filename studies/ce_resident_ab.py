@@ -1,0 +1,121 @@
+"""How long a row the logits cross-entropy's fused forward should hold whole in registers: an interleaved A/B of
+``kernels_lib.kernels.cross_entropy_rows.RESIDENT_MAX_COLS``, on one CUDA GPU.
+
+A row of at most ``RESIDENT_MAX_COLS`` logits is read once (pass 2 writes the gradient from the registers pass 1
+filled): ``2·N·V·e`` bytes, the floor, against ``3·N·V·e`` for two reads. The library holds rows up to 16384
+float32 logits (32 a thread at 16 warps); at 32768 a thread holds 64, and the question is whether the register
+pressure (one 16-warp block per SM) costs more than the second read saves. For each chart (the fp32 ``mean``
+chart ``cross_entropy``, the bf16 ``sum`` chart ``megatron_cross_entropy``) at ``--vocab`` sizes, the ``full``
+call (forward with the gradient, backward) with each ``--limits`` value, timed by
+``studies.bench.timing.paired_times`` (the arms called alternately, each alone after an L2 flush; the per-sample
+ratio to the first arm cancels the GPU's drift), beside the bytes floor at the run's copy bandwidth
+(``2·N·V·e`` at ``ceilings.csv``'s copy rate, measured in the same run), with each arm's loss and gradient
+against the first arm's (``rel_diff``). Writes ``ce_resident_ab.csv`` to ``--out`` (append it to
+``data/measured/gpu_runs/``).
+
+    KERNELS_LIB_COMMIT=<commit> PYTHONPATH=$PWD python -m studies.ce_resident_ab --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from kernels_lib import default_device
+from kernels_lib.kernels import cross_entropy_rows
+from kernels_lib.workbench.bench.ceilings import measure_ceilings
+from kernels_lib.workbench.bench.environment import provenance
+from kernels_lib.workbench.bench.registry import get_spec
+from kernels_lib.workbench.bench.timing import mode_callable
+from studies.bench.timing import paired_summary, paired_times
+
+FILE = "ce_resident_ab.csv"
+CHARTS = ("cross_entropy", "megatron_cross_entropy")
+
+
+class ResidentLimit:
+    """``RESIDENT_MAX_COLS`` set to ``limit`` inside the block (restored after)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def __enter__(self):
+        self.before, cross_entropy_rows.RESIDENT_MAX_COLS = cross_entropy_rows.RESIDENT_MAX_COLS, self.limit
+
+    def __exit__(self, *exc):
+        cross_entropy_rows.RESIDENT_MAX_COLS = self.before
+
+
+def arm_call(fn, inputs, limit: int):
+    """The ``full`` call with the limit set for its launches (forward and backward)."""
+    full = mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
+
+    def call():
+        with ResidentLimit(limit):
+            full()
+
+    return call
+
+
+def outputs(fn, inputs, limit: int) -> torch.Tensor:
+    """The loss and the logits' gradient of one call at ``limit``, flattened in float64."""
+    for t in inputs.grad_inputs:
+        t.grad = None
+    with ResidentLimit(limit):
+        loss = fn(*inputs.args, **inputs.kwargs)
+        loss.backward()
+    return torch.cat([loss.detach().double().reshape(-1)] + [t.grad.double().reshape(-1) for t in inputs.grad_inputs])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--limits", default="16384,32768", help="RESIDENT_MAX_COLS per arm; the first is the reference")
+    parser.add_argument("--vocab", default="16384,32768", help="V values (default: where the arms differ, and one below)")
+    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--size", choices=("published", "small"), default="published")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = default_device()
+    limits = [int(v) for v in args.limits.split(",")]
+    stamp = provenance(device)
+    ceilings = measure_ceilings(device) if device.type == "cuda" else pd.DataFrame()
+    copy_gbs = float(dict(zip(ceilings.kernel_name, ceilings.y_value_50))["copy"]) if len(ceilings) else float("nan")
+    rows = []
+    for chart in CHARTS:
+        spec = get_spec(chart)
+        preset = spec.published if args.size == "published" else spec.small
+        fn = spec.providers["kernels_lib"].load()
+        for v in (int(x) for x in args.vocab.split(",")):
+            inputs = spec.make_inputs({**preset["sizes"], "V": v}, preset["dtype"], device, dict(spec.default_options))
+            logits = inputs.grad_inputs[0]
+            floor_ms = 2 * logits.numel() * logits.element_size() / (copy_gbs * 1e9) * 1e3
+            ref = outputs(fn, inputs, limits[0])
+            diffs = [float((outputs(fn, inputs, limit) - ref).norm() / ref.norm()) for limit in limits]
+            calls = [arm_call(fn, inputs, limit) for limit in limits]
+            for call in calls:  # compile each arm's kernel first
+                call(), call()
+            times = paired_times(calls, device, samples=args.samples, grad_to_none=inputs.grad_inputs)
+            names = [f"resident<={limit}" for limit in limits]
+            for row, limit, diff in zip(paired_summary(times, names, against=names[0]), limits, diffs):
+                rows.append({"chart": chart, "V": v, "resident_max_cols": limit, "resident": v <= limit, **row,
+                             "floor_ms (2 N V e at copy rate)": floor_ms, "rel_diff": diff, **stamp})
+            on = rows[-1]
+            print(f"{chart} V={v}: resident<={limits[-1]} / resident<={limits[0]} = {on['ratio_50']:.3f} "
+                  f"(p20 {on['ratio_20']:.3f}, p80 {on['ratio_80']:.3f}); {on['ms_50']:.3f} ms, floor {floor_ms:.3f} ms",
+                  flush=True)
+            inputs = calls = ref = logits = None
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        pd.DataFrame(rows).to_csv(args.out / FILE, index=False)  # written as it goes
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
