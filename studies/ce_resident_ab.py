@@ -19,7 +19,6 @@ against the first arm's (``rel_diff``). Writes ``ce_resident_ab.csv`` to ``--out
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
@@ -27,28 +26,21 @@ import pandas as pd
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.kernels import cross_entropy_rows
 from kernels_lib.workbench.bench.ceilings import measure_ceilings
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable
-from studies.bench.timing import paired_summary, paired_times
+from kernels_lib.workbench.training_step import free_memory
+from studies.bench.arms import constants_set
+from studies.bench.timing import paired_summary, paired_times, ratio_text
 
 FILE = "ce_resident_ab.csv"
 CHARTS = ("cross_entropy", "megatron_cross_entropy")
 
 
-class ResidentLimit:
-    """``RESIDENT_MAX_COLS`` set to ``limit`` inside the block (restored after)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-
-    def __enter__(self):
-        self.before, cross_entropy_rows.RESIDENT_MAX_COLS = cross_entropy_rows.RESIDENT_MAX_COLS, self.limit
-
-    def __exit__(self, *exc):
-        cross_entropy_rows.RESIDENT_MAX_COLS = self.before
+def resident_limit(limit: int):
+    """``RESIDENT_MAX_COLS`` set to ``limit`` inside the ``with`` (put back after)."""
+    return constants_set({"kernels_lib.kernels.cross_entropy_rows": {"RESIDENT_MAX_COLS": limit}})
 
 
 def arm_call(fn, inputs, limit: int):
@@ -56,7 +48,7 @@ def arm_call(fn, inputs, limit: int):
     full = mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
 
     def call():
-        with ResidentLimit(limit):
+        with resident_limit(limit):
             full()
 
     return call
@@ -66,7 +58,7 @@ def outputs(fn, inputs, limit: int) -> torch.Tensor:
     """The loss and the logits' gradient of one call at ``limit``, flattened in float64."""
     for t in inputs.grad_inputs:
         t.grad = None
-    with ResidentLimit(limit):
+    with resident_limit(limit):
         loss = fn(*inputs.args, **inputs.kwargs)
         loss.backward()
     return torch.cat([loss.detach().double().reshape(-1)] + [t.grad.double().reshape(-1) for t in inputs.grad_inputs])
@@ -106,13 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"chart": chart, "V": v, "resident_max_cols": limit, "resident": v <= limit, **row,
                              "floor_ms (2 N V e at copy rate)": floor_ms, "rel_diff": diff, **stamp})
             on = rows[-1]
-            print(f"{chart} V={v}: resident<={limits[-1]} / resident<={limits[0]} = {on['ratio_50']:.3f} "
-                  f"(p20 {on['ratio_20']:.3f}, p80 {on['ratio_80']:.3f}); {on['ms_50']:.3f} ms, floor {floor_ms:.3f} ms",
-                  flush=True)
+            print(f"{chart} V={v}: resident<={limits[-1]} / resident<={limits[0]} = {ratio_text(on)}; "
+                  f"{on['ms_50']:.3f} ms, floor {floor_ms:.3f} ms", flush=True)
             inputs = calls = ref = logits = None
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            free_memory(device)
         pd.DataFrame(rows).to_csv(args.out / FILE, index=False)  # written as it goes
     return 0
 

@@ -16,7 +16,6 @@ published chart (``--points all`` for every x), bf16, the bench's inputs and opt
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import importlib.util
 import sys
@@ -29,7 +28,8 @@ from kernels_lib import default_device
 from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable
-from studies.bench.timing import paired_summary, paired_times
+from kernels_lib.workbench.training_step import free_memory
+from studies.bench.timing import paired_summary, paired_times, ratio_text
 
 FILE = "host_sync_paired_ab.csv"
 LOSSES = (
@@ -90,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"loss": name, "x_name": workload["x_name"], "x_value": x, **row, **stamp,
                              "arm_commit": commit})
             new_row = rows[-2]
-            print(f"[{i}/{len(losses)}] {name} {workload['x_name']}={x}: new/old {new_row['ratio_50']:.3f} "
-                  f"(p20 {new_row['ratio_20']:.3f}, p80 {new_row['ratio_80']:.3f}), new {new_row['ms_50']:.3f} ms", flush=True)
+            print(f"[{i}/{len(losses)}] {name} {workload['x_name']}={x}: new/old {ratio_text(new_row)}, "
+                  f"new {new_row['ms_50']:.3f} ms", flush=True)
             inputs = fns = None
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            free_memory(device)
         pd.DataFrame(rows).to_csv(args.out / FILE, index=False)  # written as it goes
     return 0
 

@@ -154,6 +154,11 @@ def paired_times(fns: list[Callable[[], None]], device: torch.device, *, samples
     return out
 
 
+def ratio_text(row: dict) -> str:
+    """A :func:`paired_summary` row's ratio as one line: ``median (p20 …, p80 …)``."""
+    return f"{row['ratio_50']:.3f} (p20 {row['ratio_20']:.3f}, p80 {row['ratio_80']:.3f})"
+
+
 def paired_summary(times: np.ndarray, names: list[str], against: str) -> list[dict]:
     """Per function of :func:`paired_times`'s ``times`` (named ``names``): the median and p20/p80 of its
     ms, and of its per-sample ratio to the function named ``against`` (1 for that one): the ratio's
