@@ -184,6 +184,15 @@ def targets_out_of_range_error(name: str, target: torch.Tensor, bad: torch.Tenso
     )
 
 
+def device_scalar(value, device: torch.device) -> torch.Tensor:
+    """``value`` (a tensor or a Python number) as a detached float32 scalar on ``device``: a tensor is moved,
+    a number filled in place on the device (``torch.tensor(number, device=cuda)`` would be a blocking copy
+    from the host on every call)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float32).reshape(())
+    return torch.full((), float(value), dtype=torch.float32, device=device)
+
+
 class HostCounts:
     """A few integer counts made on the device, read on the host without stalling the GPU.
 

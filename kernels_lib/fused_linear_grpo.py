@@ -797,9 +797,7 @@ def fused_linear_grpo(
     if num_items_in_batch is None:
         normalizer = mask.sum().clamp(min=1.0)
     else:
-        normalizer = (num_items_in_batch.detach().to(device=x.device, dtype=torch.float32).reshape(())
-                      if isinstance(num_items_in_batch, torch.Tensor)  # a number: a fill, not a blocking copy
-                      else torch.full((), float(num_items_in_batch), dtype=torch.float32, device=x.device))
+        normalizer = v.device_scalar(num_items_in_batch, x.device)
     grad_on = torch.is_grad_enabled()
     opts["needs"] = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
 

@@ -257,9 +257,7 @@ def fused_linear_kto(
     ref = _reference_logps(
         target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
     )
-    if not isinstance(kl, torch.Tensor):  # None or a number: a fill, not a blocking copy
-        kl = torch.full((), 0.0 if kl is None else float(kl), device=x.device)
-    kl = kl.detach().to(device=x.device, dtype=torch.float32).reshape(())
+    kl = v.device_scalar(0.0 if kl is None else kl, x.device)
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = (
         float(beta), ignore_index, average_log_prob, float(desirable_weight), float(undesirable_weight),
