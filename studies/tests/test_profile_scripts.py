@@ -149,3 +149,22 @@ def test_ce_resident_ab_script_small_path(tmp_path):
     assert list(rows.resident) == [False, True, False, True]
     assert (rows.rel_diff < 1e-5).all()
     assert (rows.ms_50 > 0).all() and "kernels_lib_commit" in rows.columns
+
+
+def test_sustained_matmul_script_cpu_path(tmp_path):
+    """The sustained-rate study at CPU size: a row per product, starts increasing, a burst filled to its length,
+    and an unknown shape refused by name."""
+    import importlib
+
+    import pandas as pd
+    import pytest
+
+    script = importlib.import_module("studies.sustained_matmul")
+    assert script.main(["--out", str(tmp_path), "--bursts", "1,3", "--shapes", "8192^3"]) == 0
+    rows = pd.read_csv(tmp_path / script.FILE)
+    assert set(rows.burst_ms) == {1.0, 3.0} and (rows.ms > 0).all() and (rows.tflops > 0).all()
+    for _, burst in rows.groupby("burst_ms"):
+        assert burst.start_ms.is_monotonic_increasing and list(burst["product"]) == list(range(len(burst)))
+    assert rows[rows.burst_ms == 3.0]["product"].max() > rows[rows.burst_ms == 1.0]["product"].max()
+    with pytest.raises(ValueError, match="--shapes"):
+        script.main(["--out", str(tmp_path), "--shapes", "4096^3"])
