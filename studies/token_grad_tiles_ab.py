@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--losses", default=",".join(LOSSES))
-    parser.add_argument("--tiles", default="32x512w4,16x1024w8,64x256w8")
+    parser.add_argument("--tiles", default="16x1024w8,16x512w4,32x512w8,8x2048w8")
     parser.add_argument("--points", choices=("ends", "all"), default="ends", help="the chart's smallest and largest x, or all")
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--size", choices=("published", "small"), default="published")

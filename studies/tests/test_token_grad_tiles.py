@@ -168,3 +168,41 @@ def test_token_grad_tiles_ab_script_small_path(tmp_path):
     rows = pd.read_csv(tmp_path / script.FILE)
     assert len(rows) == 4 and list(rows.kernel_provider) == ["library", "8x64w2"] * 2
     assert rows.bias.all() and (rows.rel_diff < 1e-5).all() and (rows.ms_50 > 0).all()
+
+
+_COMPILE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from studies.kernels import token_grad_tiles as m
+sig = {"logits_ptr": "*bf16", "stride_row": "i64", "target_ptr": "*i64", "target2_ptr": "*i64", "lse_ptr": "*fp32",
+       "one_minus_p_ptr": "*fp32", "weight_ptr": "*fp32", "weight2_ptr": "*fp32", "partial_ptr": "*fp32",
+       "n_rows": "i32", "rows_per_weight": "i32", "n_cols": "i32", "col_offset": "i32", "ignore_index": "i32"}
+out = []
+block_r, block_v, warps = m.TILE
+for second, sums in ((False, True), (True, True)):
+    const = dict(HAS_SECOND=second, WITH_SUMS=sums, BLOCK_R=block_r, BLOCK_V=block_v)
+    s = dict(sig, **{n: "constexpr" for n in const})
+    k = triton.compile(ASTSource(m.token_grad_tiles_kernel, s, constexprs={(list(s).index(n),): v for n, v in const.items()}),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    out.append(dict(second=second, ex2=k.asm["ptx"].count("ex2.approx"), cubin=len(k.asm["cubin"])))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_the_default_tile_compiles_for_sm90():
+    """Triton's compiler (not the interpreter, in a subprocess) builds the tiled pass for sm_90 at the default tile,
+    with one and two targets and the column sums: what the A/B launches first on a GPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = json.loads(done.stdout.split("RESULT")[-1])
+    assert len(cases) == 2 and all(c["ex2"] > 0 and c["cubin"] > 0 for c in cases), cases
