@@ -31,8 +31,8 @@ from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable
 from kernels_lib.workbench.training_step import free_memory
-from studies.bench.arms import constants_set
-from studies.bench.timing import paired_summary, paired_times, ratio_text
+from studies.bench.arms import constants_set, flat_outputs, within
+from studies.bench.timing import paired_arms, ratio_text
 
 FILE = "ce_resident_ab.csv"
 CHARTS = ("cross_entropy", "megatron_cross_entropy")
@@ -41,27 +41,6 @@ CHARTS = ("cross_entropy", "megatron_cross_entropy")
 def resident_limit(limit: int):
     """``RESIDENT_MAX_COLS`` set to ``limit`` inside the ``with`` (put back after)."""
     return constants_set({"kernels_lib.kernels.cross_entropy_rows": {"RESIDENT_MAX_COLS": limit}})
-
-
-def arm_call(fn, inputs, limit: int):
-    """The ``full`` call with the limit set for its launches (forward and backward)."""
-    full = mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
-
-    def call():
-        with resident_limit(limit):
-            full()
-
-    return call
-
-
-def outputs(fn, inputs, limit: int) -> torch.Tensor:
-    """The loss and the logits' gradient of one call at ``limit``, flattened in float64."""
-    for t in inputs.grad_inputs:
-        t.grad = None
-    with resident_limit(limit):
-        loss = fn(*inputs.args, **inputs.kwargs)
-        loss.backward()
-    return torch.cat([loss.detach().double().reshape(-1)] + [t.grad.double().reshape(-1) for t in inputs.grad_inputs])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,20 +66,21 @@ def main(argv: list[str] | None = None) -> int:
             inputs = spec.make_inputs({**preset["sizes"], "V": v}, preset["dtype"], device, dict(spec.default_options))
             logits = inputs.grad_inputs[0]
             floor_ms = 2 * logits.numel() * logits.element_size() / (copy_gbs * 1e9) * 1e3
-            ref = outputs(fn, inputs, limits[0])
-            diffs = [float((outputs(fn, inputs, limit) - ref).norm() / ref.norm()) for limit in limits]
-            calls = [arm_call(fn, inputs, limit) for limit in limits]
-            for call in calls:  # compile each arm's kernel first
-                call(), call()
-            times = paired_times(calls, device, samples=args.samples, grad_to_none=inputs.grad_inputs)
+            call = lambda: fn(*inputs.args, **inputs.kwargs)  # noqa: E731
+            ref = flat_outputs(call, inputs.grad_inputs, lambda: resident_limit(limits[0]))
+            diffs = [float((flat_outputs(call, inputs.grad_inputs, lambda lim=limit: resident_limit(lim)) - ref).norm()
+                           / ref.norm()) for limit in limits]
+            full = mode_callable(call, inputs.grad_inputs, "full")
+            calls = [within(lambda lim=limit: resident_limit(lim), full) for limit in limits]
             names = [f"resident<={limit}" for limit in limits]
-            for row, limit, diff in zip(paired_summary(times, names, against=names[0]), limits, diffs):
+            summary = paired_arms(calls, names, names[0], device, samples=args.samples, grad_to_none=inputs.grad_inputs)
+            for row, limit, diff in zip(summary, limits, diffs):
                 rows.append({"chart": chart, "V": v, "resident_max_cols": limit, "resident": v <= limit, **row,
                              "floor_ms (2 N V e at copy rate)": floor_ms, "rel_diff": diff, **stamp})
             on = rows[-1]
             print(f"{chart} V={v}: resident<={limits[-1]} / resident<={limits[0]} = {ratio_text(on)}; "
                   f"{on['ms_50']:.3f} ms, floor {floor_ms:.3f} ms", flush=True)
-            inputs = calls = ref = logits = None
+            inputs = calls = ref = logits = full = call = None
             free_memory(device)
         pd.DataFrame(rows).to_csv(args.out / FILE, index=False)  # written as it goes
     return 0

@@ -29,7 +29,7 @@ from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable
 from kernels_lib.workbench.training_step import free_memory
-from studies.bench.timing import paired_summary, paired_times, ratio_text
+from studies.bench.timing import paired_arms, ratio_text
 
 FILE = "host_sync_paired_ab.csv"
 LOSSES = (
@@ -81,11 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             sizes = {**workload["sizes"], workload["x_name"]: x}
             inputs = spec.make_inputs(sizes, workload.get("dtype", torch.bfloat16), device, dict(spec.default_options))
             fns = [mode_callable(lambda f=f: f(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full") for f in (new, old)]
-            for fn in fns:  # warm-up: compile and fill the allocator's cache
-                fn(), fn()
-            times = paired_times(fns, device, samples=args.samples, grad_to_none=inputs.grad_inputs)
             arms = ["new", "old"]
-            for row in paired_summary(times, arms, against="old"):
+            for row in paired_arms(fns, arms, "old", device, samples=args.samples, grad_to_none=inputs.grad_inputs):
                 commit = stamp["kernels_lib_commit"] if row["kernel_provider"] == "new" else args.old_commit
                 rows.append({"loss": name, "x_name": workload["x_name"], "x_value": x, **row, **stamp,
                              "arm_commit": commit})

@@ -29,8 +29,8 @@ from kernels_lib.workbench.bench.environment import provenance
 from kernels_lib.workbench.bench.registry import get_spec
 from kernels_lib.workbench.bench.timing import mode_callable
 from kernels_lib.workbench.training_step import free_memory
-from studies.bench.arms import constants_set
-from studies.bench.timing import paired_summary, paired_times, ratio_text
+from studies.bench.arms import constants_set, flat_outputs, within
+from studies.bench.timing import paired_arms, ratio_text
 from studies.kernels.token_grad_tiles import arm
 
 FILE = "token_grad_tiles_ab.csv"
@@ -53,17 +53,6 @@ def parse_tile(text: str) -> tuple[int, int, int]:
 def arm_context(tile):
     """The library's code (``tile`` None) or the tiled pass with ``tile``, for the calls inside."""
     return contextlib.nullcontext() if tile is None else constants_set(arm(tile))
-
-
-def outputs(fn, inputs, tile) -> torch.Tensor:
-    """The loss and every gradient of one ``full`` call in an arm, flattened in float64."""
-    for t in inputs.grad_inputs:
-        t.grad = None
-    with arm_context(tile):
-        out = fn(*inputs.args, **inputs.kwargs)
-        loss = out.loss if hasattr(out, "loss") else out
-        loss.backward()
-    return torch.cat([loss.detach().double().reshape(-1)] + [t.grad.double().reshape(-1) for t in inputs.grad_inputs])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,28 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         for x in xs if args.points == "all" else sorted({xs[0], xs[-1]}):
             sizes = {**workload["sizes"], workload["x_name"]: x}
             inputs = spec.make_inputs(sizes, workload.get("dtype", torch.bfloat16), device, dict(spec.default_options))
-            ref = outputs(fn, inputs, None)
-            diffs = [float((outputs(fn, inputs, tile) - ref).norm() / ref.norm()) for tile in tiles]
-            full = mode_callable(lambda: fn(*inputs.args, **inputs.kwargs), inputs.grad_inputs, "full")
-
-            def call_in(tile):
-                def call():
-                    with arm_context(tile):
-                        full()
-                return call
-
-            calls = [call_in(tile) for tile in tiles]
-            for call in calls:  # compile each arm's kernels and fill the allocator's cache
-                call(), call()
-            times = paired_times(calls, device, samples=args.samples, grad_to_none=inputs.grad_inputs)
-            for row, diff in zip(paired_summary(times, names, against="library"), diffs):
+            call = lambda: fn(*inputs.args, **inputs.kwargs)  # noqa: E731
+            ref = flat_outputs(call, inputs.grad_inputs)
+            diffs = [float((flat_outputs(call, inputs.grad_inputs, lambda t=tile: arm_context(t)) - ref).norm()
+                           / ref.norm()) for tile in tiles]
+            full = mode_callable(call, inputs.grad_inputs, "full")
+            calls = [within(lambda t=tile: arm_context(t), full) for tile in tiles]
+            summary = paired_arms(calls, names, "library", device, samples=args.samples, grad_to_none=inputs.grad_inputs)
+            for row, diff in zip(summary, diffs):
                 rows.append({"loss": name, "x_name": workload["x_name"], "x_value": x,
                              "bias": bool(dict(spec.default_options).get("bias", False)),
                              **row, "rel_diff": diff, **stamp})
             best = min(rows[-len(tiles) + 1:], key=lambda r: r["ms_50"])
             print(f"[{i}/{len(losses)}] {name} {workload['x_name']}={x}: best {best['kernel_provider']} / library "
                   f"{ratio_text(best)}", flush=True)
-            inputs = calls = ref = full = None
+            inputs = calls = ref = full = call = None
             free_memory(device)
         pd.DataFrame(rows).to_csv(args.out / FILE, index=False)  # written as it goes
     return 0

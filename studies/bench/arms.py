@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -33,3 +33,27 @@ def constants_set(settings: dict[str, dict[str, object]]) -> Iterator[None]:
     finally:
         for module, key, value in reversed(saved):
             setattr(module, key, value)
+
+
+def within(make_context: Callable[[], contextlib.AbstractContextManager], fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` run inside a fresh ``make_context()`` at each call: an arm's timed callable."""
+
+    def call():
+        with make_context():
+            fn()
+
+    return call
+
+
+def flat_outputs(fn: Callable[[], object], grad_inputs, make_context=contextlib.nullcontext):
+    """The loss of ``fn()`` (a tensor, or a result with ``.loss``) and the gradients it leaves on ``grad_inputs``,
+    run inside ``make_context()``, flattened into one float64 vector (an arm's outputs, to set against another's)."""
+    import torch
+
+    for t in grad_inputs:
+        t.grad = None
+    with make_context():
+        out = fn()
+        loss = out.loss if hasattr(out, "loss") else out
+        loss.backward()
+    return torch.cat([loss.detach().double().reshape(-1)] + [t.grad.double().reshape(-1) for t in grad_inputs])

@@ -171,3 +171,14 @@ def paired_summary(times: np.ndarray, names: list[str], against: str) -> list[di
                      **{f"ms_{int(q * 100)}": float(np.quantile(ms, q)) for q in QUANTILES},
                      **{f"ratio_{int(q * 100)}": float(np.quantile(ratio, q)) for q in QUANTILES}})
     return rows
+
+
+def paired_arms(calls: list[Callable[[], None]], names: list[str], against: str, device: torch.device, *, samples: int,
+                grad_to_none=None, warmups: int = 2) -> list[dict]:
+    """Each of ``calls`` run ``warmups`` times (compile, fill the allocator's cache), then timed interleaved
+    (:func:`paired_times`) and summarized per call (:func:`paired_summary`, ratios to the one named ``against``)."""
+    for call in calls:
+        for _ in range(warmups):
+            call()
+    times = paired_times(calls, device, samples=samples, grad_to_none=grad_to_none)
+    return paired_summary(times, names, against=against)

@@ -41,3 +41,31 @@ def test_corrupt_gpu_run_file_is_named(kind, tmp_path, monkeypatch):
     with pytest.raises(Exception) as info:
         flce_studies.load_run("dial")
     assert str(path) in str(info.value)
+
+
+def test_within_enters_a_fresh_context_at_each_call_and_flat_outputs_reads_loss_and_grads():
+    import contextlib
+    from collections import namedtuple
+
+    import torch
+
+    from studies.bench.arms import flat_outputs, within
+
+    entered = []
+
+    @contextlib.contextmanager
+    def ctx():
+        entered.append(True)
+        yield
+
+    seen = []
+    call = within(ctx, lambda: seen.append(len(entered)))
+    call(), call()
+    assert seen == [1, 2], "each call must run inside its own context"
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    x.grad = torch.full((2,), 7.0)  # a stale gradient: flat_outputs must clear it first
+    Out = namedtuple("Out", "loss")
+    flat = flat_outputs(lambda: Out((x * x).sum()), [x], ctx)
+    assert flat.dtype == torch.float64 and flat.tolist() == [5.0, 2.0, 4.0]
+    assert len(entered) == 3
