@@ -121,6 +121,27 @@ def test_both_forward_paths_with_every_option(resident, dtype, inplace, monkeypa
     assert launches == [resident]
 
 
+@pytest.mark.parametrize("extra", [0, 1], ids=["at-the-limit", "one-past"])
+def test_resident_limit_decides_the_path_and_both_sides_match(extra, monkeypatch):
+    """A row of exactly ``RESIDENT_MAX_COLS`` logits is held in registers; one more column is read twice.
+    Both sides of the limit match the float64 reference (ignored row, smoothing, non-unit upstream)."""
+    n_cols = cross_entropy_rows.RESIDENT_MAX_COLS + extra
+    logits, target = make(3, n_cols, torch.float32, seed=5, ignored=[1])
+    launches = []
+    original = cross_entropy_rows.cross_entropy_rows_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs["RESIDENT"])
+                return original[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(cross_entropy_rows, "cross_entropy_rows_kernel", Spy())
+    check(logits, target, reduction="mean", label_smoothing=0.1, upstream=torch.tensor(0.5, device=DEVICE))
+    assert launches == [extra == 0], f"V = {n_cols}: RESIDENT launches {launches}, limit {cross_entropy_rows.RESIDENT_MAX_COLS}"
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("shape", [(1, 7), (1, 1031), (3, 4097), (2, 1)], ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes(shape, reduction):

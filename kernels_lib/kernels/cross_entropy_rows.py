@@ -59,8 +59,7 @@ What it costs
 Per logit: pass 1 reads it (``e`` = 2 or 4 bytes); pass 2 reads it again and writes the gradient;
 one ``exp`` per pass and about 10 FLOPs in all: memory-bound. Forward with the gradient moves
 ``3·N·V·e`` bytes, or its floor ``2·N·V·e`` (one read, one write) with ``RESIDENT`` (``V`` up to
-16384: at the charts' small vocabularies, where the second read made the forward slower than
-torch's log-softmax, ``data/measured/cross_entropy.csv``); without the gradient ``N·V·e``; the
+:data:`RESIDENT_MAX_COLS`); without the gradient ``N·V·e``; the
 ``LSE_GIVEN`` pass ``2·N·V·e``. Plus a few floats per row.
 Offsets are 64-bit, so ``N·V`` may exceed 2**31.
 """
@@ -74,14 +73,17 @@ import triton.language as tl
 from .cross_entropy_chunk import NUM_WARPS, block_v  # the loop step over V, shared with the fused loss's kernel
 from .row_logsumexp import row_logsumexp
 
-#: The longest row the fused forward holds whole in registers (``RESIDENT``): 16384 float32 logits,
-#: 32 per thread at :func:`resident_warps`'s 16 warps.
-RESIDENT_MAX_COLS = 16384
+#: The longest row the fused forward holds whole in registers (``RESIDENT``): 32768 float32 logits,
+#: 64 per thread at :func:`resident_warps`'s 16 warps. The trade-off, measured on an H100 (float32,
+#: N = 16384; ``data/measured/gpu_runs/ce_resident_ab.csv``): at V = 32768 the single read takes 0.69x
+#: the two reads' time (1.05x the bytes floor); at V = 65536, 128 values a thread spill registers and
+#: take 1.40x, so longer rows are read twice.
+RESIDENT_MAX_COLS = 32768
 
 
 def resident_warps(block: int) -> int:
     """Warps for a resident row of ``block`` elements: 1024 elements a warp (32 a thread), at least
-    :data:`NUM_WARPS`."""
+    :data:`NUM_WARPS` and at most 16 (so 64 a thread at 32768)."""
     return max(NUM_WARPS, min(16, block // 1024))
 
 
