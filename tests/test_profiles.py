@@ -310,3 +310,43 @@ def test_logits_passes_are_our_kernels_time_in_passes_over_one_heads_logits_at_t
     assert math.isnan(other_run["logits passes"]), "a copy rate of another run was used"
     assert profiles.logits_bytes("jsd", {"N": 8192, "V": 4096}) is None, "a loss on logits has no chunked logits buffer"
     assert profiles.logits_bytes("distill_jsd_loss", {"BT": 1024, "H": 4096, "V": 1000}) == 1024 * 1000 * 2
+
+
+# --------------------------------------------------------------------------- the sustained matmul rate
+
+
+def sustained_rows(commit="abc1234", gpu="NVIDIA H200"):
+    """Two bursts of a 1024³ product: the short one at 1 ms a product, the long one slowing from 1 ms to 2 ms."""
+    meta = {**META, "gpu_name": gpu, "kernels_lib_commit": commit}
+    rows = []
+    for burst, times in ((5.0, [1.0] * 5), (100.0, [1.0] * 10 + [1.5] * 80 + [2.0] * 10)):
+        start = 0.0
+        for ms in times:
+            rows.append({"shape": "1024^3", "M": 1024, "K": 1024, "N": 1024, "burst_ms": burst, "start_ms": start, "ms": ms,
+                         "sm_clock_mhz_before": 1980.0, "sm_clock_mhz_after": 1980.0 if burst < 50 else 1400.0, **meta})
+            start += ms
+    return pd.DataFrame(rows)
+
+
+def test_sustained_rates_compare_the_last_tenth_of_a_burst_with_its_first():
+    table = profiles.sustained_rates(pd.concat([sustained_rows(), sustained_rows(commit="def5678")]))
+    assert len(table) == 4, "two runs' bursts were combined"
+    one = 2.0 * 1024**3 / 1e-3 / 1e12  # TFLOP/s of a 1 ms product
+    long = table[(table.commit == "abc1234") & (table["burst ms"] == 100.0)].iloc[0]
+    assert long["products"] == 100
+    assert long["first tenth TFLOP/s"] == pytest.approx(one), "the first tenth is the first 10 products, 1 ms each"
+    assert long["last tenth TFLOP/s"] == pytest.approx(one / 2), "the last tenth of the burst's time ran at 2 ms a product"
+    assert long["last / first"] == pytest.approx(0.5) and long["SM MHz after"] == 1400.0
+    text = profiles.sustained_lines(table)
+    assert text.count("- 1024^3") == 2 and "100 ms burst ends at 0.50× the 5 ms burst's rate" in text, text
+
+
+def test_sustained_rates_name_the_columns_they_lack_and_say_when_nothing_was_measured():
+    with pytest.raises(ValueError, match="start_ms"):
+        profiles.sustained_rates(sustained_rows().drop(columns=["start_ms"]))
+    assert profiles.sustained_lines(pd.DataFrame()) == "No sustained-rate run measured yet."
+
+
+def test_the_committed_sustained_run_reads():
+    table = profiles.sustained_rates()
+    assert len(table) and (table["last tenth TFLOP/s"] > 0).all(), table
