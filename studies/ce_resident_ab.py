@@ -2,9 +2,10 @@
 ``kernels_lib.kernels.cross_entropy_rows.RESIDENT_MAX_COLS``, on one CUDA GPU.
 
 A row of at most ``RESIDENT_MAX_COLS`` logits is read once (pass 2 writes the gradient from the registers pass 1
-filled): ``2·N·V·e`` bytes, the floor, against ``3·N·V·e`` for two reads. The library holds rows up to 16384
-float32 logits (32 a thread at 16 warps); at 32768 a thread holds 64, and the question is whether the register
-pressure (one 16-warp block per SM) costs more than the second read saves. For each chart (the fp32 ``mean``
+filled): ``2·N·V·e`` bytes, the floor, against ``3·N·V·e`` for two reads. The question is how long a row can be before
+the register pressure (one 16-warp block per SM) costs more than the second read saves: 32 float32 logits a thread
+at 16384, 64 at 32768, 128 at 65536. On the H100 (``gpu_runs/ce_resident_ab.csv``) 32768 won (0.69× the two reads)
+and 65536 lost (1.40×, it spills); the library's limit is 32768. For each chart (the fp32 ``mean``
 chart ``cross_entropy``, the bf16 ``sum`` chart ``megatron_cross_entropy``) at ``--vocab`` sizes, the ``full``
 call (forward with the gradient, backward) with each ``--limits`` value, timed by
 ``studies.bench.timing.paired_times`` (the arms called alternately, each alone after an L2 flush; the per-sample

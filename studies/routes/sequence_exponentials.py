@@ -13,8 +13,10 @@ takes (Hopper; in Triton's interpreter when
 reference model's pass, or ``no_grad``) the log-probs come from that GEMM over all rows, no buffer at all,
 as the fused CE's loss without a gradient, where that runs. Everything else is the library's two passes.
 
-Not the library's default: it has not been measured against the two passes on a GPU
-(``python -m studies.bench.sequence_exponentials_ab``). :func:`arm` gives the settings that put it in place
+Not the library's default: it must win against the two passes on the H100 and on the H200
+(``python -m studies.bench.sequence_exponentials_ab``). On the H100 (``gpu_runs/sequence_exponentials_ab.csv``)
+it took 0.95–0.99× their time at B ≥ 4 for DPO, CPO, ORPO, SimPO and both GRPO levels, and for KTO 0.84–0.87× at
+B ≥ 8 but 1.57× and 1.23× at B = 2 and 4; it has not run on an H200. :func:`arm` gives the settings that put it in place
 (:func:`studies.bench.arms.constants_set`): every module of the package that calls ``sequence_logprobs``
 gets this one for the calls inside.
 """
