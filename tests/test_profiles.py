@@ -315,33 +315,50 @@ def test_logits_passes_are_our_kernels_time_in_passes_over_one_heads_logits_at_t
 # --------------------------------------------------------------------------- the sustained matmul rate
 
 
-def sustained_rows(commit="abc1234", gpu="NVIDIA H200"):
-    """Two bursts of a 1024³ product: the short one at 1 ms a product, the long one slowing from 1 ms to 2 ms."""
-    meta = {**META, "gpu_name": gpu, "kernels_lib_commit": commit}
+def sustained_rows(commit="abc1234", gpu="NVIDIA H200", stamp="2026-01-01 00:00:00", slow=None):
+    """Bursts of a 1024³ product. 5 ms: a slow first launch (3 ms), then 1 ms products. 100 ms: a slow first launch,
+    94 products of 1 ms, then 5 of 10 ms, so that the last tenth of the span (10 ms products only) differs from
+    the last tenth of the count (half 1 ms, half 10 ms). ``slow`` replaces one product's time (a NaN)."""
+    meta = {**META, "gpu_name": gpu, "kernels_lib_commit": commit, "timestamp": stamp}
     rows = []
-    for burst, times in ((5.0, [1.0] * 5), (100.0, [1.0] * 10 + [1.5] * 80 + [2.0] * 10)):
+    for burst, times in ((5.0, [3.0] + [1.0] * 4), (100.0, [3.0] + [1.0] * 94 + [10.0] * 5)):
         start = 0.0
-        for ms in times:
+        for i, ms in enumerate(times):
+            ms = slow if slow is not None and burst == 100.0 and i == 3 else ms
             rows.append({"shape": "1024^3", "M": 1024, "K": 1024, "N": 1024, "burst_ms": burst, "start_ms": start, "ms": ms,
                          "sm_clock_mhz_before": 1980.0, "sm_clock_mhz_after": 1980.0 if burst < 50 else 1400.0, **meta})
-            start += ms
+            start += times[i]
     return pd.DataFrame(rows)
 
 
-def test_sustained_rates_compare_the_last_tenth_of_a_burst_with_its_first():
-    table = profiles.sustained_rates(pd.concat([sustained_rows(), sustained_rows(commit="def5678")]))
-    assert len(table) == 4, "two runs' bursts were combined"
+def ceiling_rows(commit="abc1234", gpu="NVIDIA H200", tflops=1.5):
+    return pd.DataFrame([{"kernel_name": "matmul", "gpu_name": gpu, "kernels_lib_commit": commit, "y_value_50": tflops,
+                          "timestamp": "2026-01-01 00:00:00"}])
+
+
+def test_sustained_rates_leave_out_the_first_launch_and_read_the_last_tenth_of_the_span():
+    runs = pd.concat([sustained_rows(), sustained_rows(stamp="2026-01-02 00:00:00"), sustained_rows(commit="def5678")])
+    table = profiles.sustained_rates(runs, ceilings=ceiling_rows())
+    assert len(table) == 6, f"three runs (two share GPU and commit) of two bursts each, got {len(table)} rows"
     one = 2.0 * 1024**3 / 1e-3 / 1e12  # TFLOP/s of a 1 ms product
     long = table[(table.commit == "abc1234") & (table["burst ms"] == 100.0)].iloc[0]
-    assert long["products"] == 100
-    assert long["first tenth TFLOP/s"] == pytest.approx(one), "the first tenth is the first 10 products, 1 ms each"
-    assert long["last tenth TFLOP/s"] == pytest.approx(one / 2), "the last tenth of the burst's time ran at 2 ms a product"
-    assert long["last / first"] == pytest.approx(0.5) and long["SM MHz after"] == 1400.0
+    assert long["products"] == 100, "the two runs of one commit were merged"
+    short = table[(table.commit == "abc1234") & (table["burst ms"] == 5.0)].iloc[0]
+    assert short["first tenth TFLOP/s"] == pytest.approx(one), "the slow first launch counted in the first tenth"
+    assert long["first tenth TFLOP/s"] == pytest.approx(one)
+    assert long["last tenth TFLOP/s"] == pytest.approx(one / 10), "the last tenth is of the burst's span, not its count"
+    assert long["last / first"] == pytest.approx(0.1) and long["SM MHz after"] == 1400.0
+    assert long["last tenth / ceiling"] == pytest.approx(one / 10 / 1.5), "not over its own run's ceiling"
+    other = table[table.commit == "def5678"]
+    assert other["ceiling TFLOP/s"].isna().all(), "a run took another run's ceiling"
     text = profiles.sustained_lines(table)
-    assert text.count("- 1024^3") == 2 and "100 ms burst ends at 0.50× the 5 ms burst's rate" in text, text
+    assert "100 ms burst ends at 0.10× the 5 ms burst's rate" in text and "matmul ceiling (its median) 2 TFLOP/s" in text, text
+    assert "no ceiling in that run" in text, text
 
 
-def test_sustained_rates_name_the_columns_they_lack_and_say_when_nothing_was_measured():
+def test_sustained_rates_give_nan_for_a_nan_time_and_name_missing_columns():
+    table = profiles.sustained_rates(sustained_rows(slow=float("nan")), ceilings=ceiling_rows())
+    assert math.isnan(table[table["burst ms"] == 100.0]["first tenth TFLOP/s"].iloc[0]), "a NaN time was skipped"
     with pytest.raises(ValueError, match="start_ms"):
         profiles.sustained_rates(sustained_rows().drop(columns=["start_ms"]))
     assert profiles.sustained_lines(pd.DataFrame()) == "No sustained-rate run measured yet."

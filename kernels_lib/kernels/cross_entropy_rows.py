@@ -73,17 +73,16 @@ import triton.language as tl
 from .cross_entropy_chunk import NUM_WARPS, block_v  # the loop step over V, shared with the fused loss's kernel
 from .row_logsumexp import row_logsumexp
 
-#: The longest row the fused forward holds whole in registers (``RESIDENT``): 32768 float32 logits,
-#: 64 per thread at :func:`resident_warps`'s 16 warps. The trade-off, measured on an H100 (float32,
-#: N = 16384; ``data/measured/gpu_runs/ce_resident_ab.csv``): at V = 32768 the single read takes 0.69x
-#: the two reads' time (1.05x the bytes floor); at V = 65536, 128 values a thread spill registers and
-#: take 1.40x, so longer rows are read twice.
+#: The longest row the fused forward holds whole in registers (``RESIDENT``): 32768 logits, held as float32
+#: whatever their dtype, 64 a thread at :func:`resident_warps`'s 16 warps. Longer rows are read twice: at twice
+#: this length the registers spill and one read is far slower than two (the A/B of the limits on an H100:
+#: ``data/measured/gpu_runs/ce_resident_ab.csv``, ``studies/ce_resident_ab.py``).
 RESIDENT_MAX_COLS = 32768
 
 
 def resident_warps(block: int) -> int:
-    """Warps for a resident row of ``block`` elements: 1024 elements a warp (32 a thread), at least
-    :data:`NUM_WARPS` and at most 16 (so 64 a thread at 32768)."""
+    """Warps for a resident row of ``block`` elements: a warp per 1024 elements, between :data:`NUM_WARPS` and 16,
+    so 32 elements a thread up to 16384 and 64 at 32768."""
     return max(NUM_WARPS, min(16, block // 1024))
 
 

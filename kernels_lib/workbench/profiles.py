@@ -379,48 +379,63 @@ def lines(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
     return "\n".join(out)
 
 
-def sustained_rates(rows: pd.DataFrame | None = None, file: str = "sustained_matmul.csv") -> pd.DataFrame:
+def sustained_rates(rows: pd.DataFrame | None = None, file: str = "sustained_matmul.csv",
+                    ceilings: pd.DataFrame | None = None) -> pd.DataFrame:
     """How a GPU's matmul rate holds over a long call (``sustained_matmul.csv``, ``studies/sustained_matmul.py``:
     cuBLAS products back to back in bursts of growing length after an idle pause, one row per product with its
-    ``start_ms`` in the burst, its ``ms`` and the SM clock before and after the burst). Per run (GPU, commit),
-    shape and burst: the products, the TFLOP/s of the first tenth of them and of the last tenth of the burst's
-    time (their mean time), the last over the first, and the clocks. A floor taken at a short burst's rate
-    (the ceiling) is that much below what a call of the burst's length can reach."""
+    ``start_ms`` in the burst, its ``ms`` and the SM clock read before and after the burst). Per run (GPU, commit,
+    timestamp), shape and burst: the products; the TFLOP/s of the first tenth of them at their median time,
+    leaving out the first product (the first launch after the pause runs slow whatever the clock); the TFLOP/s
+    of the products that start in the last tenth of the burst's span, at their median time; the last over the
+    first; the clocks; and the last tenth over the matmul ceiling of the same run (``ceilings.csv``, its commit on
+    its GPU; NaN where that run measured none). A NaN time gives NaN rates."""
     read = _given_or_read((rows,), file)
     if read is None:
         return pd.DataFrame()
     rows = read[0]
     missing = {"shape", "M", "K", "N", "burst_ms", "start_ms", "ms", "sm_clock_mhz_before", "sm_clock_mhz_after",
-               *RUN} - set(rows.columns)
+               "timestamp", *RUN} - set(rows.columns)
     if missing:
         raise ValueError(f"the sustained-rate rows lack the column(s) {', '.join(sorted(missing))}")
+    from .comparison import own_rates
+
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
     out = []
-    for (gpu, commit, shape, burst), products in by_run(rows).groupby(["GPU", "commit", "shape", "burst_ms"], sort=False):
+    for (gpu_name, commit, _, shape, burst), products in rows.groupby(
+            [*RUN, "timestamp", "shape", "burst_ms"], sort=False):
         products = products.sort_values("start_ms")
-        first = products.iloc[: max(1, len(products) // 10)]
-        last = products[products.start_ms >= 0.9 * products.start_ms.iloc[-1]]
+        first = products.iloc[1: 1 + max(1, len(products) // 10)] if len(products) > 1 else products
+        t0, t1 = products.start_ms.iloc[0], products.start_ms.iloc[-1]
+        last = products[products.start_ms >= t0 + 0.9 * (t1 - t0)]
         flops = 2.0 * float(products.M.iloc[0]) * float(products.K.iloc[0]) * float(products.N.iloc[0])
-        first_rate, last_rate = (flops / (part.ms.mean() * 1e-3) / 1e12 for part in (first, last))
-        out.append({"GPU": gpu, "commit": commit, "shape": shape, "burst ms": float(burst), "products": len(products),
-                    "first tenth TFLOP/s": first_rate, "last tenth TFLOP/s": last_rate,
+        first_rate, last_rate = (flops / (part.ms.median(skipna=False) * 1e-3) / 1e12 for part in (first, last))
+        ceiling = own_rates(ceilings, str(gpu_name), str(commit)).get("matmul", float("nan")) if len(ceilings) else float("nan")
+        out.append({"GPU": data.gpu_label(gpu_name), "commit": str(commit)[:7], "shape": shape, "burst ms": float(burst),
+                    "products": len(products), "first tenth TFLOP/s": first_rate, "last tenth TFLOP/s": last_rate,
                     "last / first": last_rate / first_rate,
                     "SM MHz before": float(products.sm_clock_mhz_before.iloc[0]),
-                    "SM MHz after": float(products.sm_clock_mhz_after.iloc[0])})
+                    "SM MHz after": float(products.sm_clock_mhz_after.iloc[0]),
+                    "ceiling TFLOP/s": ceiling, "last tenth / ceiling": last_rate / ceiling})
     return pd.DataFrame(out)
 
 
 def sustained_lines(table: pd.DataFrame) -> str:
-    """One markdown bullet per run and shape of :func:`sustained_rates`: the last tenth's rate and the SM clock
-    after each burst, and what the longest burst keeps of the shortest burst's rate."""
+    """One markdown bullet per run and shape of :func:`sustained_rates`: each burst's last tenth in TFLOP/s, over
+    the run's matmul ceiling where it measured one, and the SM clock read after it; then what the longest burst
+    keeps of the shortest one's rate."""
     if not len(table):
         return "No sustained-rate run measured yet."
     out = []
     for (gpu, commit, shape), bursts in table.groupby(["GPU", "commit", "shape"], sort=False):
         bursts = bursts.sort_values("burst ms")
-        cells = "; ".join(f"{r['burst ms']:.0f} ms: {r['last tenth TFLOP/s']:.0f} TFLOP/s at {r['SM MHz after']:.0f} MHz"
-                          for _, r in bursts.iterrows())
+        ceiling = bursts["ceiling TFLOP/s"].iloc[0]
+        cells = "; ".join(
+            f"{r['burst ms']:.0f} ms: {r['last tenth TFLOP/s']:.0f} TFLOP/s"
+            + (f" ({r['last tenth / ceiling']:.2f}× the ceiling)" if ceiling == ceiling else "")
+            + f", {r['SM MHz after']:.0f} MHz after" for _, r in bursts.iterrows())
         short, long = bursts.iloc[0], bursts.iloc[-1]
         keep = long["last tenth TFLOP/s"] / short["last tenth TFLOP/s"]
-        out.append(f"- {shape} on the {gpu} (kernels_lib {commit}), the last tenth of each burst: {cells}. The "
+        at = f"the run's matmul ceiling (its median) {ceiling:.0f} TFLOP/s" if ceiling == ceiling else "no ceiling in that run"
+        out.append(f"- {shape} on the {gpu} (kernels_lib {commit}; {at}), the last tenth of each burst: {cells}. The "
                    f"{long['burst ms']:.0f} ms burst ends at {keep:.2f}× the {short['burst ms']:.0f} ms burst's rate.")
     return "\n".join(out)

@@ -15,7 +15,7 @@ as the fused CE's loss without a gradient, where that runs. Everything else is t
 
 Not the library's default: it must win against the two passes on the H100 and on the H200
 (``python -m studies.bench.sequence_exponentials_ab``). On the H100 (``gpu_runs/sequence_exponentials_ab.csv``)
-it took 0.95–0.99× their time at B ≥ 4 for DPO, CPO, ORPO, SimPO and both GRPO levels, and for KTO 0.84–0.87× at
+it took 0.95–1.00× their time at B ≥ 4 for DPO, CPO, ORPO, SimPO and both GRPO levels, and for KTO 0.84–0.87× at
 B ≥ 8 but 1.57× and 1.23× at B = 2 and 4; it has not run on an H200. :func:`arm` gives the settings that put it in place
 (:func:`studies.bench.arms.constants_set`): every module of the package that calls ``sequence_logprobs``
 gets this one for the calls inside.
