@@ -15,7 +15,10 @@ provider of its own; the floor from the matmul rate of a short 8192³ product me
 (:func:`kernels_lib.workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
 other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradient, the largest).
 
-On a GPU (estimated at 5–10 minutes on an H200, not yet run; `--losses` splits it over calls):
+``--arms grad,no_grad`` measures each half of the route beside the library instead (the gradient chunks
+through the stored exponentials, or the pass without a gradient through the epilogue GEMM): which half a
+difference comes from. On a GPU (the seven losses took about 5 minutes on an H100 at ``--rounds 2``;
+``--losses`` splits it over calls):
 
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 -m studies.bench.sequence_exponentials_ab \\
         $OUT/gpu_runs/sequence_exponentials_ab.csv
@@ -48,12 +51,18 @@ LOSSES = ("fused_linear_dpo_loss", "fused_linear_orpo_loss", "fused_linear_cpo_l
           "fused_linear_grpo_loss_sequence", "kto_loss")
 #: The route's arm, as its rows name the provider.
 ARM = "kernels_lib[store_exponentials=True]"
+#: The arms ``--arms`` can add beside the library (``kernels_lib``): the whole route, or one of its halves
+#: (:data:`studies.routes.sequence_exponentials.PARTS`: the gradient chunks, the pass without a gradient).
+ARMS = {"on": (ARM, ("grad", "no_grad")), "grad": ("kernels_lib[store_exponentials=grad]", ("grad",)),
+        "no_grad": ("kernels_lib[store_exponentials=no_grad]", ("no_grad",))}
 
 
-def route(on: bool) -> contextlib.AbstractContextManager:
+def route(on: bool | tuple[str, ...]) -> contextlib.AbstractContextManager:
     """The route on (the study's ``sequence_logprobs`` in every caller, the interpreter asked to take the
-    epilogue GEMM too) or off (the library as it is) for the calls inside."""
-    return constants_set(sequence_exponentials.arm() if on else {})
+    epilogue GEMM too; a tuple of parts: only those), or off (the library as it is) for the calls inside."""
+    if on is True:
+        on = ARMS["on"][1]
+    return constants_set(sequence_exponentials.arm(parts=on) if on else {})
 
 
 def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
@@ -117,9 +126,14 @@ def arms_difference(kernel_name: str, point: dict, dtype: torch.dtype, device: t
 
 
 def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int = 3,
-                             device: torch.device | str | None = None, x_values=None) -> pd.DataFrame:
+                             device: torch.device | str | None = None, x_values=None, arms=("on",)) -> pd.DataFrame:
     """The A/B's rows (module docstring): the sweep's columns, ``floor_ms``, ``rel_diff``, ``rounds``.
-    ``x_values``: the preset's sizes to measure (default all of them)."""
+    ``x_values``: the preset's sizes to measure (default all of them). ``arms``: keys of :data:`ARMS` measured
+    beside the library, all in each round (``rel_diff`` is the whole route's, ``"on"``)."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        raise ValueError(f"arms must be among {', '.join(ARMS)}, got {', '.join(map(str, arms)) or 'none'}")
+    order = [("off", "kernels_lib", ())] + [(key, *ARMS[key]) for key in arms]
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     ceilings = measure_ceilings(device)
     rates = dict(zip(ceilings.kernel_name, ceilings.y_value_50)) if len(ceilings) else {}  # "copy" GB/s, "matmul" TFLOP/s
@@ -130,13 +144,12 @@ def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int
         preset = {**preset, "x_values": list(x_values or preset["x_values"])}
         per_round = []
         for round_ in range(rounds):
-            for on in ((False, True) if round_ % 2 == 0 else (True, False)):
-                print(f"sequence_exponentials_ab: {kernel_name} round {round_ + 1} of {rounds}, route {'on' if on else 'off'}",
-                      flush=True)
-                with route(on):
+            for key, provider, parts in (order if round_ % 2 == 0 else order[::-1]):
+                print(f"sequence_exponentials_ab: {kernel_name} round {round_ + 1} of {rounds}, route {key}", flush=True)
+                with route(parts):
                     rows = run_sweep(kernel_name, x_name=preset["x_name"], x_values=preset["x_values"], sizes=preset["sizes"],
                                      dtype=preset["dtype"], device=device, providers=["kernels_lib"], modes=("full",))
-                per_round.append(rows.assign(kernel_provider=ARM if on else "kernels_lib", round=round_ + 1))
+                per_round.append(rows.assign(kernel_provider=provider, round=round_ + 1))
             arm_rows = per_round[-1]
             for x in preset["x_values"] if device.type == "cuda" else ():  # the floor in the same round (on a GPU:
                 # the interpreter's time says nothing about it)
@@ -168,7 +181,7 @@ def ratios(rows: pd.DataFrame) -> pd.DataFrame:
                                                          values="y_value_50")
     memory = rows[rows.metric_name == "memory"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
                                                            values="y_value_50")
-    out = pd.DataFrame({"off ms": speed["kernels_lib"], "on ms": speed[ARM]})
+    out = pd.DataFrame({"off ms": speed["kernels_lib"], "on ms": speed[ARM] if ARM in speed else float("nan")})
     out["floor ms"] = speed[FLOOR] if FLOOR in speed else float("nan")
     out["off / floor"], out["on / floor"] = out["off ms"] / out["floor ms"], out["on ms"] / out["floor ms"]
     out["on / off"] = out["on ms"] / out["off ms"]
@@ -176,6 +189,9 @@ def ratios(rows: pd.DataFrame) -> pd.DataFrame:
     for column, provider in (("off MB", "kernels_lib"), ("on MB", ARM)):  # NaN where a run measured no memory
         out[column] = memory[provider] if provider in memory else float("nan")
     out["rel_diff"] = rows.groupby(["kernel_name", "x_value"]).rel_diff.first()
+    for key in ("grad", "no_grad"):  # an arm of one half of the route, where the run measured it
+        if ARMS[key][0] in speed:
+            out[f"{key} only / off"] = speed[ARMS[key][0]] / out["off ms"]
     return out
 
 
@@ -185,11 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("published", "small"), default="published")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--losses", default=",".join(LOSSES))
+    parser.add_argument("--arms", default="on", help=f"comma-separated among {', '.join(ARMS)}: measured beside the library")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.losses.split(",")) - set(LOSSES))
     if unknown:
         parser.error(f"--losses takes {', '.join(LOSSES)}; got {', '.join(unknown)}")
-    table = sequence_exponentials_ab(args.losses.split(","), size=args.size, rounds=args.rounds)
+    arms = args.arms.split(",")
+    if sorted(set(arms) - set(ARMS)):
+        parser.error(f"--arms takes {', '.join(ARMS)}; got {args.arms}")
+    table = sequence_exponentials_ab(args.losses.split(","), size=args.size, rounds=args.rounds, arms=arms)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # appended: the losses measured over several calls (--losses) make one run of one commit
     table.to_csv(args.out, index=False, mode="a", header=not args.out.exists())

@@ -43,6 +43,14 @@ CALLERS = ("kernels_lib._sequence_logprobs", "kernels_lib._paired_logprobs", "ke
            "kernels_lib.fused_linear_grpo")
 
 
+#: Which calls take the route where it applies: the chunks that form a gradient (``"grad"``) and the pass
+#: without one (``"no_grad"``, a reference model's). :func:`arm` sets them; an arm of one part tells which half
+#: of the route a difference comes from.
+PARTS = ("grad", "no_grad")
+TAKE_GRAD = True
+TAKE_NO_GRAD = True
+
+
 class _IgnoreIndex(NamedTuple):
     """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` and ``_epilogue_loss`` read of the fused
     CE's options."""
@@ -122,7 +130,7 @@ def sequence_logprobs(
         n_seqs = n_rows // seq_len
         route = _route_applies(target2, token_entropy, shard)
         epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
-        if route and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
+        if route and TAKE_NO_GRAD and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
             every_logp = -_epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
             if token_logps is not None:
                 token_logps.copy_(every_logp)
@@ -136,7 +144,7 @@ def sequence_logprobs(
             seqs = slice(rows.start // seq_len, rows.stop // seq_len)
             y2 = None if target2 is None else target2[rows]
             if exponentials is None:
-                exponentials = route and _exponentials_route(x_c, ops.w, grads)
+                exponentials = route and TAKE_GRAD and _exponentials_route(x_c, ops.w, grads)
             if exponentials:
                 # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
                 e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
@@ -166,11 +174,16 @@ def sequence_logprobs(
     return sums, sums2, None if grads is None else grads.result()
 
 
-def arm(interpreted_gemm: bool = True) -> dict:
+def arm(interpreted_gemm: bool = True, parts: tuple[str, ...] = PARTS) -> dict:
     """The settings for :func:`studies.bench.arms.constants_set` that put the route in place: this
-    :func:`sequence_logprobs` in every caller (:data:`CALLERS`), and, with ``interpreted_gemm``, the epilogue
-    GEMM in Triton's interpreter too (there the route is otherwise never taken)."""
+    :func:`sequence_logprobs` in every caller (:data:`CALLERS`), taking the route for ``parts`` of :data:`PARTS`
+    only, and, with ``interpreted_gemm``, the epilogue GEMM in Triton's interpreter too (there the route is
+    otherwise never taken)."""
+    unknown = set(parts) - set(PARTS)
+    if unknown or not parts:
+        raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {tuple(parts)!r}")
     settings = {name: {"sequence_logprobs": sequence_logprobs} for name in CALLERS}
+    settings[__name__] = {"TAKE_GRAD": "grad" in parts, "TAKE_NO_GRAD": "no_grad" in parts}
     if interpreted_gemm:
         settings[FLCE.__name__] = {"EPILOGUE_GEMM_WHEN_INTERPRETED": True}
     return settings

@@ -38,7 +38,12 @@ HOPPER = CUDA and torch.cuda.get_device_capability()[0] == 9
 @pytest.fixture
 def route(monkeypatch):
     """The route on; returns the list its spy appends to at every chunk that takes it."""
-    for name, values in seq.arm().items():
+    return _take_route(monkeypatch)
+
+
+def _take_route(monkeypatch, parts=seq.PARTS):
+    """The route on for ``parts``, with spies on its two epilogue calls (see :func:`route`)."""
+    for name, values in seq.arm(parts=parts).items():
         for key, value in values.items():
             monkeypatch.setattr(importlib.import_module(name), key, value)
     taken = []
@@ -220,8 +225,9 @@ def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
 
     calls = []
 
-    def fake(losses, size, rounds):
+    def fake(losses, size, rounds, arms):
         calls.append(tuple(losses))
+        assert arms == (["on"] if len(calls) < 3 else ["grad", "no_grad"]), arms
         import pandas as pd
 
         return pd.DataFrame([dict(kernel_name=name, kernel_provider=provider, metric_name="speed", x_value=2, y_value_50=1.0,
@@ -238,8 +244,11 @@ def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
     rows = pd.read_csv(out)
     assert calls == [("kto_loss",), ("fused_linear_dpo_loss", "fused_linear_cpo_loss")] and len(rows) == 6
     assert set(ab.ratios(rows).index.get_level_values(0)) == {"kto_loss", "fused_linear_dpo_loss", "fused_linear_cpo_loss"}
+    assert ab.main([str(out), "--losses", "kto_loss", "--rounds", "1", "--arms", "grad,no_grad"]) == 0
     with pytest.raises(SystemExit):
         ab.main([str(out), "--losses", "jsd"])
+    with pytest.raises(SystemExit):
+        ab.main([str(out), "--losses", "kto_loss", "--arms", "both"])
 
 
 def test_a_reference_pass_takes_the_epilogue_gemm_without_chunks(route):
@@ -281,3 +290,43 @@ def test_no_grad_log_probs_through_the_epilogue(route):
     assert len(NO_GRAD_CALLS) == 1
     assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
     assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5) and (outs[0][1][[0, 7]] == 0).all()
+
+
+@pytest.mark.parametrize("parts", [("grad",), ("no_grad",)], ids=lambda p: "+".join(p))
+def test_an_arm_of_one_half_takes_the_route_for_that_half_only(monkeypatch, parts):
+    """``parts=("grad",)``: the gradient chunks take the stored exponentials and the reference model's pass the
+    two passes; ``("no_grad",)`` the other way round. Either way the loss and gradients are the library's."""
+    taken = _take_route(monkeypatch, parts)
+    x, w, b, target, ref = dpo.make_inputs(n=3)
+    half = fused_linear_dpo_outputs(x, w, b, target, ref)
+    assert (any(taken), bool(NO_GRAD_CALLS)) == ("grad" in parts, "no_grad" in parts), \
+        f"parts {parts}: gradient chunks through the exponentials {taken}, no-gradient epilogue calls {NO_GRAD_CALLS}"
+    _library_route()
+    without = fused_linear_dpo_outputs(x, w, b, target, ref)
+    for a, b_ in zip(half, without):
+        assert torch.allclose(a, b_, rtol=2e-5, atol=1e-6), (parts, a, b_)
+
+
+@pytest.mark.parametrize("parts", [(), ("grad", "dx")])
+def test_an_arm_names_the_parts_it_refuses(parts):
+    with pytest.raises(ValueError, match="parts must be a non-empty subset"):
+        seq.arm(parts=parts)
+
+
+def test_the_ab_measures_each_half_of_the_route_beside_the_library(capsys):
+    """``arms=("grad", "no_grad")``: both halves in every round beside the library, each over it in ``ratios``."""
+    from studies.bench import sequence_exponentials_ab as ab
+
+    table = ab.sequence_exponentials_ab(("kto_loss",), size="small", rounds=1, device=kernels_lib.default_device(),
+                                        x_values=(2,), arms=("grad", "no_grad"))
+    speed = table[table.metric_name == "speed"]
+    expected = {"kernels_lib", ab.ARMS["grad"][0], ab.ARMS["no_grad"][0]} | ({ab.FLOOR} if CUDA else set())
+    assert set(speed.kernel_provider) == expected, set(speed.kernel_provider)
+    ratios = ab.ratios(table)
+    assert ratios["grad only / off"].notna().all() and ratios["no_grad only / off"].notna().all(), ratios
+    assert ratios["on ms"].isna().all(), "the whole route was not measured, yet a time was given for it"
+    out = capsys.readouterr().out
+    assert out.index("route off") < out.index("route grad") < out.index("route no_grad"), out
+    with pytest.raises(ValueError, match="arms must be among"):
+        ab.sequence_exponentials_ab(("kto_loss",), size="small", arms=("both",))
+    test_the_library_calls_its_own_two_passes()  # restored
