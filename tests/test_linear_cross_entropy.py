@@ -1,8 +1,12 @@
-"""``kernels_lib.linear_cross_entropy`` beside torch's ``F.linear_cross_entropy`` (torch >= 2.13).
+"""``kernels_lib.linear_cross_entropy`` beside torch's ``F.linear_cross_entropy``.
 
 Each case runs both on the same inputs and compares the loss and every gradient with torch's and
 with torch's on float64 copies (``||out - ref|| / ||ref||``). Shapes are tiny and odd (``H``, ``V``
-not powers of two): on a machine without a GPU the kernels run in Triton's interpreter.
+not powers of two): on a machine without a GPU the kernels run in Triton's interpreter. On a torch
+older than 2.13 (no ``F.linear_cross_entropy``) the baseline is that function's stated definition,
+``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...)`` (its reference path),
+so the comparisons run on such a GPU too; the tests of what only torch's own function does (its
+options, its errors, the loss module's examples) need torch 2.13.
 """
 
 from __future__ import annotations
@@ -19,10 +23,21 @@ from kernels_lib import default_device
 lce_module = importlib.import_module("kernels_lib.linear_cross_entropy")
 
 DEVICE = default_device()
-TORCH_LCE = getattr(F, "linear_cross_entropy", None)
+OWN_LCE = getattr(F, "linear_cross_entropy", None)
 Options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-needs_torch_lce = pytest.mark.skipif(TORCH_LCE is None, reason="torch < 2.13 has no F.linear_cross_entropy")
-pytestmark = needs_torch_lce
+needs_torch_lce = pytest.mark.skipif(OWN_LCE is None, reason="torch < 2.13 has no F.linear_cross_entropy")
+
+
+def by_definition(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean", ignore_index=None,
+                  label_smoothing=0.0):
+    """torch's ``F.linear_cross_entropy`` as its docstring defines it (its reference path, without ``options``):
+    ``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``, ``ignore_index=None`` as -100."""
+    return F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight, reduction=reduction,
+                           ignore_index=-100 if ignore_index is None else ignore_index, label_smoothing=label_smoothing)
+
+
+#: The baseline: torch's own function where it exists, else its definition.
+TORCH_LCE = OWN_LCE or by_definition
 
 #: float32 against float64: summation order only (observed ~1e-7). bfloat16: a few roundings of 2^-8.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -101,6 +116,7 @@ def test_docstring_statement_equals_linear_then_cross_entropy():
     assert x.grad is not None and w.grad is not None
 
 
+@needs_torch_lce
 def test_loss_module_examples_refused_naming_what_to_use():
     """nn.LinearCrossEntropyLoss's docstring examples: a K-dimensional head (out_features=(4, 3)) and
     class-probability targets; neither is one head's class-index loss: refused, naming the argument."""
@@ -157,6 +173,7 @@ def test_bfloat16_loss_in_input_dtype():
     assert_matches_torch(x, w, target, b, cw)
 
 
+@needs_torch_lce
 def test_leading_dims_refused_as_torch_does():
     x = torch.randn(2, 3, 5, device=DEVICE)
     w = torch.randn(7, 5, device=DEVICE)
@@ -297,3 +314,19 @@ def test_errors_name_torchs_arguments():
         lce(x, w, target, options="accurate")
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
         lce(x.tolist(), w, target)
+
+
+@needs_torch_lce
+@pytest.mark.parametrize("reduction,ignore_index,label_smoothing,class_weight,bias", CASES[:6:2] + CASES[6:])
+def test_the_definition_is_torchs_function(reduction, ignore_index, label_smoothing, class_weight, bias):
+    """The baseline of an older torch, ``by_definition``, gives torch 2.13's loss and gradients (float64)."""
+    ignored = -100 if ignore_index is None else ignore_index
+    x, w, target, b, cw = make(n=7, hidden=9, vocab=17, bias=bias, class_weight=class_weight, ignore=ignored)
+    kwargs = dict(reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    own, own_grads = float64_reference(x, w, target, b, cw, **kwargs)
+    up = [None if t is None else t.detach().double() for t in (x, w, b)]
+    defined, defined_grads = run(by_definition, up[0], up[1], target, up[2], None if cw is None else cw.double(),
+                                 None if reduction != "none" else torch.ones(target.shape, device=DEVICE), **kwargs)
+    assert rel_err(defined, own) < 1e-12, (kwargs, rel_err(defined, own))
+    for g, t in zip(defined_grads, own_grads):
+        assert rel_err(g, t) < 1e-12, (kwargs, rel_err(g, t))
