@@ -96,15 +96,8 @@ def test_class_weights(reduction, smoothing):
           upstream=upstream_for(reduction, 6))
 
 
-@pytest.mark.parametrize("inplace", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("resident", [True, False], ids=["row-resident", "two-reads"])
-def test_both_forward_paths_with_every_option(resident, dtype, inplace, monkeypatch):
-    """The fused forward's two forms of pass 2, the row kept from pass 1 (``RESIDENT``, short rows) and
-    the row read again: class weights, smoothing, ignored rows and a non-unit upstream gradient."""
-    if not resident:
-        monkeypatch.setattr(cross_entropy_rows, "RESIDENT_MAX_COLS", 0)
-    logits, target = make(7, 1031, dtype, seed=11, ignored=[0, 4])
+def resident_launches(monkeypatch) -> list[bool]:
+    """The ``RESIDENT`` flag of every launch of the rows kernel from here on, in order (the kernel still runs)."""
     launches = []
     original = cross_entropy_rows.cross_entropy_rows_kernel
 
@@ -116,6 +109,19 @@ def test_both_forward_paths_with_every_option(resident, dtype, inplace, monkeypa
             return launch
 
     monkeypatch.setattr(cross_entropy_rows, "cross_entropy_rows_kernel", Spy())
+    return launches
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("resident", [True, False], ids=["row-resident", "two-reads"])
+def test_both_forward_paths_with_every_option(resident, dtype, inplace, monkeypatch):
+    """The fused forward's two forms of pass 2, the row kept from pass 1 (``RESIDENT``, short rows) and
+    the row read again: class weights, smoothing, ignored rows and a non-unit upstream gradient."""
+    if not resident:
+        monkeypatch.setattr(cross_entropy_rows, "RESIDENT_MAX_COLS", 0)
+    logits, target = make(7, 1031, dtype, seed=11, ignored=[0, 4])
+    launches = resident_launches(monkeypatch)
     check(logits, target, reduction="sum", label_smoothing=0.2, weight=class_weight(1031, seed=3),
           upstream=torch.tensor(-1.5, device=DEVICE), inplace=inplace)
     assert launches == [resident]
@@ -127,17 +133,7 @@ def test_resident_limit_decides_the_path_and_both_sides_match(extra, monkeypatch
     Both sides of the limit match the float64 reference (ignored row, smoothing, non-unit upstream)."""
     n_cols = cross_entropy_rows.RESIDENT_MAX_COLS + extra
     logits, target = make(3, n_cols, torch.float32, seed=5, ignored=[1])
-    launches = []
-    original = cross_entropy_rows.cross_entropy_rows_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs["RESIDENT"])
-                return original[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(cross_entropy_rows, "cross_entropy_rows_kernel", Spy())
+    launches = resident_launches(monkeypatch)
     check(logits, target, reduction="mean", label_smoothing=0.1, upstream=torch.tensor(0.5, device=DEVICE))
     assert launches == [extra == 0], f"V = {n_cols}: RESIDENT launches {launches}, limit {cross_entropy_rows.RESIDENT_MAX_COLS}"
 

@@ -57,12 +57,10 @@ ARMS = {"on": (ARM, ("grad", "no_grad")), "grad": ("kernels_lib[store_exponentia
         "no_grad": ("kernels_lib[store_exponentials=no_grad]", ("no_grad",))}
 
 
-def route(on: bool | tuple[str, ...]) -> contextlib.AbstractContextManager:
-    """The route on (the study's ``sequence_logprobs`` in every caller, the interpreter asked to take the
-    epilogue GEMM too; a tuple of parts: only those), or off (the library as it is) for the calls inside."""
-    if on is True:
-        on = ARMS["on"][1]
-    return constants_set(sequence_exponentials.arm(parts=on) if on else {})
+def route(parts: tuple[str, ...]) -> contextlib.AbstractContextManager:
+    """The route on for ``parts`` (the study's ``sequence_logprobs`` in every caller, the interpreter asked to
+    take the epilogue GEMM too), or off with no parts (the library as it is), for the calls inside."""
+    return constants_set(sequence_exponentials.arm(parts=parts) if parts else {})
 
 
 def _loss_and_grads(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
@@ -118,9 +116,9 @@ def matmuls_alone(kernel_name: str, sizes: dict, dtype: torch.dtype, device: tor
 
 def arms_difference(kernel_name: str, point: dict, dtype: torch.dtype, device: torch.device) -> float:
     """The largest ‖on − off‖ / ‖off‖ over the loss and every gradient of the two arms at ``point``."""
-    with route(False):
+    with route(()):
         off = _loss_and_grads(kernel_name, point, dtype, device)
-    with route(True):
+    with route(ARMS["on"][1]):
         on = _loss_and_grads(kernel_name, point, dtype, device)
     return max(((a - b).norm() / b.norm().clamp_min(1e-30)).item() for a, b in zip(on, off))
 
