@@ -17,6 +17,7 @@ reserved memory is logged where ``KERNELS_LIB_GPU_MEMORY_LOG`` points.
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 import torch
@@ -30,6 +31,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu_memory(gib): the test's measured peak reserved device memory in GiB; "
                                        "the GPU target runs it alone when it exceeds a worker's share, and skips it "
                                        "on a card with less memory")
+    if hasattr(config.option, "testrunuid") and not hasattr(config, "workerinput") and not config.option.testrunuid:
+        # The run's id, chosen here so that the process that starts the workers knows their shared
+        # notebook folder and removes it at the end (pytest_sessionfinish).
+        config.option.testrunuid = uuid.uuid4().hex
     if torch.cuda.is_available() and os.environ.get(_target.SHARE_ENV):
         share = float(os.environ[_target.SHARE_ENV])
         torch.cuda.set_per_process_memory_fraction(min(1.0, share / _target.card_gib()))
@@ -56,6 +61,18 @@ def pytest_collection_modifyitems(config, items):
         if runs:
             kept.append(item)
     items[:] = kept  # the other phase runs the rest: not deselected, only elsewhere
+
+
+def pytest_sessionfinish(session):
+    """The run's notebook executions are removed by the process that started the run (they are ~140 MB)."""
+    import notebook_runs  # noqa: PLC0415 (tests/ is on the path: the tests import it so)
+
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller removes the shared folder after every worker is done
+    uid = getattr(session.config.option, "testrunuid", None)
+    if uid and getattr(session.config.option, "numprocesses", None):
+        notebook_runs.remove(notebook_runs.shared_dir(uid))
+    notebook_runs.remove(notebook_runs._root)
 
 
 def pytest_report_header(config):

@@ -15,12 +15,16 @@ applied, seen here, so the sharing cannot rest on it.)
 
 A notebook that fails is recorded as failed and fails every test that asks for it, with the runner's
 message.
+
+The folder is removed when the run ends (``conftest.pytest_sessionfinish``, in the process that
+started the run), unless ``KERNELS_LIB_KEEP_NOTEBOOK_RUNS`` is set: each run writes about 140 MB.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +32,28 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from kernels_lib.workbench import report
-
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 #: The mark of every test that reads a shared execution (``shared_notebook``, registered in conftest.py).
 GROUP = pytest.mark.shared_notebook
 
 _root: Path | None = None
+#: Set it (to anything) to keep a run's executed notebooks and reports after the run.
+KEEP_ENV = "KERNELS_LIB_KEEP_NOTEBOOK_RUNS"
+
+
+def shared_dir(run: str) -> Path:
+    """The folder every worker of the xdist run ``run`` shares."""
+    return Path(tempfile.gettempdir()) / f"kernels_lib-notebooks-{run}"
+
+
+def remove(folder: Path | None) -> None:
+    """Remove a run's folder at the end of the run, unless :data:`KEEP_ENV` is set (then it says where)."""
+    if folder is None or not folder.exists():
+        return
+    if os.environ.get(KEEP_ENV):
+        print(f"\nkernels_lib: the notebook executions are kept in {folder}")
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def out_dir() -> Path:
@@ -44,7 +63,7 @@ def out_dir() -> Path:
     if _root is None:
         run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
         if run:
-            _root = Path(tempfile.gettempdir()) / f"kernels_lib-notebooks-{run}"
+            _root = shared_dir(run)
             _root.mkdir(exist_ok=True)
         else:
             _root = Path(tempfile.mkdtemp(prefix="kernels_lib-notebooks-"))
@@ -58,6 +77,8 @@ def results_dir(notebook: Path) -> Path:
 
 def run(notebook: Path, timeout: int = 900) -> tuple[Path, float, str]:
     """``(html path, seconds, failure)`` of ``notebook``'s shared execution, running it on first use."""
+    from kernels_lib.workbench import report  # noqa: PLC0415 (the run's controller imports this module only to clean up)
+
     done = out_dir() / f"{notebook.stem}.run.json"
     with FileLock(str(out_dir() / f"{notebook.stem}.lock")):
         if not done.exists():
@@ -84,4 +105,6 @@ def executed(notebook: Path, timeout: int = 900) -> tuple[Path, Path, Path]:
 def all_reports() -> list[tuple[Path, float, str]]:
     """Every notebook of ``notebooks/`` in the runner's order (:func:`report.run_order`), each executed
     once: the ``(html, seconds, failure)`` list :func:`report.write_index` takes."""
+    from kernels_lib.workbench import report  # noqa: PLC0415
+
     return [run(notebook) for notebook in report.run_order(sorted(NOTEBOOKS.glob("*.ipynb")))]

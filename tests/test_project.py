@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -282,3 +284,24 @@ def test_readme_is_a_manual():
         assert (ROOT / path).exists(), f"README.md names {path}, which does not exist"
     spec = (ROOT / "docs" / "spec.md").read_text()
     assert "lse" in spec and "128256" in spec and "../shared" not in spec
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_parallel_run_removes_its_shared_notebook_folder(tmp_path, keep):
+    """The notebook executions of a run (~140 MB) do not outlive it: the process that started the
+    xdist workers removes their shared folder, unless KERNELS_LIB_KEEP_NOTEBOOK_RUNS is set."""
+    root = Path(__file__).resolve().parents[1]
+    uid = "cleanup" + ("keep" if keep else "")
+    folder = tmp_path / f"kernels_lib-notebooks-{uid}"
+    folder.mkdir()
+    (folder / "executed.html").write_text("x")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("KERNELS_LIB_KEEP_NOTEBOOK_RUNS", None)
+    if keep:
+        env["KERNELS_LIB_KEEP_NOTEBOOK_RUNS"] = "1"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", f"--testrunuid={uid}",
+         "tests/test_project.py::test_ci_runs_workbench_test"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert folder.exists() == keep, f"keep={keep}: the folder {'was removed' if keep else 'outlived the run'}"
