@@ -70,9 +70,8 @@ def pytest_sessionfinish(session):
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller removes the shared folder after every worker is done
     uid = getattr(session.config.option, "testrunuid", None)
-    if uid and getattr(session.config.option, "numprocesses", None):
-        notebook_runs.remove(notebook_runs.shared_dir(uid))
-    notebook_runs.remove(notebook_runs._root)
+    notebook_runs.remove(notebook_runs.shared_dir(uid) if uid else None)
+    notebook_runs.remove(notebook_runs.own_dir())
 
 
 def pytest_report_header(config):

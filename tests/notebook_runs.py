@@ -37,6 +37,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 GROUP = pytest.mark.shared_notebook
 
 _root: Path | None = None
+_own: Path | None = None
 #: Set it (to anything) to keep a run's executed notebooks and reports after the run.
 KEEP_ENV = "KERNELS_LIB_KEEP_NOTEBOOK_RUNS"
 
@@ -58,16 +59,22 @@ def remove(folder: Path | None) -> None:
 
 def out_dir() -> Path:
     """The folder the shared executions go to: ``executed/``, the HTML reports, ``results/<stem>/``;
-    one per xdist run (every worker the same), else one per process."""
-    global _root
+    one per xdist run (every worker the same), else one per process (:func:`own_dir`)."""
+    global _root, _own
     if _root is None:
         run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
         if run:
             _root = shared_dir(run)
             _root.mkdir(exist_ok=True)
         else:
-            _root = Path(tempfile.mkdtemp(prefix="kernels_lib-notebooks-"))
+            _root = _own = Path(tempfile.mkdtemp(prefix="kernels_lib-notebooks-"))
     return _root
+
+
+def own_dir() -> Path | None:
+    """The folder this process made for itself (a run without xdist workers), None if it made none: the
+    one this process removes at the end; an xdist run's shared folder is its controller's to remove."""
+    return _own
 
 
 def results_dir(notebook: Path) -> Path:
