@@ -1,7 +1,7 @@
 """kernels_lib: Triton kernels for LM-head losses that never materialize what they need not.
 
 The losses need torch and triton only. ``kernels_lib.hf`` patches Hugging Face causal LMs (it needs
-transformers); ``kernels_lib.workbench`` serves the notebooks (it needs the ``workbench`` extra).
+transformers). The notebooks' workbench is a package beside this one (``lab/`` in the repository).
 
 :mod:`kernels_lib._runtime` chooses the backend (compiled Triton on CUDA, Triton's interpreter
 otherwise) before any kernel module is imported; on a CPU it may come after ``triton`` (or

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU refresh on a machine without a package registry and with calls of at most 10 minutes (any CUDA
 # GPU): the GPU test target and the ZeRO-3 check, then every notebook at full size
-# (`python3 -m kernels_lib.workbench.report --device cuda`, which appends the sweeps to data/measured/).
+# (`python3 -m kernels_workbench.report --device cuda`, which appends the sweeps to data/measured/).
 #
 #   bash scripts/gpu_refresh.sh start OUT   # copy the tree to /tmp/kl, install the carried wheels, run the
 #                                            # GPU target and the ZeRO-3 check, start the report (setsid)
@@ -17,7 +17,7 @@ set -uo pipefail
 action=${1:?start or wait}
 out=${2:?OUT folder}
 : "${KERNELS_LIB_COMMIT:?set KERNELS_LIB_COMMIT to the commit of this tree}"
-export PYTHONPATH=/tmp/site:/tmp/kl JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1 KERNELS_LIB_COMMIT
+export PYTHONPATH=/tmp/site:/tmp/kl:/tmp/kl/lab JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1 KERNELS_LIB_COMMIT
 started=$(date +%s)
 
 if [ "$action" = start ]; then
@@ -26,13 +26,13 @@ if [ "$action" = start ]; then
   python3 -c "import trl.experimental.orpo.orpo_trainer, papermill, nbconvert, plotly, liger_kernel, cut_cross_entropy" || exit 1
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
   if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    python3 -m kernels_lib.workbench.gpu_tests --out /tmp/gpu_tests > "$out/gpu_tests.log" 2>&1
+    python3 tests/gpu_target.py --out /tmp/gpu_tests > "$out/gpu_tests.log" 2>&1
     echo "GPU target: exit $? ($(grep '^gpu_tests: .* passed' "$out/gpu_tests.log" | tail -1))"
     for f in pytest.log pytest-alone.log test_memory.csv; do [ -f /tmp/gpu_tests/$f ] && cp /tmp/gpu_tests/$f "$out/"; done
     python3 scripts/zero3_check.py --out "$out" > "$out/zero3.log" 2>&1; echo "ZeRO-3 check: exit $?"
   fi
   only=(); [ -n "${ONLY:-}" ] && only=(--only $ONLY)
-  setsid nohup python3 -m kernels_lib.workbench.report --device cuda --keep-going --record-times --record --out /tmp/reports "${only[@]}" \
+  setsid nohup python3 -m kernels_workbench.report --device cuda --keep-going --record-times --record --out /tmp/reports "${only[@]}" \
     > /tmp/report.log 2>&1 < /dev/null & echo $! > /tmp/report.pid
   echo "report started at $(date -u +%T)"
 fi

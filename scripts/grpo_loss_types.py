@@ -4,13 +4,13 @@ On the GPU machine, from the repository root (Liger and TRL as wheels in ``.whl/
 
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/grpo_loss_types.py --out $OUT
 
-For each loss type of :data:`kernels_lib.workbench.bench.fused_linear_grpo.LOSS_TYPES` (``cispo`` with
+For each loss type of :data:`kernels_workbench.bench.fused_linear_grpo.LOSS_TYPES` (``cispo`` with
 TRL's suggested ``epsilon_high = 5.0``, ``dr_grpo`` with ``max_completion_length = T``), the
 ``fused_linear_grpo_loss_token`` sweep at ``B`` of ``SIZES[size]`` (published: ``T = 1024``, ``H = 4096``,
 ``V = 128256``, bf16, a reference model, on-policy), ``full`` speed and memory: kernels_lib, the torch
 baseline (TRL's loss on fp32 logits), Liger's chunked loss and TRL's own fused-head path. The loss types
 are measured in ``rounds`` rounds, their order reversed every other round, and each row is the median over
-the rounds. Before and after, the matmul rate (:func:`kernels_lib.workbench.bench.ceilings.measure_ceilings`):
+the rounds. Before and after, the matmul rate (:func:`kernels_workbench.bench.ceilings.measure_ceilings`):
 the floor of ``full`` (four products of ``2BTHV``: the policy's and the reference's logits, ``dx``, ``dW``)
 is taken at the rate measured in this run, written beside every row (``matmul_tflops``).
 
@@ -30,10 +30,10 @@ import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
-from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
-from kernels_lib.workbench.bench.sweep import median_of_rounds, run_sweep
+from kernels_workbench.bench import fused_linear_grpo as grpo_bench
+from kernels_workbench.bench import get_spec
+from kernels_workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench.sweep import median_of_rounds, run_sweep
 
 FILE = "gpu_runs/fused_linear_grpo_loss_types.csv"
 SIZES = {

@@ -33,9 +33,9 @@ import torch
 
 import kernels_lib
 from kernels_lib import reference
-from kernels_lib.workbench.bench import get_spec, registered_losses
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench import get_spec, registered_losses
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.check import relative_error
 
 SIZES = {
     "full": {"N": 32768, "H": 4096, "V": 128256, "chunk": 2048, "edge": 64},

@@ -5,7 +5,7 @@ On the GPU machine, from the repository root (Liger and TRL come as wheels in ``
     pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl
     KERNELS_LIB_COMMIT=<commit> PYTHONPATH=/tmp/site:$PWD python3 scripts/published_sweeps.py --parts orpo,kto --out $OUT
 
-Each part is the CLI sweep of one published chart (``kernels_lib.workbench.bench.cli``), modes
+Each part is the CLI sweep of one published chart (``kernels_workbench.bench.cli``), modes
 ``forward`` and ``full``, speed and memory, with every provider of the loss's spec that loads
 (kernels_lib, the baseline, Liger, and TRL's fused-head path where the spec has it), its rows appended
 to ``data/measured/<kernel_name>.csv``:
@@ -46,8 +46,8 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import cli
+from kernels_workbench import data
+from kernels_workbench.bench import cli
 
 #: part -> (kernel_name, preset at full size); the CPU dry run uses each loss's ``small`` preset.
 PARTS = {

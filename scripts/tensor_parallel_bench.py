@@ -66,7 +66,7 @@ backward). Per (provider, point, mode, TP):
   order) replayed alone on the group and timed as above: the share of the call that is the wire.
 
 Output: ``tensor_parallel.csv`` in ``--out`` (appended; the measured CSV's columns,
-:data:`kernels_lib.workbench.bench.sweep.MEASURED_COLUMNS`, plus ``megatron_version``, ``tp``,
+:data:`kernels_workbench.bench.sweep.MEASURED_COLUMNS`, plus ``megatron_version``, ``tp``,
 ``comm_bytes``, ``comm_bytes_analytic``, ``comm_ms``, ``rank_medians``), and the logits-level rows
 again in the published layout into ``megatron_cross_entropy.csv`` and ``cross_entropy.csv`` (the
 configuration of the bench specs' sweeps, so the overview places the TP = 1 rows on the published
@@ -101,12 +101,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels_lib import cross_entropy as kernels_lib_cross_entropy  # noqa: E402
 from kernels_lib import fused_linear_cross_entropy  # noqa: E402
 from kernels_lib._vocab_parallel import FACTS  # noqa: E402
-from kernels_lib.workbench.bench import cross_entropy as ce_bench  # noqa: E402
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce_bench  # noqa: E402
-from kernels_lib.workbench.bench import megatron_cross_entropy as mce_bench  # noqa: E402
-from kernels_lib.workbench.bench.environment import package_version, provenance  # noqa: E402
-from kernels_lib.workbench.bench.ceilings import measure_ceilings  # noqa: E402
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS  # noqa: E402
+from kernels_workbench.bench import cross_entropy as ce_bench  # noqa: E402
+from kernels_workbench.bench import fused_linear_cross_entropy as flce_bench  # noqa: E402
+from kernels_workbench.bench import megatron_cross_entropy as mce_bench  # noqa: E402
+from kernels_workbench.bench.environment import package_version, provenance  # noqa: E402
+from kernels_workbench.bench.ceilings import measure_ceilings  # noqa: E402
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS  # noqa: E402
 
 COLUMNS = MEASURED_COLUMNS + ["megatron_version", "tp", "comm_bytes", "comm_bytes_analytic", "comm_ms", "rank_medians"]
 MODES = ("forward", "full")

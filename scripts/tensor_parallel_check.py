@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import kernels_lib
 from kernels_lib import reference
-from kernels_lib.workbench.bench.environment import provenance
+from kernels_workbench.bench.environment import provenance
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

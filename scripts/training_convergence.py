@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 PROVIDERS = ("huggingface", "kernels_lib", "kernels_lib[accurate=True]", "trl", "liger")
-#: The model (:data:`kernels_lib.workbench.training_step.MODEL_SHAPES`): hidden 1024, 8 layers, V = 128256, tied.
+#: The model (:data:`kernels_workbench.training_step.MODEL_SHAPES`): hidden 1024, 8 layers, V = 128256, tied.
 MODEL = "llama-1024x8"
 
 
@@ -49,9 +49,9 @@ def markov_stream(vocab: int, active: int, batch: int, seq: int, steps: int, see
 
 
 def train(provider, mode, stream, lr, seed, device):
-    """``provider`` (:func:`~kernels_lib.workbench.training_step.prepare`'s names) trained on ``stream``:
+    """``provider`` (:func:`~kernels_workbench.training_step.prepare`'s names) trained on ``stream``:
     the loss per step, the final weights (float32, on the CPU) and the seconds it took."""
-    from kernels_lib.workbench import training_step as ts
+    from kernels_workbench import training_step as ts
 
     model = ts.build_model(MODEL, device, seed, dtype=torch.float32 if mode == "autocast" else torch.bfloat16)
     loss_of = ts.prepare(provider, model)
@@ -88,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
     import pandas as pd
 
-    from kernels_lib.workbench.training_step import MODEL_SHAPES, new_run_id, training_provenance
+    from kernels_workbench.training_step import MODEL_SHAPES, new_run_id, training_provenance
 
     device = torch.device("cuda")
     stream = markov_stream(MODEL_SHAPES[MODEL]["vocab_size"], args.active, args.batch, args.seq, args.steps, args.seed, device)

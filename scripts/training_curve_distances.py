@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_lib.workbench import training_step as ts
+from kernels_workbench import training_step as ts
 
 PROVIDERS = ("huggingface", "kernels_lib", "kernels_lib[accurate=True]", "trl")
 FULL = {"model": "llama-3.2-1b", "batch": 1, "seq": 1024, "lr": 1e-4}

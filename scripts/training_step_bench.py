@@ -1,6 +1,6 @@
 """What the LM head costs in a whole training step, measured: one model shape, every provider, gradient
 checkpointing off then on, tokens per step 4 × 2048 upward (doubling the batch) until each provider's
-first OOM (issue 10, part D; the logic is :mod:`kernels_lib.workbench.training_step`).
+first OOM (issue 10, part D; the logic is :mod:`kernels_workbench.training_step`).
 
 On the GPU machine (no package registry: TRL, Liger-Kernel and what `import trl.trainer.utils` needs
 travel as wheels in `.whl/`), one call per model shape, each inside the 10-minute limit of a call:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     import torch
 
-    from kernels_lib.workbench import training_step as ts
+    from kernels_workbench import training_step as ts
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA device (use --device cpu --tiny for the CPU check)")

@@ -64,7 +64,7 @@ def check(name: str) -> dict:
 
     from hf_models import batch, tiny_model
     from kernels_lib import hf
-    from kernels_lib.workbench.bench.environment import git_commit, package_version
+    from kernels_workbench.bench.environment import git_commit, package_version
 
     family, tied = MODELS[name]
     base = tiny_model(family, tied=tied, layers=2).train()

@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable
-from kernels_lib.workbench.training_step import free_memory
+from kernels_workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable
+from kernels_workbench.training_step import free_memory
 from studies.bench.arms import constants_set, flat_outputs, within
 from studies.bench.timing import paired_arms, ratio_text
 

@@ -40,7 +40,7 @@ from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient
 from studies.bench.host_profile import host_microseconds, host_ops, host_times, matmul_chain, write_tables
 from studies.bench.host_profile import step_rows as host_profile_step_rows
-from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from kernels_workbench.bench.timing import mode_callable, time_callable
 
 #: chart -> (rows, logits dtype, reduction), the published workloads at V = 4096 and 8192
 CHARTS = {"megatron_cross_entropy": (8192, torch.bfloat16, "sum"), "cross_entropy": (16384, torch.float32, "mean")}

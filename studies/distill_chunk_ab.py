@@ -32,10 +32,10 @@ import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable, peak_memory_mib, time_callable
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable, peak_memory_mib, time_callable
+from kernels_workbench.check import relative_error
 from studies.bench.arms import constants_set
 from studies.bench.timing import run_ceilings
 from studies.kernels.distill_chunk_lanes import launcher

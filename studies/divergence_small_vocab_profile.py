@@ -10,7 +10,7 @@ Per loss, V (4096 and 8192, and 16384 as the bandwidth-bound control) and provid
 the torch baseline), mode ``full``:
 
 - ``do_bench``'s median, p20 and p80 (what the charts report);
-- the GPU's view (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`): the kernels' busy time per call
+- the GPU's view (:func:`~kernels_workbench.bench.timing.busy_timeline`): the kernels' busy time per call
   and the idle time between them, over calls issued back to back with the L2 flushed as do_bench does;
 - the host's view (:mod:`studies.bench.host_profile`): ms per call issued back to back and
   of one call after a sync. Where the host's ms per call exceed the GPU's busy ms, the call is
@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_lib.workbench.bench import get_spec
+from kernels_workbench.bench import get_spec
 from studies.bench.host_profile import host_ops, host_times, matmul_chain, step_rows, write_tables
-from kernels_lib.workbench.bench.sweep import available_providers
-from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from kernels_workbench.bench.sweep import available_providers
+from kernels_workbench.bench.timing import mode_callable, time_callable
 from studies.bench.timing import busy_timeline
 
 LOSSES = ("jsd", "tvd")

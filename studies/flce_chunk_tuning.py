@@ -33,9 +33,9 @@ import kernels_lib  # noqa: F401  (before triton)
 import triton.testing
 from kernels_lib.kernels import cross_entropy_chunk, logits_logsumexp
 from kernels_lib.kernels.logits_logsumexp import TMA_LOGITS_OUT_CONFIG, launch_logits_logsumexp
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable
 
 ROWS, HIDDEN, VOCAB = 4096, 4096, 128256
 PASS2 = [(block, warps) for block in (2048, 4096, 8192) for warps in (4, 8, 16)]

@@ -42,12 +42,12 @@ import pandas as pd
 import torch
 
 import kernels_lib
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import cli
+from kernels_workbench import data
+from kernels_workbench.bench import cli
 from studies.bench import flce_studies
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.sweep import available_providers
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.sweep import available_providers
 
 SIZES = {
     "full": {"BT": 8192, "H": 4096, "V": 128256, "chunks": [256, 512, 1024, 2048, 4096, 8192], "many": 256},

@@ -34,7 +34,7 @@ failing part is reported, the others still run, the exit code is 1 if any failed
 ``past_floor``: ``gpu_runs/fused_linear_cross_entropy_past_floor.csv`` (rounds in ``..._past_floor_rounds.csv``).
     The ``frontier`` part's peers, the floor's three matmuls among them, and the default in the same
     alternating rounds, no dial: issue 30's targets (torch's ``F.linear_cross_entropy`` on the H200's torch
-    2.11 through ``KERNELS_LIB_TORCH_LCE_FILES``, :mod:`kernels_lib.workbench.bench.torch_lce`).
+    2.11 through ``KERNELS_LIB_TORCH_LCE_FILES``, :mod:`kernels_workbench.bench.torch_lce`).
 ``gluon``: ``gpu_runs/fused_linear_cross_entropy_gluon_ab.csv`` (rounds in ``..._gluon_ab_rounds.csv``).
     The log-sum-exp stage in Gluon (:mod:`studies.kernels.gluon_logits_logsumexp`) beside the tl.*
     one and cuBLAS's logits matmul, at each N, in alternating rounds, with their errors (:func:`gluon`).
@@ -121,14 +121,14 @@ import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 from kernels_lib.kernels import logits_logsumexp as logits_lse
 from studies.bench.arms import constants_set
-from kernels_lib.workbench.bench.ceilings import matmul_rate
+from kernels_workbench.bench.ceilings import matmul_rate
 from studies.bench import flce_studies
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
+from kernels_workbench.bench.timing import mode_callable, time_callable
 from studies.bench.timing import busy_timeline, paired_summary, paired_times, sync_sites
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 from studies.kernels import gluon_logits_logsumexp as gluon_stage
 from studies.kernels.logits_logsumexp_configs import CANDIDATE_CONFIGS
 from studies.routes import wide_class_major
@@ -432,8 +432,8 @@ def exponentials(size: dict, device: torch.device, rounds_path: Path | None = No
 def timeline(size: dict, device: torch.device) -> pd.DataFrame:
     """``full`` at each N of ``size["timeline_n"]``, per provider of ``size["profile_providers"]``: do_bench's
     time beside the GPU's own view of ten back-to-back steps, each after do_bench's L2 flush
-    (:func:`~kernels_lib.workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps,
-    the host's longest runtime calls) and the call's sync sites (:func:`~kernels_lib.workbench.bench.timing.sync_sites`)."""
+    (:func:`~kernels_workbench.bench.timing.busy_timeline`: span, kernels' busy time, idle, largest gaps,
+    the host's longest runtime calls) and the call's sync sites (:func:`~kernels_workbench.bench.timing.sync_sites`)."""
     loaded, skipped = available_providers(flce.KERNEL_NAME, size["profile_providers"])
     rows = []
     for n in size["timeline_n"]:
@@ -466,13 +466,13 @@ def quack_ab(size: dict, device: torch.device, rounds_path: Path | None = None) 
 
 def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None) -> pd.DataFrame:
     """Issue 30's run: every peer that loads (torch's ``F.linear_cross_entropy`` with its default and
-    accurate policies among them) and the floor (:data:`~kernels_lib.workbench.bench.fused_linear_cross_entropy.FLOOR`,
+    accurate policies among them) and the floor (:data:`~kernels_workbench.bench.fused_linear_cross_entropy.FLOOR`,
     the three matmuls alone) beside kernels_lib's default, in the frontier's alternating rounds, no dial:
-    what :func:`kernels_lib.workbench.bench.analysis.past_floor_targets` judges. Beside them the arm
+    what :func:`kernels_workbench.bench.analysis.past_floor_targets` judges. Beside them the arm
     :data:`DX_ARM` (the stored exponentials' ``dx`` in blocks of the rows of before, 2048), the A/B of
     :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`. Every row carries ``matmul_tflops``: the better of two bf16
     8192³ products through cuBLAS, one before the rounds and one after (NaN on a CPU), the square-product rate
-    of the same run that :func:`kernels_lib.workbench.bench.analysis.past_floor_rates` sets the floor's rate beside."""
+    of the same run that :func:`kernels_workbench.bench.analysis.past_floor_rates` sets the floor's rate beside."""
     def run():
         return frontier(size, device, rounds_path, dial=False, arms=(DX_ARM,))
 
@@ -484,7 +484,7 @@ def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None
 
 def quack_pairs(size: dict, device: torch.device) -> pd.DataFrame:
     """kernels_lib's default and QuACK's, ``full`` and ``forward_no_grad`` at each N, timed in adjacent pairs
-    (:func:`~kernels_lib.workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
+    (:func:`~kernels_workbench.bench.timing.paired_times`: ``size["pair_samples"]`` samples, the order
     alternating, each call alone after an L2 flush): the median and p20/p80 of the per-pair ratio, which
     a drift of the GPU over the run does not move. A provider that does not load, or fails at a size, gives a row
     with the reason."""

@@ -27,10 +27,10 @@ import pandas as pd
 import torch
 
 import kernels_lib
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable, time_callable
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable, time_callable
+from kernels_workbench.check import relative_error
 from studies.bench.arms import constants_set
 from studies.bench.timing import run_ceilings
 from studies.kernels.jsd_log_dials import WithDials

@@ -5,7 +5,7 @@ Run on the GPU machine (see README, "On a GPU"):
     KERNELS_LIB_COMMIT=<commit> python -m studies.kl_div_tuning --out $OUT
 
 Writes ``tuning.csv`` and ``large_check.csv`` under ``--out``; the sweep itself goes through the
-CLI (``python3 -m kernels_lib.workbench.bench.cli kl_div --preset published``), which appends to data/measured/.
+CLI (``python3 -m kernels_workbench.bench.cli kl_div --preset published``), which appends to data/measured/.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import triton.testing
 
 import kernels_lib
-from kernels_lib.workbench.bench.ceilings import copy_bandwidth
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench.ceilings import copy_bandwidth
+from kernels_workbench.check import relative_error
 from kernels_lib.kernels.kl_div_forward import launch_kl_div_forward, num_programs
 
 

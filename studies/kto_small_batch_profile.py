@@ -17,8 +17,8 @@ import torch
 import triton
 
 from kernels_lib._sequence_logprobs import chunk_rows
-from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.environment import provenance
+from kernels_workbench.bench import get_spec
+from kernels_workbench.bench.environment import provenance
 
 
 def main():

@@ -16,7 +16,7 @@ bench's own inputs and options:
   CPU total of the call's top-level op is not taken: the wall time of three unsynchronized launches is).
 
 The copy and matmul ceilings are measured first in the same run, so each point's floor is of this run's own GPU
-(``kernels_lib.workbench.profiles.loss_profiles`` reads the three files). Writes to ``--out``:
+(``kernels_workbench.profiles.loss_profiles`` reads the three files). Writes to ``--out``:
 ``loss_profile_times.csv``, ``loss_profile_kernels.csv`` and ``ceilings.csv`` (append each to
 ``data/measured/gpu_runs/`` and ``data/measured/ceilings.csv``).
 
@@ -33,10 +33,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.timing import mode_callable, time_callable
+from kernels_workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.timing import mode_callable, time_callable
 from studies.bench.timing import busy_timeline, sync_sites
 
 SKIP = ("fused_linear_cross_entropy",)

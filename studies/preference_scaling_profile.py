@@ -26,8 +26,8 @@ import torch
 from triton.testing import do_bench
 
 from kernels_lib._sequence_logprobs import reference_sums
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
 
 LOSSES = {"dpo": "fused_linear_dpo_loss", "grpo": "fused_linear_grpo_loss_token"}
 

@@ -23,9 +23,9 @@ import pandas as pd
 import torch
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable, peak_memory_mib, time_callable
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable, peak_memory_mib, time_callable
 
 FILE = "gpu_runs/sequence_epilogue_route_ab.csv"
 LOSSES = "fused_linear_dpo_loss,fused_linear_grpo_loss_token,kto_loss,fused_linear_cpo_loss"

@@ -2,7 +2,7 @@
 each product timed by its own CUDA events, after an idle pause.
 
 Why: the floor of the fused linear losses is their matmul FLOPs at the run's matmul ceiling (a bf16 8192³
-product, ``kernels_lib.workbench.bench.ceilings``). In the loss profiles (``gpu_runs/loss_profile_kernels.csv``,
+product, ``kernels_workbench.bench.ceilings``). In the loss profiles (``gpu_runs/loss_profile_kernels.csv``,
 H100) the same cuBLAS kernels ran slower per call in the long calls than in the short ones: DPO's matmuls at
 0.95× their floor at B = 2 (a 13 ms call) and 1.07× at B = 16 (107 ms); GRPO token's logits product at 2.85 ms
 a call at B = 2 and 3.10 ms at B = 16, same shape. If the rate falls with the time the GPU has run flat out
@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench import profiles
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench import profiles
 
 FILE = "sustained_matmul.csv"
 SHAPES = {"8192^3": (8192, 8192, 8192), "logits chunk 2048x4096x128256": (2048, 4096, 128256)}

@@ -15,7 +15,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kernels_lib.workbench import training_step as ts
+from kernels_workbench import training_step as ts
 
 dev = torch.device("cuda")
 for ckpt in (True, False):

@@ -2,7 +2,7 @@
 
 ``gpu``: a test of a route that exists only on CUDA (the Hopper kernels; ``tests/test_gpu_routes.py``).
 On a machine without CUDA such tests are *deselected*, not skipped, and the header says how many: they
-are not counted at all there, and ``./workbench test --gpu`` (``kernels_lib.workbench.gpu_tests``) runs
+are not counted at all there, and ``./workbench test --gpu`` (``tests/gpu_target.py``) runs
 them with the rest of the suite on a CUDA machine.
 
 ``gpu_memory(gib)``: the test's peak reserved device memory in GiB, as the GPU target measured it
@@ -22,7 +22,7 @@ import uuid
 import pytest
 import torch
 
-from kernels_lib.workbench import gpu_tests as _target
+import gpu_target as _target  # tests/gpu_target.py: the GPU target's scheduler
 
 
 def pytest_configure(config):

@@ -2,8 +2,8 @@
 
 The notebook tests (``tests/test_notebook_*.py``, ``test_notebooks.py``, ``test_overview.py``,
 ``test_training_step.py``) and the browser tests (``test_browser.py``) read the same executions: the
-runner's CPU parameters (:func:`kernels_lib.workbench.report.notebook_parameters`) plus a
-``results_dir`` for the check tables, executed by :func:`kernels_lib.workbench.report.run_notebook`
+runner's CPU parameters (:func:`kernels_workbench.report.notebook_parameters`) plus a
+``results_dir`` for the check tables, executed by :func:`kernels_workbench.report.run_notebook`
 into one folder, as ``./workbench reports`` does. Executing each notebook once, not twice, is most of
 what keeps CI within its time (the notebooks are about half of the suite's CPU time).
 
@@ -84,7 +84,7 @@ def results_dir(notebook: Path) -> Path:
 
 def run(notebook: Path, timeout: int = 900) -> tuple[Path, float, str]:
     """``(html path, seconds, failure)`` of ``notebook``'s shared execution, running it on first use."""
-    from kernels_lib.workbench import report  # noqa: PLC0415 (the run's controller imports this module only to clean up)
+    from kernels_workbench import report  # noqa: PLC0415 (the run's controller imports this module only to clean up)
 
     done = out_dir() / f"{notebook.stem}.run.json"
     with FileLock(str(out_dir() / f"{notebook.stem}.lock")):
@@ -112,6 +112,6 @@ def executed(notebook: Path, timeout: int = 900) -> tuple[Path, Path, Path]:
 def all_reports() -> list[tuple[Path, float, str]]:
     """Every notebook of ``notebooks/`` in the runner's order (:func:`report.run_order`), each executed
     once: the ``(html, seconds, failure)`` list :func:`report.write_index` takes."""
-    from kernels_lib.workbench import report  # noqa: PLC0415
+    from kernels_workbench import report  # noqa: PLC0415
 
     return [run(notebook) for notebook in report.run_order(sorted(NOTEBOOKS.glob("*.ipynb")))]

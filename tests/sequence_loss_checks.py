@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels_lib.workbench.check import BASELINE_MARGIN
+from kernels_workbench.check import BASELINE_MARGIN
 
 
 def grads_of(loss, tensors, grad_output):

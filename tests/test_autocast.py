@@ -39,7 +39,7 @@ from kernels_lib.fused_linear_grpo import FusedLinearGRPOLoss
 from kernels_lib.fused_linear_jsd import FusedLinearJSDLoss
 from kernels_lib.fused_linear_kto import FusedLinearKTOLoss
 from kernels_lib.fused_linear_orpo import FusedLinearORPOLoss
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 
 DEVICE = kernels_lib.default_device()
 HALVES = (torch.bfloat16, torch.float16)

@@ -17,19 +17,19 @@ import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import analysis, cli, environment
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import (
+from kernels_workbench import data
+from kernels_workbench.bench import analysis, cli, environment
+from kernels_workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import (
     MEASURED_COLUMNS,
     PUBLISHED_COLUMNS,
     available_providers,
     median_of_rounds,
     run_sweep,
 )
-from kernels_lib.workbench.bench.timing import MODES, backward_after_forward, mode_callable, time_after_setup
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench.timing import MODES, backward_after_forward, mode_callable, time_after_setup
+from kernels_workbench.check import relative_error
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -418,7 +418,7 @@ def test_cli_rejects_a_preset_the_loss_lacks(loss, preset, measured_dir, capsys)
 def test_token_preset_rows_land_on_the_b200_chart_only(measured_dir, capsys):
     """The CLI's rows at the published V, relabelled as an H200 run (the overview reads CUDA rows only): they join
     the B200 token chart, not the H100 vocabulary chart, and give it a floor of 12 B per element."""
-    from kernels_lib.workbench import overview
+    from kernels_workbench import overview
 
     assert cli.main(["jsd", "--preset", "published_tokens", "--values", "1", "--providers", "kernels_lib", "--modes", "forward"]) == 0
     path = measured_dir / "jsd.csv"

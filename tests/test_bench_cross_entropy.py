@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 import kernels_lib
 from kernels_lib import default_device
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import cross_entropy as ce_bench
-from kernels_lib.workbench.bench import megatron_cross_entropy as mg_bench
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
-from kernels_lib.workbench.check import TOLERANCE, assert_checks_pass, check_against_reference, relative_error
+from kernels_workbench import data
+from kernels_workbench.bench import cross_entropy as ce_bench
+from kernels_workbench.bench import megatron_cross_entropy as mg_bench
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
+from kernels_workbench.check import TOLERANCE, assert_checks_pass, check_against_reference, relative_error
 
 DEVICE = default_device()
 needs_cpu = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from kernels_lib import DistillationOutput, default_device, fused_linear_jsd
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import distillation
-from kernels_lib.workbench.bench import fused_linear_jsd as flj
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
-from kernels_lib.workbench.check import assert_checks_pass, check_against_reference, relative_error
+from kernels_workbench import data
+from kernels_workbench.bench import distillation
+from kernels_workbench.bench import fused_linear_jsd as flj
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
+from kernels_workbench.check import assert_checks_pass, check_against_reference, relative_error
 
 DEVICE = default_device()
 needs_cpu = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")

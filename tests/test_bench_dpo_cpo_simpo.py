@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import fused_linear_cpo as cpo
-from kernels_lib.workbench.bench import fused_linear_dpo as dpo
-from kernels_lib.workbench.bench import fused_linear_simpo as simpo
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
-from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
+from kernels_workbench import data
+from kernels_workbench.bench import fused_linear_cpo as cpo
+from kernels_workbench.bench import fused_linear_dpo as dpo
+from kernels_workbench.bench import fused_linear_simpo as simpo
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
+from kernels_workbench.check import assert_checks_pass, check_against_reference
 
 DEVICE = default_device()
 needs_cpu = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")

@@ -17,13 +17,13 @@ import torch
 
 import kernels_lib
 from kernels_lib import default_device
-from kernels_lib.workbench import charts, data
-from kernels_lib.workbench.bench import analysis, cli
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench import torch_lce as torch_lce_module
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
-from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
+from kernels_workbench import charts, data
+from kernels_workbench.bench import analysis, cli
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench.bench import torch_lce as torch_lce_module
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
+from kernels_workbench.check import assert_checks_pass, check_against_reference
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -312,7 +312,7 @@ def test_check_table_passes_over_options():
 
 @pytest.mark.gpu_memory(5)  # on a GPU: the published sizes' ceilings
 def test_cli_dry_run(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path / "measured")
+    monkeypatch.setattr("kernels_workbench.data.MEASURED_DIR", tmp_path / "measured")
     code = cli.main(["fused_linear_cross_entropy", "--preset", "small", "--values", "4", "--providers",
                      "kernels_lib,kernels_lib[accurate=True]", "--modes", "full", "--dry-run"])
     assert code == 0

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from kernels_lib import default_device
-from kernels_lib.workbench.bench import analysis
-from kernels_lib.workbench.bench import fused_linear_kto as kto
-from kernels_lib.workbench.bench import fused_linear_orpo as orpo
-from kernels_lib.workbench.bench.spec import Provider
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
-from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
+from kernels_workbench.bench import analysis
+from kernels_workbench.bench import fused_linear_kto as kto
+from kernels_workbench.bench import fused_linear_orpo as orpo
+from kernels_workbench.bench.spec import Provider
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
+from kernels_workbench.check import assert_checks_pass, check_against_reference
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -255,7 +255,7 @@ def test_verdicts_by_run_judges_each_run_apart():
 
 @needs_cpu
 def test_h200_script_small_path(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path / "measured")
+    monkeypatch.setattr("kernels_workbench.data.MEASURED_DIR", tmp_path / "measured")
     spec = importlib.util.spec_from_file_location("h200_preference", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -1,5 +1,5 @@
 """torch 2.13's ``linear_cross_entropy`` files loaded as the workbench does on an older torch
-(:mod:`kernels_lib.workbench.bench.torch_lce`): the same numbers as torch's own function, bit for bit,
+(:mod:`kernels_workbench.bench.torch_lce`): the same numbers as torch's own function, bit for bit,
 where torch has it (the files are then the installed torch's own); a folder that lacks them is named."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import kernels_lib  # sets up the backend before the kernels are defined
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench import torch_lce
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench.bench import torch_lce
 
 HAS_LCE = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 needs_lce = pytest.mark.skipif(not HAS_LCE, reason=f"torch {torch.__version__} has no F.linear_cross_entropy (2.13+)")

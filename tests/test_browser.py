@@ -6,7 +6,7 @@
   its figure has in the executed notebook, without a page error, without a request that leaves the file
   and without a stderr box; a screenshot is written next to it. In every figure no two text boxes
   overlap or are clipped, and a provider has one colour in every report.
-- The index: a card per report, with the dashboard of :mod:`kernels_lib.workbench.dashboard` per GPU;
+- The index: a card per report, with the dashboard of :mod:`kernels_workbench.dashboard` per GPU;
   every number it shows must equal the dashboard's, offline, and no sparkline label is clipped.
 - JupyterLab: a server on loopback with a token runs notebook 02 with ``interactive=True``; the sweep
   panel appears and must say what it measured and what it could not (what will appear before a sweep,
@@ -38,8 +38,8 @@ import pytest
 import torch
 
 import notebook_runs  # the notebooks' executions, shared with their own tests
-from kernels_lib.workbench import charts, dashboard, report
-from kernels_lib.workbench.mathml import markdown_math_to_mathml
+from kernels_workbench import charts, dashboard, report
+from kernels_workbench.mathml import markdown_math_to_mathml
 
 # The first test that asks for ``reports`` runs every notebook at CPU size inside its own time (about
 # 10 minutes on an idle 2-core machine, data/report_times.csv): past the suite's 900 s per test on a
@@ -125,7 +125,7 @@ def test_index_links_every_report(browser, reports):
 
 def test_index_dashboard_shows_the_measured_numbers_offline(browser, reports):
     """The index's cards in the browser, network cut off: a card per report, a section with a sparkline
-    per measured chart and GPU, no target badge, and every number shown (ratios, x) equal to :func:`kernels_lib.workbench.dashboard.dashboard`'s, to two decimals."""
+    per measured chart and GPU, no target badge, and every number shown (ratios, x) equal to :func:`kernels_workbench.dashboard.dashboard`'s, to two decimals."""
     out, _ = reports
     board = dashboard.dashboard()
     page = browser.new_page()
@@ -217,8 +217,8 @@ def _overlap(a: dict, b: dict, tolerance: float = 1.0) -> bool:
 def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, reports):
     """Across every report's plotly figures: no two SVG text boxes overlap and none is clipped by its figure;
     a provider (by base name: ``kernels_lib[chunk_size=256]`` is kernels_lib) and a variant of its own
-    (``kernels_lib[accurate=True]``, :data:`~kernels_lib.workbench.charts.VARIANT_COLORS`) is drawn in one colour,
-    the one :func:`kernels_lib.workbench.charts.provider_color` gives it; kernels_lib's lines come after every peer's
+    (``kernels_lib[accurate=True]``, :data:`~kernels_workbench.charts.VARIANT_COLORS`) is drawn in one colour,
+    the one :func:`kernels_workbench.charts.provider_color` gives it; kernels_lib's lines come after every peer's
     (drawn on top)."""
     out, pages = reports
     colours: dict[str, set] = {}
@@ -365,7 +365,7 @@ def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_says_what_it_measur
     says "running 0/N" as the sweep starts; the table speaks as people do; each provider has its colour;
     a subplot with nothing measured says why; the swept axis changes and a second sweep runs that range; a
     size typed above its cap is set to the cap with a message saying so."""
-    from kernels_lib.workbench import widgets
+    from kernels_workbench import widgets
 
     cpu = not torch.cuda.is_available()  # the notebook's device is the default one: a CPU here means the interpreter
     base, token = lab

@@ -8,13 +8,13 @@ import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench.spec import Provider
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.charts import (
+from kernels_workbench import data
+from kernels_workbench.bench.spec import Provider
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.charts import (
     COLORS, PANELS, axis_title, base_provider, line_traces, provider_color, scaling_chart, speed_memory_chart,
 )
-from kernels_lib.workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
+from kernels_workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
 from kernels_lib.kl_div import kl_div
 
 DEVICE = default_device()
@@ -173,7 +173,7 @@ def test_scaling_chart_draws_kernels_lib_last_times_in_ms_and_ticks_integers():
 
 
 def test_tables_print_integers_as_integers_and_keep_small_errors_visible():
-    from kernels_lib.workbench.charts import table_number
+    from kernels_workbench.charts import table_number
 
     assert [table_number(v) for v in (128256.0, 2.0, 0.0, -3.0)] == ["128256", "2", "0", "-3"]
     assert [table_number(v) for v in (3.914, 1066.0625, 25.8213)] == ["3.914", "1066.062", "25.821"]
@@ -201,7 +201,7 @@ def test_speed_memory_chart_names_providers_in_the_legend_not_beside_the_markers
 
 
 def test_log_ticks_label_decade_steps_and_never_an_empty_axis():
-    from kernels_lib.workbench.charts import log_ticks
+    from kernels_workbench.charts import log_ticks
 
     assert log_ticks([120, 9000])["tickvals"] == [200, 500, 1000, 2000, 5000, 10000]
     assert all(str(t)[0] in "125" for t in log_ticks([3, 40000])["tickvals"])
@@ -218,7 +218,7 @@ PRESET = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes"
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU panel: liger cannot run and is left out")
 def test_sweep_panel_runs_and_redraws():
-    from kernels_lib.workbench.widgets import SweepPanel
+    from kernels_workbench.widgets import SweepPanel
 
     panel = SweepPanel("kl_div", DEVICE, PRESET)
     assert all(list(trace.x) == [None] for trace in panel.figure.data)  # before a sweep: empty subplots that say so
@@ -247,7 +247,7 @@ def test_sweep_panel_runs_and_redraws():
 
 
 def test_summary_table():
-    from kernels_lib.workbench.widgets import summary_table
+    from kernels_workbench.widgets import summary_table
 
     assert summary_table(pd.DataFrame()).empty
     frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2]))
@@ -325,7 +325,7 @@ def test_check_nan_never_passes(monkeypatch):
 
 
 def test_sweep_panel_sweeps_any_axis_of_the_loss():
-    from kernels_lib.workbench.widgets import SweepPanel
+    from kernels_workbench.widgets import SweepPanel
 
     preset = {"x_name": "V", "x_label": "vocab size", "x_values": [64, 128], "sizes": {"N": 4}, "dtype": torch.float32}
     panel = SweepPanel("kl_div", "cpu", preset)

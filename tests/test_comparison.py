@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels_lib.workbench import comparison, overview
-from kernels_lib.workbench.bench.registry import get_spec
+from kernels_workbench import comparison, overview
+from kernels_workbench.bench.registry import get_spec
 
 GPU = "NVIDIA H100 80GB HBM3"
 CONFIG = {"N": 16384, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}

@@ -1,8 +1,8 @@
 """kernels_lib.cross_entropy against a float64 reference and against torch.nn.functional.cross_entropy.
 
-Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_lib.workbench.check.relative_error`), the
+Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_workbench.check.relative_error`), the
 reference (:func:`kernels_lib.reference.cross_entropy`, autograd for the gradient) run on float64
-copies of the very logits the kernel saw, bounded by :data:`kernels_lib.workbench.check.TOLERANCE`
+copies of the very logits the kernel saw, bounded by :data:`kernels_workbench.check.TOLERANCE`
 of the logits' dtype. Shapes are small: without a GPU the kernels run in Triton's interpreter.
 """
 
@@ -19,7 +19,7 @@ import kernels_lib
 from kernels_lib import default_device, reference
 from kernels_lib.kernels import cross_entropy_rows
 from kernels_lib.kernels.cross_entropy_rows import launch_cross_entropy_rows
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from device_errors import assert_device_error
 
 ce_module = importlib.import_module("kernels_lib.cross_entropy")

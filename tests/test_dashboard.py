@@ -1,4 +1,4 @@
-"""The reports index's dashboard (kernels_lib.workbench.dashboard) against the measured CSVs themselves.
+"""The reports index's dashboard (kernels_workbench.dashboard) against the measured CSVs themselves.
 
 Every expected number here is computed straight from ``data/measured/*.csv`` with pandas (the newest
 run of the chart on its GPU, the median of each provider at the x), not through the dashboard's helpers;
@@ -17,8 +17,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import dashboard, data, report
-from kernels_lib.workbench.bench import get_spec
+from kernels_workbench import dashboard, data, report
+from kernels_workbench.bench import get_spec
 
 H200 = "NVIDIA H200"
 
@@ -372,7 +372,7 @@ def test_grpo_family_card_is_one_run_of_the_loss_types_per_gpu(tmp_path):
     over each peer's from that run alone (another GPU's run in a block of its own); not measured without the file."""
     import re
 
-    from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
+    from kernels_workbench.bench import fused_linear_grpo as grpo_bench
 
     committed_path = data.measured_file(dashboard.GRPO_LOSS_TYPES)
     committed = pd.read_csv(committed_path) if committed_path.exists() else None

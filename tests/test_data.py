@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS
+from kernels_workbench import data
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, PUBLISHED_COLUMNS
 
 KERNELS = {
     "fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss",

@@ -19,8 +19,8 @@ import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import _distillation, _sequence_logprobs, _validate, default_device
-from kernels_lib.workbench.bench.registry import get_spec
-from kernels_lib.workbench.bench.timing import mode_callable
+from kernels_workbench.bench.registry import get_spec
+from kernels_workbench.bench.timing import mode_callable
 
 DEVICE = default_device()
 

@@ -1,10 +1,10 @@
 """kernels_lib.distill_jsd_loss and distill_cosine_loss against the float64 references and Liger's
 own chunked modules (run eagerly on the CPU).
 
-Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_lib.workbench.check.relative_error`) against
+Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_workbench.check.relative_error`) against
 :func:`kernels_lib.reference.distill_jsd_loss` / :func:`~kernels_lib.reference.distill_cosine_loss`
 (autograd for the gradients) on float64 copies of the very inputs, bounded by
-:data:`~kernels_lib.workbench.check.TOLERANCE` of the input dtype. Shapes are small (Triton's interpreter).
+:data:`~kernels_workbench.check.TOLERANCE` of the input dtype. Shapes are small (Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 import kernels_lib
 from kernels_lib import DistillationOutput, distill_cosine_loss, distill_jsd_loss, reference
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from two_heads import STUDENT, float64, make, poisoned_allocations, run  # noqa: F401  (a fixture)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

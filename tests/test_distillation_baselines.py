@@ -1,4 +1,4 @@
-"""The baselines of notebook 08 (kernels_lib.workbench.distillation_baselines) against kernels_lib.reference in
+"""The baselines of notebook 08 (kernels_workbench.distillation_baselines) against kernels_lib.reference in
 float64: TRL's generalized_jsd_loss and the F compositions give the reference's losses, ignored rows and a
 temperature included."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels_lib import reference
-from kernels_lib.workbench import distillation_baselines as baselines
+from kernels_workbench import distillation_baselines as baselines
 
 
 def _heads(seed=0, n=7, h_student=5, h_teacher=6, v=13):

@@ -1,4 +1,4 @@
-"""kernels_lib.workbench.fused_cross_entropy: what notebook 01 computes beyond the bench (the derivation's check,
+"""kernels_workbench.fused_cross_entropy: what notebook 01 computes beyond the bench (the derivation's check,
 the ForCausalLMLoss check, the budget, the precision sentence, and the headline and comparison of a GPU run)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels_lib import default_device
-from kernels_lib.workbench import data
-from kernels_lib.workbench import fused_cross_entropy as fce
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench import data
+from kernels_workbench import fused_cross_entropy as fce
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
 
 CONFIG = json.dumps({"H": 4096, "V": 128256, "dtype": "torch.bfloat16"})
 

@@ -31,7 +31,7 @@ from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
 from kernels_lib.fused_linear_grpo import CLIPPED, LOSS_TYPES, SAMPLING_MODES, FusedLinearGRPOLoss, GRPOOutput, fused_linear_grpo
 from kernels_lib.fused_linear_cross_entropy import matmul_dtype
-from kernels_lib.workbench.check import TOLERANCE
+from kernels_workbench.check import TOLERANCE
 from sequence_loss_checks import assert_errors_below, double_leaves, grads_of
 
 DEVICE = default_device()
@@ -39,7 +39,7 @@ DEVICE = default_device()
 # Relative-error tolerances per input dtype, as tests/test_fused_linear_kto.py: float32 differs from
 # the float64 reference only in summation order (observed ~1e-7); bfloat16 / float16 gradients are
 # rounded once to the input dtype (u = 2^-8, 2^-11) and dW/db accumulated across chunks in it: 5u, 8u.
-#: float32 as kernels_lib.workbench.check.TOLERANCE states it per device (CUDA's float32 matmuls: 3e-5)
+#: float32 as kernels_workbench.check.TOLERANCE states it per device (CUDA's float32 matmuls: 3e-5)
 TOL = {torch.float32: TOLERANCE[torch.float32], torch.float16: 4e-3, torch.bfloat16: 2e-2}
 LEVELS = ("token", "sequence")
 METRICS = ("clip_ratio_low_mean", "clip_ratio_low_min", "clip_ratio_high_mean", "clip_ratio_high_max", "clip_ratio_region_mean")
@@ -765,9 +765,9 @@ def kl_cancellation_floor(case, want, tensors, target, dtype) -> float:
 def test_registered_with_the_published_presets():
     import json
 
-    from kernels_lib.workbench import data
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
-    from kernels_lib.workbench.bench.registry import get_spec, registered_losses
+    from kernels_workbench import data
+    from kernels_workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.bench.registry import get_spec, registered_losses
 
     for level, name in bench.KERNEL_NAMES.items():
         assert name in registered_losses()
@@ -787,8 +787,8 @@ def test_registered_with_the_published_presets():
 
 
 def test_bench_inputs_and_checks():
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
-    from kernels_lib.workbench.check import assert_checks_pass, check_against_reference
+    from kernels_workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.check import assert_checks_pass, check_against_reference
 
     spec = bench.SPEC_SEQUENCE
     inputs = bench.make_inputs({"B": 3, "T": 5, "H": 16, "V": 67}, torch.bfloat16, DEVICE, spec.default_options, seed=1)
@@ -807,7 +807,7 @@ def test_bench_inputs_and_checks():
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU-machine behaviour (no CUDA: Liger cannot run)")
 def test_tiny_sweep_both_charts():
-    from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
+    from kernels_workbench.bench.sweep import MEASURED_COLUMNS, run_sweep
 
     for name in ("fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence"):
         rows = run_sweep(name, x_name="B", x_values=[2], sizes={"T": 4, "H": 16, "V": 67}, dtype=torch.float32,
@@ -822,7 +822,7 @@ def test_liger_adapter(monkeypatch):
     import sys
     import types
 
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.bench import fused_linear_grpo as bench
 
     log = []
 
@@ -867,8 +867,8 @@ def test_liger_adapter_against_float64_every_loss_type(monkeypatch):
     grpo_module = pytest.importorskip("liger_kernel.chunked_loss.grpo_loss")
     import functools
 
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
-    from kernels_lib.workbench.bench import spec as bench_spec
+    from kernels_workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.bench import spec as bench_spec
 
     monkeypatch.setattr(grpo_module, "LigerFusedLinearGRPOLoss",
                         functools.partial(grpo_module.LigerFusedLinearGRPOLoss, compiled=False))
@@ -907,7 +907,7 @@ def test_liger_adapter_against_float64_every_loss_type(monkeypatch):
 
 def test_bench_loss_types_and_options():
     """The bench names every loss type of the function, fills dr_grpo's L_max, and takes the options."""
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.bench import fused_linear_grpo as bench
 
     assert tuple(bench.LOSS_TYPES) == LOSS_TYPES and all(bench.LOSS_TYPES.values())
     assert set(bench.EXTRA_OPTIONS) <= set(FusedLinearGRPOLoss().options) | {"max_completion_length"}
@@ -923,8 +923,8 @@ def test_cli_option_sweeps_another_loss_type(tmp_path, monkeypatch, capsys):
     """``--option loss_type=cispo --option epsilon_high=5.0``: the rows record both; an unknown option is refused."""
     import json
 
-    from kernels_lib.workbench import data
-    from kernels_lib.workbench.bench import cli
+    from kernels_workbench import data
+    from kernels_workbench.bench import cli
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path / "measured")
     base = ["fused_linear_grpo_loss_token", "--values", "2", "--size", "T=3", "--size", "H=8", "--size", "V=31",
@@ -948,8 +948,8 @@ def test_other_loss_types_stay_off_the_published_chart():
 
     import pandas as pd
 
-    from kernels_lib.workbench import overview
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench import overview
+    from kernels_workbench.bench import fused_linear_grpo as bench
 
     spec = bench.SPEC_TOKEN
     sizes = {"T": 1024, "H": 4096, "V": 128256, "dtype": "torch.bfloat16"}
@@ -971,7 +971,7 @@ def test_loss_types_script_and_table(tmp_path):
 
     import pandas as pd
 
-    from kernels_lib.workbench.bench import fused_linear_grpo as bench
+    from kernels_workbench.bench import fused_linear_grpo as bench
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "grpo_loss_types.py"
     spec = importlib.util.spec_from_file_location("grpo_loss_types", path)

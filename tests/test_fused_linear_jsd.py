@@ -1,9 +1,9 @@
 """kernels_lib.fused_linear_jsd against the float64 reference, TRL 1.16's ``generalized_jsd_loss``
 and TRL's ``ChunkedDivergenceFunction``.
 
-Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_lib.workbench.check.relative_error`), the
+Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_workbench.check.relative_error`), the
 reference (:func:`kernels_lib.reference.fused_linear_jsd`, autograd for the gradients) run on float64
-copies of the very inputs the kernel saw, bounded by :data:`~kernels_lib.workbench.check.TOLERANCE` of
+copies of the very inputs the kernel saw, bounded by :data:`~kernels_workbench.check.TOLERANCE` of
 the input dtype. Shapes are small: without a GPU the kernels run in Triton's interpreter.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 import kernels_lib
 from kernels_lib import fused_linear_jsd, reference
-from kernels_lib.workbench.check import BASELINE_MARGIN, TOLERANCE, relative_error
+from kernels_workbench.check import BASELINE_MARGIN, TOLERANCE, relative_error
 from two_heads import STUDENT, float64, make, poisoned_allocations, run  # noqa: F401  (a fixture)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -22,7 +22,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 import test_properties as properties
 from kernels_lib import default_device, fused_linear_grpo, fused_linear_token_logprobs, reference
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 
 DEVICE = default_device()
 

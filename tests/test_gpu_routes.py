@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 import kernels_lib
 from kernels_lib import fused_linear_cross_entropy
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.check import relative_error
 from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
 flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")  # the route choice and its dials

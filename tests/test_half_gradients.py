@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels_lib import default_device, fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, reference
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 from kernels_lib.fused_linear_cross_entropy import unit_scale
 
 DEVICE = default_device()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kernels_lib import reference
-from kernels_lib.workbench.bench import registered_losses
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.bench import registered_losses
+from kernels_workbench.check import relative_error
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hardening_checks.py"
 

@@ -1,9 +1,9 @@
 """kernels_lib.jsd and kernels_lib.tvd against float64 references, TRL's and Liger's own code.
 
-Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_lib.workbench.check.relative_error`), the
+Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_workbench.check.relative_error`), the
 reference (:func:`kernels_lib.reference.jsd` / :func:`~kernels_lib.reference.tvd`, autograd for the
 gradient) run on float64 copies of the very inputs the kernel saw, bounded by
-:data:`kernels_lib.workbench.check.TOLERANCE` of the input dtype (the looser one when mixed), as in
+:data:`kernels_workbench.check.TOLERANCE` of the input dtype (the looser one when mixed), as in
 tests/test_kl_div.py. Shapes are small: without a GPU the kernels run in Triton's interpreter.
 """
 
@@ -22,7 +22,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib import default_device, reference
 from kernels_lib.kernels.jsd import launch_jsd, num_programs
 from kernels_lib.kernels.tvd import launch_tvd
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 
 jsd_module = importlib.import_module("kernels_lib.jsd")
 tvd_module = importlib.import_module("kernels_lib.tvd")
@@ -483,8 +483,8 @@ def test_property_matches_reference(n, v, beta, scale, reduction, ignored, seed)
 
 @pytest.mark.parametrize("loss", LOSSES)
 def test_bench_spec_registered_and_checked(loss):
-    from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-    from kernels_lib.workbench.check import check_against_reference
+    from kernels_workbench.bench.registry import get_spec, registered_losses
+    from kernels_workbench.check import check_against_reference
 
     assert loss in registered_losses()
     spec = get_spec(loss)

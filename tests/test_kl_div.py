@@ -1,7 +1,7 @@
 """kernels_lib.kl_div against a float64 reference (torch.nn.functional.kl_div on float64 copies).
 
-Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_lib.workbench.check.relative_error`), the reference run
-on float64 copies of the very inputs the kernel saw, bounded by :data:`kernels_lib.workbench.check.TOLERANCE`
+Errors are ``||out - ref|| / ||ref||`` (:func:`kernels_workbench.check.relative_error`), the reference run
+on float64 copies of the very inputs the kernel saw, bounded by :data:`kernels_workbench.check.TOLERANCE`
 of the input dtype (the looser of the two when the dtypes are mixed). Shapes are small: without a
 GPU the kernels run in Triton's interpreter.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from kernels_lib.kernels.kl_div_backward import launch_kl_div_backward
 from kernels_lib.kernels import scale_gradient
 from kernels_lib.kernels.scale_gradient import launch_scale_gradient

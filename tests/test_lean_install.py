@@ -1,10 +1,10 @@
 """The library a training user installs: torch and triton only.
 
 ``pip install kernels_lib`` declares torch and triton (numpy only for Triton's interpreter on a
-machine without a GPU, the ``interpreter`` extra); the workbench's needs are the ``workbench``
-extra. In a fresh interpreter where the workbench's modules are refused at import, ``import
-kernels_lib`` and every loss (DPO/CPO/SimPO from their modules), forward and backward, still run, and ``kernels_lib.workbench`` says
-which extra it needs.
+machine without a GPU, the ``interpreter`` extra); the workbench is another package beside it
+(``lab/``, ``kernels_workbench``), with its own dependencies, and its wheel holds none of it. In a fresh interpreter where the workbench's modules are refused at import, ``import
+kernels_lib`` and every loss (DPO/CPO/SimPO from their modules), forward and backward, still run, and ``kernels_workbench`` says
+how to install what it needs.
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ SCRIPT = textwrap.dedent(
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED and sys.modules[m] is not None)
     assert not loaded, loaded
     try:
-        import kernels_lib.workbench
+        import kernels_workbench
     except ImportError as error:
-        assert "kernels_lib[workbench]" in str(error), error
+        assert "pip install -e ./lab" in str(error), error
     else:
-        raise AssertionError("kernels_lib.workbench imported without pandas")
+        raise AssertionError("kernels_workbench imported without pandas")
     print("lean ok")
     """
 )
@@ -93,10 +93,11 @@ def test_pyproject_declares_torch_and_triton_only():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = sorted(dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"])
     assert names == ["torch", "triton"], names
-    extras = project["optional-dependencies"]
-    assert {"pandas", "plotly", "ipywidgets", "papermill", "nbconvert"} <= {
-        dep.split(">")[0].split("=")[0].strip() for dep in extras["workbench"]
-    }
+    listed = " ".join(dep for extra in project["optional-dependencies"].values() for dep in extra)
+    assert not any(name in listed for name in ("pandas", "plotly", "papermill", "nbconvert")), listed
+    lab = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]
+    names = {dep.split(">")[0].split("=")[0].strip() for dep in lab["dependencies"]}
+    assert {"kernels_lib", "pandas", "plotly", "ipywidgets", "papermill", "nbconvert"} <= names, names
 
 
 def test_losses_run_without_the_workbench_modules():
@@ -143,6 +144,11 @@ def test_installed_as_the_readme_says_the_package_is_complete(tmp_path):
         got = sorted(str(p.relative_to(here.parent)) for p in here.parent.rglob("*.py"))
         missing = sorted(set(want) - set(got))
         assert not missing, missing
+        extra = sorted(p.name for p in pathlib.Path({str(target)!r}).iterdir()
+                       if not p.name.startswith("kernels_lib"))
+        assert not extra, f"the library's install holds more than kernels_lib: {{extra}}"
+        assert not any("workbench" in p for p in got), [p for p in got if "workbench" in p]
+
         dev = kernels_lib.default_device()
         x = torch.randn(6, 16, device=dev, requires_grad=True)
         w = torch.randn(37, 16, device=dev, requires_grad=True)

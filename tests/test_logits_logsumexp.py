@@ -27,7 +27,7 @@ from kernels_lib.kernels.logits_logsumexp import (
     logits_logsumexp,
     tma_unsupported_reason,
 )
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 
 DEVICE = default_device()
 TOL = 1e-5

@@ -1,10 +1,10 @@
-"""kernels_lib.workbench.mathml: TeX formulas in markdown become MathML; code and escaped dollars stay."""
+"""kernels_workbench.mathml: TeX formulas in markdown become MathML; code and escaped dollars stay."""
 
 from __future__ import annotations
 
 import nbformat
 
-from kernels_lib.workbench.mathml import MathMLPreprocessor, markdown_math_to_mathml
+from kernels_workbench.mathml import MathMLPreprocessor, markdown_math_to_mathml
 
 
 def test_inline_and_display_formulas_become_mathml():

@@ -1,4 +1,4 @@
-"""The sentences the notebooks generate from measured rows (kernels_lib.workbench.narrative, and the
+"""The sentences the notebooks generate from measured rows (kernels_workbench.narrative, and the
 conclusions of notebooks 05 and 09): each figure comes from the rows given, a missing one reads "not
 measured", and runs or GPUs are never mixed in one ratio."""
 
@@ -9,8 +9,8 @@ import math
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import narrative
-from kernels_lib.workbench import training_step as ts
+from kernels_workbench import narrative
+from kernels_workbench import training_step as ts
 
 
 def _rows(provider, x, ms, mib, *, commit="abc1234", gpu="NVIDIA H200", timestamp="2026-01-02 03:04:05", mode="full"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
-from kernels_lib.workbench import report
+from kernels_workbench import report
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_cross_entropy.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render

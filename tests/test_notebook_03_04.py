@@ -1,6 +1,6 @@
 """Notebooks 03 (ORPO) and 04 (KTO) as papermill runs them in CI: CPU parameters, checks asserted, figures exported,
 and per GPU of the committed rows (and per sequence length T) the newest run's comparison with the peers and the floor;
-then the helpers of :mod:`kernels_lib.workbench.preference` the two notebooks use, on synthetic rows."""
+then the helpers of :mod:`kernels_workbench.preference` the two notebooks use, on synthetic rows."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
-from kernels_lib.workbench import comparison, data, overview, preference, report
-from kernels_lib.workbench.bench.analysis import medians
+from kernels_workbench import comparison, data, overview, preference, report
+from kernels_workbench.bench.analysis import medians
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ORPO, KTO = NOTEBOOKS / "03_orpo.ipynb", NOTEBOOKS / "04_kto.ipynb"

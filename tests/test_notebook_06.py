@@ -11,7 +11,7 @@ import pytest
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 
-from kernels_lib.workbench import data, report
+from kernels_workbench import data, report
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_preference_dpo_cpo_simpo_grpo.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render

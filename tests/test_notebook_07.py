@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels_lib.workbench import data, overview, report
-from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
+from kernels_workbench import data, overview, report
+from kernels_workbench.bench import get_spec
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "07_divergences_jsd_tvd.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render

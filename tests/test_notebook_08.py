@@ -14,9 +14,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import overview, report
-from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
+from kernels_workbench import overview, report
+from kernels_workbench.bench import get_spec
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_distillation.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render

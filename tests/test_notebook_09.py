@@ -12,8 +12,8 @@ import pytest
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 
-from kernels_lib.workbench import data, report
-from kernels_lib.workbench import tensor_parallel as tp
+from kernels_workbench import data, report
+from kernels_workbench import tensor_parallel as tp
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "09_tensor_parallel.ipynb"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
@@ -149,7 +149,7 @@ def test_scaling_efficiency_against_the_same_providers_tp1():
 def test_check_says_where_it_cannot_run(monkeypatch):
     """The gloo check holds CPU tensors: it runs where the kernels are interpreted, and elsewhere says why."""
     import kernels_lib
-    from kernels_lib.workbench import tensor_parallel
+    from kernels_workbench import tensor_parallel
 
     monkeypatch.setattr(kernels_lib, "INTERPRETED", True)
     assert tensor_parallel.check_unavailable() is None

@@ -10,7 +10,7 @@ import pytest
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 
-from kernels_lib.workbench import report
+from kernels_workbench import report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 FALLBACK = "not able to be represented"  # nbconvert's text for an output it cannot render
@@ -43,8 +43,8 @@ def test_kl_notebook_runs_checks_and_exports_figures():
     assert _plotly_figures(html) >= 2  # the sweep and the published chart
     assert FALLBACK not in html
     # Per GPU of the committed rows, its newest run's comparison: kernels_lib over Liger as the run's own medians say
-    from kernels_lib.workbench import data
-    from kernels_lib.workbench.bench.analysis import medians
+    from kernels_workbench import data
+    from kernels_workbench.bench.analysis import medians
     rows = data.load_measured("kl_div", latest=False)
     runs = data.newest_run_per_gpu(rows[rows.device == "cuda"])
     assert runs, "the committed kl_div rows hold no GPU run"

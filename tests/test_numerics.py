@@ -3,7 +3,7 @@
 Each loss against its reference (``kernels_lib.reference``) run in float64 on the same values. Where
 the float32 problem is itself ill-conditioned (a log-prob near 0 computed as a difference of logits
 of 1e4) the kernel's error is held to the float32 reference's own error on the same inputs (the
-criterion of ``kernels_lib.workbench.check``), with a factor ``BASELINE_FACTOR`` for summation order.
+criterion of ``kernels_workbench.check``), with a factor ``BASELINE_FACTOR`` for summation order.
 
 What the existing per-loss files already test is not repeated here: KL with exact zeros in the
 target and NaN in either input, ORPO with a chosen average log-prob that rounds to exactly 0, NaN in
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from kernels_lib.fused_linear_cpo import fused_linear_cpo
 from kernels_lib.fused_linear_cross_entropy import fused_linear_cross_entropy
 from kernels_lib.fused_linear_dpo import fused_linear_dpo

@@ -1,4 +1,4 @@
-"""The overview's logic (kernels_lib.workbench.overview, charts.add_floor) and notebook 00 as papermill runs it."""
+"""The overview's logic (kernels_workbench.overview, charts.add_floor) and notebook 00 as papermill runs it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 
 import nbformat
 
-from kernels_lib.workbench import charts, data, overview, report
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench import charts, data, overview, report
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "00_overview.ipynb"
 KL_CONFIG = {"N": 16384, "V": 4096, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}
@@ -73,7 +73,7 @@ def test_belongs_compares_sizes_and_dtype_only():
 def test_workloads_match_measured_rows_by_axis_and_sizes(tmp_path, monkeypatch):
     """JSD's two charts: the V sweep (B = 4, T = 2048) and the B200 token sweep, whose config names V
     ``vocab_size``. Rows join the chart of their axis, and the token chart only at its V."""
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     vocab = _rows(overview.H200, "kernels_lib", 1.0, config={"N": 8192, "dtype": "torch.float32"}).assign(kernel_name="jsd")
@@ -94,7 +94,7 @@ def test_a_point_measured_under_two_config_strings_counts_once(tmp_path, monkeyp
     """The tensor-parallel bench records the Megatron chart's workload with ``"TP": 1`` in its config,
     the chart's sweep without: both belong to the chart, and the newer row of each point is the one
     kept (the agreement table then has one row per point, not a duplicate-index error)."""
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     config = {"S": 2048, "B": 4, "dtype": "torch.bfloat16", "reduction": "sum"}
@@ -286,7 +286,7 @@ def test_a_chart_holds_the_newest_run_of_each_gpu_labelled(tmp_path, monkeypatch
     """KL measured on an H200 (two runs) and on an H100 80GB (one, older): the chart holds the newest run of
     each GPU, none preferred; coverage, floors and the agreement are per GPU, each with its own ceilings
     and datasheet."""
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     h200_old = pd.concat([_rows(overview.H200, p, 2.0, commit="h200old") for p in ("kernels_lib", "torch")])

@@ -1,4 +1,4 @@
-"""The log-prob parity check with a sampler (``kernels_lib.workbench.parity``), at small sizes.
+"""The log-prob parity check with a sampler (``kernels_workbench.parity``), at small sizes.
 
 The differences are recomputed here from their definition (the engine's logits materialized in the
 dtype, ``log_softmax`` in float32 at the temperature) and the summary checked against them; float32
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import kernels_lib  # sets up the backend before the kernels are defined
 from kernels_lib import default_device, fused_linear_token_logprobs
-from kernels_lib.workbench import parity
+from kernels_workbench import parity
 
 DEVICE = default_device()
 
@@ -99,7 +99,7 @@ def test_committed_h200_rows_hold_what_the_notebook_says():
     kernels_lib's error within 2× the engine's."""
     import pandas as pd
 
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     path = data.MEASURED_DIR / "gpu_runs" / "logprob_parity.csv"
     rows = data.one_run(pd.read_csv(path))

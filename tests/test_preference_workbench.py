@@ -1,4 +1,4 @@
-"""kernels_lib.workbench.preference: notebook 06's derivation check (run on the notebook's own naive losses, read
+"""kernels_workbench.preference: notebook 06's derivation check (run on the notebook's own naive losses, read
 from the notebook), and its headline per GPU from the newest run of each loss."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_lib.workbench import data, preference
+from kernels_workbench import data, preference
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_preference_dpo_cpo_simpo_grpo.ipynb"
 

@@ -1,4 +1,4 @@
-"""kernels_lib.workbench.profiles: a profiled call split into matmuls, our kernels, torch's kernels and the rest,
+"""kernels_workbench.profiles: a profiled call split into matmuls, our kernels, torch's kernels and the rest,
 with its floor from the ceilings of its own run only."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import profiles
-from kernels_lib.workbench.bench import fused_linear_dpo as dpo_bench
-from kernels_lib.workbench.bench import fused_linear_grpo as grpo_bench
-from kernels_lib.workbench.bench import fused_linear_kto as kto_bench
+from kernels_workbench import profiles
+from kernels_workbench.bench import fused_linear_dpo as dpo_bench
+from kernels_workbench.bench import fused_linear_grpo as grpo_bench
+from kernels_workbench.bench import fused_linear_kto as kto_bench
 
 META = {"gpu_name": "NVIDIA H200", "kernels_lib_commit": "abc1234", "torch_version": "2.11", "triton_version": "3.6"}
 
@@ -203,7 +203,7 @@ def loss_profile_rows(commit="abc1234", gpu="NVIDIA H200", stamp="2026-01-01 00:
 
 
 def test_loss_profiles_put_each_loss_on_its_own_axis_with_its_own_run_floor():
-    from kernels_lib.workbench.bench import distillation as distill_bench
+    from kernels_workbench.bench import distillation as distill_bench
 
     times, listed = loss_profile_rows()
     table = profiles.loss_profiles(times, listed, ceilings("abc1234"))
@@ -271,7 +271,7 @@ def test_small_vocab_steps_read_the_divergences_file_with_the_loss_as_its_chart(
 
 
 def test_profile_markdown_reads_the_committed_files_of_the_measured_dir(tmp_path, monkeypatch):
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     assert profiles.profile_markdown({"jsd": "JSD"}).startswith("No kernel profile of these losses measured yet")

@@ -60,17 +60,18 @@ def test_environment_pins_python_and_pip(environment):
     assert pip, "environment.yml installs nothing through pip"
 
 
-def test_environment_installs_the_package_with_existing_extras(environment, pyproject):
+@pytest.mark.parametrize("folder", [".", "./lab"])
+def test_environment_installs_each_package_with_its_extras(environment, folder):
+    """environment.yml installs the library (``-e .[extras]``) and the workbench (``-e ./lab[extras]``),
+    each with every extra its own pyproject defines (the environment is the full workbench)."""
     _, pip = _conda_deps(environment)
-    editable = [line for line in pip if re.match(r"-e\s+\.(\[|$)", line)]
-    assert len(editable) == 1, f"environment.yml should install `-e .[extras]`; got {pip}"
-    match = re.fullmatch(r"-e\s+\.\[([^\]]+)\]", editable[0].strip())
-    assert match, editable[0]
-    extras = [e.strip() for e in match.group(1).split(",")]
-    defined = pyproject["project"]["optional-dependencies"]
-    assert extras and all(e in defined for e in extras), f"{extras} vs {sorted(defined)}"
-    # Every extra pyproject defines is installed (the environment is the full workbench).
-    assert set(extras) == set(defined)
+    pattern = re.escape(folder) + r"\[([^\]]+)\]"
+    found = [re.fullmatch(r"-e\s+" + pattern, line.strip()) for line in pip]
+    found = [m for m in found if m]
+    assert len(found) == 1, f"environment.yml should install `-e {folder}[extras]` once; got {pip}"
+    extras = {e.strip() for e in found[0].group(1).split(",")}
+    defined = tomllib.loads((ROOT / folder / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras == set(defined), f"{sorted(extras)} vs {sorted(defined)}"
 
 
 def test_environment_python_satisfies_requires_python(environment, pyproject):
@@ -85,7 +86,7 @@ def test_environment_keeps_no_second_dependency_list(environment, pyproject):
     conda, pip = _conda_deps(environment)
     names = {re.split(r"[=<>\s]", spec)[0] for spec in conda}
     assert names == {"python", "pip"}, conda
-    assert len(pip) == 1, pip
+    assert len(pip) == 2, pip
 
 
 # --------------------------------------------------------------------------- CI and README
@@ -122,7 +123,7 @@ def test_workbench_test_runs_pytest():
     start = next((i for i, l in enumerate(lines) if l.strip().startswith("test)")), None)
     assert start is not None
     case = "\n".join(lines[start:next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(";;")) + 1])
-    assert "-m pytest -n auto" in case and "kernels_lib.workbench.gpu_tests --record" in case
+    assert "-m pytest -n auto" in case and "tests/gpu_target.py --record" in case
 
 
 # --------------------------------------------------------------------------- notebooks
@@ -246,7 +247,7 @@ def test_interpreter_refuses_the_triton_numpy_pair_that_breaks_it():
     check_interpreter_versions("3.9.0", "2.4.1")
 
 
-#: The parameters every notebook takes from the runner (kernels_lib.workbench.report) or a test.
+#: The parameters every notebook takes from the runner (kernels_workbench.report) or a test.
 RUNNER_PARAMETERS = ("device", "size", "interactive", "record", "results_dir", "seed")
 
 

@@ -10,7 +10,7 @@ derandomized (the same draws on every run: CI cannot flake) with budgets that ke
 a minute here (about 45 s: KL 150 examples, cross-entropy 250, ORPO 120, KTO 120; then DPO 80 and
 CPO/SimPO 80, about 20 s more).
 
-Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_lib.workbench.check.relative_error``), per output:
+Tolerances, on ``||out - ref|| / ||ref||`` (``kernels_workbench.check.relative_error``), per output:
 the larger of a floor and ``BASELINE_FACTOR`` times the error of the reference itself run in the
 kernel's arithmetic (float32 on CPU; the matmul dtype on CUDA), i.e. the problem's own conditioning.
 
@@ -58,7 +58,7 @@ from hypothesis import strategies as st
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib import default_device, reference
 from kernels_lib._sequence_logprobs import chunk_rows
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from kernels_lib.fused_linear_cpo import LOSS_TYPES as CPO_LOSS_TYPES
 from kernels_lib.fused_linear_cpo import fused_linear_cpo
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy, matmul_dtype

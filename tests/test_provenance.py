@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kernels_lib.workbench import data, overview
-from kernels_lib.workbench.bench import analysis
+from kernels_workbench import data, overview
+from kernels_workbench.bench import analysis
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 H200 = overview.H200
@@ -162,7 +162,7 @@ def test_no_function_of_the_charts_cards_or_overview_defaults_to_a_gpu():
     defaults to a GPU's name (each shows every GPU measured, or the one it is given)."""
     import inspect
 
-    from kernels_lib.workbench import charts, dashboard, report
+    from kernels_workbench import charts, dashboard, report
 
     gpus = set(overview.DATASHEETS.index) | {data.gpu_label(g) for g in overview.DATASHEETS.index}
     found = []

@@ -17,7 +17,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib import INTERPRETED, default_device
 from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp
 from kernels_lib.kernels.shifted_exponentials import EXP_HEADROOM, launch_scale_rows, launch_target_logit_shift
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 
 DEVICE = default_device()
 IGNORE = -100

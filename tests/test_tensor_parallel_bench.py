@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from kernels_lib.workbench import data, overview
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
+from kernels_workbench import data, overview
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "tensor_parallel_bench.py"

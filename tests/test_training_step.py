@@ -1,4 +1,4 @@
-"""The training-step workbench (kernels_lib.workbench.training_step), its GPU script at a tiny shape on
+"""The training-step workbench (kernels_workbench.training_step), its GPU script at a tiny shape on
 CPU, and notebook 05 as papermill runs it in CI."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import notebook_runs  # each notebook executed once, shared with the browser tests
 import torch
 
-from kernels_lib.workbench import overview, report
-from kernels_lib.workbench import training_step as ts
+from kernels_workbench import overview, report
+from kernels_workbench import training_step as ts
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05_training_step.ipynb"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels_lib import reference
-from kernels_lib.workbench.bench.registry import get_spec
+from kernels_workbench.bench.registry import get_spec
 
 pytest.importorskip("trl.kernels")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import kernels_lib
-from kernels_lib.workbench import charts, widgets
-from kernels_lib.workbench.bench.registry import SPECS, get_spec
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS
+from kernels_workbench import charts, widgets
+from kernels_workbench.bench.registry import SPECS, get_spec
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS
 
 
 def _rows(kernel_name: str, points: dict, *, x_name: str = "V", gpu: str = "CPU (Triton interpreter)", notes=None) -> pd.DataFrame:

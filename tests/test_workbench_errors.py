@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels_lib.workbench import data
-from kernels_lib.workbench.bench import cli
-from kernels_lib.workbench.bench.registry import get_spec, registered_losses
-from kernels_lib.workbench.bench.sweep import available_providers, run_sweep
+from kernels_workbench import data
+from kernels_workbench.bench import cli
+from kernels_workbench.bench.registry import get_spec, registered_losses
+from kernels_workbench.bench.sweep import available_providers, run_sweep
 
 GOOD_HEADER = ",".join(data._REQUIRED)
 CORRUPT = {

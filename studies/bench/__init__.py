@@ -1,1 +1,1 @@
-"""What the studies measure with, beside kernels_lib.workbench.bench: timing views, A/B arms, readings."""
+"""What the studies measure with, beside kernels_workbench.bench: timing views, A/B arms, readings."""

@@ -13,8 +13,8 @@ import json
 
 import pandas as pd
 
-from kernels_lib.workbench.bench.analysis import _one_run, _provider, medians
-from kernels_lib.workbench.bench.fused_linear_cross_entropy import FLOOR, TORCH_LCE_POLICIES, flops
+from kernels_workbench.bench.analysis import _one_run, _provider, medians
+from kernels_workbench.bench.fused_linear_cross_entropy import FLOOR, TORCH_LCE_POLICIES, flops
 
 
 #: The frontier's targets (the default on the speed-memory frontier; one GPU, same run): label → (ratio

@@ -15,11 +15,11 @@ from kernels_lib.fused_linear_cross_entropy import default_chunk_size, matmul_dt
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
 from kernels_lib.kernels.shifted_exponentials import launch_scale_rows, launch_target_logit_shift
-from kernels_lib.workbench import data
-from kernels_lib.workbench.fused_cross_entropy import gradient_errors  # noqa: F401  (the studies' precision runs)
-from kernels_lib.workbench.bench.fused_linear_cross_entropy import KERNEL_NAME, _nhv, variant_name
-from kernels_lib.workbench.bench.sweep import run_sweep
-from kernels_lib.workbench.bench.timing import time_callable
+from kernels_workbench import data
+from kernels_workbench.fused_cross_entropy import gradient_errors  # noqa: F401  (the studies' precision runs)
+from kernels_workbench.bench.fused_linear_cross_entropy import KERNEL_NAME, _nhv, variant_name
+from kernels_workbench.bench.sweep import run_sweep
+from kernels_workbench.bench.timing import time_callable
 
 
 #: What each part of ``studies/flce_frontier.py`` writes under its ``--out``, in the layout of

@@ -12,7 +12,7 @@ r"""The A/B of the stored exponentials' ``dx``: the Gluon kernel against the cuB
   at each of its ``VARIANTS``.
 
 In alternating rounds (the order reversed every other round: the GPU's drift over a run spreads over
-every candidate), each timed with :func:`~kernels_lib.workbench.bench.timing.time_callable` (do_bench's
+every candidate), each timed with :func:`~kernels_workbench.bench.timing.time_callable` (do_bench's
 p50/p20/p80 on CUDA, L2 flushed); a row is the median over rounds of each quantile, with TFLOP/s
 (:math:`2 C V H` over the median) and the relative error against float64 from the same rounded inputs
 (the bare product's against :math:`\tilde E W` without the factors). A candidate that fails to compile
@@ -29,9 +29,9 @@ import torch
 
 from kernels_lib._flce import matmuls
 from studies.kernels import gluon_scaled_product as gluon_product
-from kernels_lib.workbench.check import relative_error
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.timing import time_callable
+from kernels_workbench.check import relative_error
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.timing import time_callable
 
 BASELINE = "baseline _scaled_product_into"
 CUBLAS = "cuBLAS bare torch.mm (no factors)"
@@ -80,7 +80,7 @@ def scaled_product_ab(chunks=(1024, 2048, 4096), H: int = 4096, V: int = 128256,
     """One row per (``C``, candidate): ``ms_50``, ``ms_20``, ``ms_80`` (medians over ``rounds`` rounds),
     ``TFLOP/s``, ``rel_err`` against float64, ``error`` (a failure or why a candidate was skipped),
     ``dx_block_rows`` (the baseline's block), ``config`` (a Gluon candidate's full config), and the
-    columns of :func:`~kernels_lib.workbench.bench.environment.provenance`."""
+    columns of :func:`~kernels_workbench.bench.environment.provenance`."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = []
     for n_rows in chunks:

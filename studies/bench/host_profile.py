@@ -25,8 +25,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_lib.workbench.bench.environment import provenance
-from kernels_lib.workbench.bench.timing import time_callable
+from kernels_workbench.bench.environment import provenance
+from kernels_workbench.bench.timing import time_callable
 
 
 def _sync(device: torch.device) -> Callable[[], None]:

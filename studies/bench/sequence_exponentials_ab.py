@@ -12,7 +12,7 @@ sizes, ``full`` (forward and backward) of kernels_lib with the route off (``kern
 drifts over a run), speed and memory, each row the median over the rounds; the loss's matmuls alone
 at its shapes (:data:`FLOOR`, :func:`matmuls_alone`: the floor measured in each round, on a GPU) as a
 provider of its own; the floor from the matmul rate of a short 8192³ product measured in the same run
-(:func:`kernels_lib.workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
+(:func:`kernels_workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
 other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradient, the largest).
 
 ``--arms grad,no_grad`` measures each half of the route beside the library instead (the gradient chunks
@@ -38,13 +38,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_lib.workbench import data, overview
+from kernels_workbench import data, overview
 from studies.bench.arms import constants_set
 from studies.routes import sequence_exponentials
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
-from kernels_lib.workbench.bench import get_spec
-from kernels_lib.workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
-from kernels_lib.workbench.bench.timing import _loss, time_callable
+from kernels_workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench import get_spec
+from kernels_workbench.bench.sweep import available_providers, median_of_rounds, run_sweep
+from kernels_workbench.bench.timing import _loss, time_callable
 
 #: The losses on the sequence log-prob pipeline whose published workload has no second target.
 LOSSES = ("fused_linear_dpo_loss", "fused_linear_orpo_loss", "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token",
@@ -173,7 +173,7 @@ def ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """Per loss and ``x`` of one A/B run: the ``full`` medians (ms) of the two arms and of the matmuls
     alone, ``off / floor``, ``on / floor`` (issue 30's target: ≤ 1.05), ``on / off`` (below 1: the route
     is faster), the short-matmul floor's ``floor_ms``, the memory of each arm (MB) and ``rel_diff``.
-    Raises ValueError naming the runs when ``rows`` mix runs (:func:`kernels_lib.workbench.data.run_label`)."""
+    Raises ValueError naming the runs when ``rows`` mix runs (:func:`kernels_workbench.data.run_label`)."""
     data.run_label(rows)
     speed = rows[rows.metric_name == "speed"].pivot_table(index=["kernel_name", "x_value"], columns="kernel_provider",
                                                          values="y_value_50")

@@ -2,7 +2,7 @@
 for the GPU (:func:`sync_sites`), and interleaved timing of several calls whose per-sample ratios cancel
 the GPU's drift (:func:`paired_times`, :func:`paired_summary`), and the run's ceilings measured beside an A/B
 (:func:`run_ceilings`). The product's timing (do_bench, the modes,
-peak memory) is :mod:`kernels_lib.workbench.bench.timing`, which these build on.
+peak memory) is :mod:`kernels_workbench.bench.timing`, which these build on.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels_lib.workbench.bench.ceilings import measure_ceilings
+from kernels_workbench.bench.ceilings import measure_ceilings
 
-from kernels_lib.workbench.bench.timing import FLUSH_BYTES, QUANTILES, _clear_grads
+from kernels_workbench.bench.timing import FLUSH_BYTES, QUANTILES, _clear_grads
 
 
 def run_ceilings(device: torch.device, out=None) -> dict[str, float]:

@@ -11,7 +11,7 @@ and ``G = Σ_j ∂ℓ/∂x_j``, then ``dz``.
 Why a variant
 -------------
 On the H100 the library's stage took the time of 12.7–13.8 passes over one head's logits at the copy bandwidth
-(``kernels_lib.workbench.profiles``, "logits passes") where its three sweeps read both heads three times and write
+(``kernels_workbench.profiles``, "logits passes") where its three sweeps read both heads three times and write
 one: 7. The stage runs one program per row; each step of its vocabulary loop reduces its block across the
 program's warps (a running max and sum per head in sweep 1, two sums in sweep 2), a barrier per reduction. The
 dials here remove those and trim the mixture's transcendental functions:

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 from kernels_lib._flce import matmuls
-from kernels_lib.workbench import data
+from kernels_workbench import data
 from studies.bench import flce_studies
 from studies.bench.arms import constants_set
 

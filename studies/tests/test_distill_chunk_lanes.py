@@ -15,7 +15,7 @@ import torch
 
 from kernels_lib import distill_cosine_loss, distill_jsd_loss, fused_linear_jsd, reference
 from kernels_lib.kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from studies.bench.arms import constants_set
 from studies.kernels.distill_chunk_lanes import launch_distill_chunk_lanes, launcher
 from two_heads import DEVICE, STUDENT, float64, make, run

@@ -15,8 +15,8 @@ import torch
 
 import kernels_lib
 from kernels_lib import default_device, reference
-from kernels_lib.workbench.bench import fused_linear_cross_entropy as flce
-from kernels_lib.workbench.bench.sweep import MEASURED_COLUMNS, available_providers
+from kernels_workbench.bench import fused_linear_cross_entropy as flce
+from kernels_workbench.bench.sweep import MEASURED_COLUMNS, available_providers
 from studies.bench import analysis as study_analysis
 from studies.bench import flce_studies
 from test_bench_flce import _torch_lce_loads
@@ -38,7 +38,7 @@ def test_deferred_share_needed(full_ms, target_ms, share):
 
 
 def test_load_run_absent_is_none(monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    monkeypatch.setattr("kernels_workbench.data.MEASURED_DIR", tmp_path)
     assert flce_studies.load_run("dial") is None
     (tmp_path / "gpu_runs").mkdir()
     pd.DataFrame({"a": [1]}).to_csv(tmp_path / flce_studies.RUN_FILES["dial"], index=False)
@@ -46,7 +46,7 @@ def test_load_run_absent_is_none(monkeypatch, tmp_path):
 
 
 def test_load_run_gives_the_newest_of_several_runs(monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    monkeypatch.setattr("kernels_workbench.data.MEASURED_DIR", tmp_path)
     (tmp_path / "gpu_runs").mkdir()
     runs = pd.DataFrame({"a": [1, 2, 3, 4], "kernels_lib_commit": ["old", "old", "new", "new"],
                          "timestamp": ["2026-11-30 19:00:00", "2026-11-30 19:05:00",
@@ -56,7 +56,7 @@ def test_load_run_gives_the_newest_of_several_runs(monkeypatch, tmp_path):
 
 
 def test_load_runs_keeps_every_run_and_filters_the_gpu(monkeypatch, tmp_path):
-    monkeypatch.setattr("kernels_lib.workbench.data.MEASURED_DIR", tmp_path)
+    monkeypatch.setattr("kernels_workbench.data.MEASURED_DIR", tmp_path)
     assert flce_studies.load_runs("timeline") is None
     (tmp_path / "gpu_runs").mkdir()
     pd.DataFrame({"a": [1, 2, 3], "kernels_lib_commit": ["old", "new", "new"], "gpu_name": ["H200", "H200", "A100"]}).to_csv(

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_lib.workbench.bench.analysis import target_verdicts
+from kernels_workbench.bench.analysis import target_verdicts
 from studies.bench import analysis, flce_studies
 
 DIAL = "kernels_lib[chunk_size=512 accurate=False]"
@@ -121,7 +121,7 @@ def test_frontier_runs_are_registered():
 
 
 def test_load_frontier_runs(monkeypatch, tmp_path):
-    from kernels_lib.workbench import data
+    from kernels_workbench import data
 
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
     assert flce_studies.load_run("frontier") is None

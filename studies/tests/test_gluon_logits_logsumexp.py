@@ -22,7 +22,7 @@ import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
 from kernels_lib.kernels import logits_logsumexp as module
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 from studies.kernels import gluon_logits_logsumexp as gluon_stage
 from studies.kernels.gluon_logits_logsumexp import GluonFallbackWarning, logits_logsumexp
 from test_logits_logsumexp import IGNORE, TOL, make, reference

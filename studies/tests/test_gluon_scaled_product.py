@@ -30,7 +30,7 @@ import kernels_lib  # noqa: F401  (sets up the backend before the kernels are de
 from kernels_lib._flce import matmuls
 from studies.kernels import gluon_scaled_product as g
 from studies.bench import gluon_scaled_product_ab as ab
-from kernels_lib.workbench.check import relative_error
+from kernels_workbench.check import relative_error
 
 _COMPILE = r"""
 import json, sys, torch

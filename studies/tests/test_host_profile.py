@@ -11,7 +11,7 @@ import torch
 
 from kernels_lib import default_device
 from studies.bench import host_profile
-from kernels_lib.workbench.bench.sweep import available_providers
+from kernels_workbench.bench.sweep import available_providers
 
 
 

@@ -207,7 +207,7 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
     """The ceilings' rows name the rate by kernel_name ("copy", "matmul"): the floor_ms column comes from them."""
     import pandas as pd
 
-    from kernels_lib.workbench import overview
+    from kernels_workbench import overview
     from studies.bench import sequence_exponentials_ab as ab
 
     fake = pd.DataFrame({"kernel_name": ["copy", "matmul"], "metric_name": ["rate", "rate"], "y_value_50": [4000.0, 700.0]})

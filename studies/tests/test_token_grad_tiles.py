@@ -14,7 +14,7 @@ import torch
 
 from kernels_lib import fused_linear_dpo, fused_linear_kto, reference
 from kernels_lib.kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
-from kernels_lib.workbench.check import TOLERANCE, relative_error
+from kernels_workbench.check import TOLERANCE, relative_error
 from studies.bench.arms import constants_set
 from studies.kernels import token_grad_tiles as tg
 from studies.kernels.token_grad_tiles import arm, launch_token_grad_tiles

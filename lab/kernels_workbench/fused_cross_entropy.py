@@ -1,0 +1,260 @@
+r"""What notebook 01 (fused linear + cross-entropy) computes beyond the bench: the derivation's and the
+log-sum-exp merge's float64 checks, the check against Transformers' ``ForCausalLMLoss``, the budget of one
+call, the precision of ``dx`` and ``dW``, and the sentences and tables it prints about the newest GPU runs.
+
+Every figure a sentence states comes from the rows handed in (one run per GPU: :func:`gpu_runs`), so the
+text cannot disagree with the chart above it; a figure the rows do not hold reads "not measured".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from kernels_lib import reference
+from . import data
+from .bench import fused_linear_cross_entropy as flce
+from .bench.analysis import ceiling, medians
+from .check import BASELINE_MARGIN, TOLERANCE, relative_error
+from .narrative import span
+
+#: The derivation's cases: (label_smoothing, z_loss_scale, softcap), each with every reduction.
+DERIVATION_OPTIONS = [(0.0, 0.0, None), (0.1, 0.0, None), (0.0, 1e-2, None), (0.0, 0.0, 2.0), (0.2, 1e-2, 3.0)]
+#: The peers a headline sets kernels_lib beside, those the run measured.
+HEADLINE_PEERS = ("torch", "liger", "cce", "quack", "liger_sm90", "torch_lce")
+#: How a sentence names a peer.
+NAMES = {"torch": "torch", "liger": "Liger", "cce": "CCE", "quack": "QuACK", "liger_sm90": "Liger's CuTe kernel",
+         "torch_lce": "torch's `F.linear_cross_entropy`"}
+#: The committed chunk-size dial of kernels_lib (``studies/flce_dial_precision_stages.py`` writes it).
+DIAL_FILE = "gpu_runs/fused_linear_cross_entropy_dial.csv"
+#: Its committed precision run: loss, ``dx`` and ``dW`` against float64 per provider at the published size.
+PRECISION_FILE = "gpu_runs/fused_linear_cross_entropy_precision.csv"
+
+
+def derivation_check(naive_loss: Callable, derived_grads: Callable, seed: int = 0) -> pd.DataFrame:
+    """The notebook's naive loss against the baseline, and its derived ``dx``, ``dW`` against autograd, in
+    float64 on a 9 × 13 head of 29 classes (two rows ignored), per option set and reduction; raises naming
+    the worst case when any error exceeds 1e-12."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(9, 13, generator=generator, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(29, 13, generator=generator, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 29, (9,), generator=generator)
+    y[[2, 5]] = -100
+    rows = []
+    for eps, lam, s in DERIVATION_OPTIONS:
+        for reduction in ("none", "sum", "mean"):
+            loss = naive_loss(x @ w.T, y, eps, lam, s, reduction=reduction)
+            upstream = (torch.randn(9, generator=generator, dtype=torch.float64) if reduction == "none"
+                        else torch.ones((), dtype=torch.float64))
+            auto_dx, auto_dw = torch.autograd.grad(loss, (x, w), upstream)
+            dx, dw = derived_grads(x.detach(), w.detach(), y, eps, lam, s, reduction, upstream)
+            baseline = reference.fused_linear_cross_entropy(x, w, y, reduction=reduction, label_smoothing=eps,
+                                                            z_loss_scale=lam, softcap=s)
+            rows.append({"label_smoothing": eps, "z_loss_scale": lam, "softcap": s, "reduction": reduction,
+                         "naive vs baseline (loss)": relative_error(loss, baseline),
+                         "derived vs autograd (dx)": relative_error(dx, auto_dx),
+                         "derived vs autograd (dW)": relative_error(dw, auto_dw)})
+    table = pd.DataFrame(rows)
+    errors = table.filter(like=" vs ")
+    if not (errors < 1e-12).all().all():
+        worst = errors.max(axis=1).idxmax()
+        raise AssertionError(f"derivation check failed: {table.loc[worst].to_dict()}")
+    return table
+
+
+def transformers_check(dtype: torch.dtype, reduction: str, shape: tuple, seed: int, device) -> dict:
+    """kernels_lib against Transformers' ``ForCausalLMLoss`` on one ``(B, T, H, V)`` batch: logits from the head
+    in ``dtype``, the labels shifted by ``ForCausalLMLoss`` (ours: the labels shifted left, the last position
+    ignored; the first third of the first sequence padded with -100); both against the float64 baseline.
+    ``sum`` is ``num_items_in_batch = 1``. ``passed``: within the dtype's tolerance or
+    :data:`~kernels_workbench.check.BASELINE_MARGIN` of ``ForCausalLMLoss``'s own error."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    b, t, h, v = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, h, generator=gen).to(device, dtype)
+    w = (torch.randn(v, h, generator=gen) * h**-0.5).to(device, dtype)
+    labels = torch.randint(0, v, (b, t), generator=gen).to(device)
+    labels[0, : t // 3] = -100
+    target = F.pad(labels[:, 1:], (0, 1), value=-100)
+
+    def run(loss_fn, cast):
+        leaves = [tensor.detach().clone().to(cast).requires_grad_() for tensor in (x, w)]
+        loss = loss_fn(*leaves)
+        return loss, torch.autograd.grad(loss, leaves)
+
+    from kernels_lib import fused_linear_cross_entropy
+
+    ours, ours_grads = run(lambda xk, wk: fused_linear_cross_entropy(xk, wk, target, reduction=reduction), dtype)
+    hf, hf_grads = run(lambda xh, wh: ForCausalLMLoss(xh @ wh.T, labels, vocab_size=v,
+                                                      num_items_in_batch=1 if reduction == "sum" else None), dtype)
+    ref, ref_grads = run(lambda xr, wr: reference.fused_linear_cross_entropy(xr, wr, target, reduction=reduction),
+                         torch.float64)
+    row = {"dtype": str(dtype).replace("torch.", ""), "reduction": reduction, "shape": f"B={b} T={t} H={h} V={v}",
+           "kernels_lib loss err": relative_error(ours, ref),
+           "kernels_lib grad err": max(relative_error(g, r) for g, r in zip(ours_grads, ref_grads)),
+           "ForCausalLMLoss loss err": relative_error(hf, ref),
+           "ForCausalLMLoss grad err": max(relative_error(g, r) for g, r in zip(hf_grads, ref_grads)),
+           "kernels_lib vs ForCausalLMLoss (loss)": relative_error(ours, hf)}
+    row["passed"] = all(row[f"kernels_lib {w} err"] <= max(TOLERANCE[dtype], BASELINE_MARGIN * row[f"ForCausalLMLoss {w} err"])
+                        for w in ("loss", "grad"))
+    return row
+
+
+def budget(sizes: dict, matmul_tflops: float, chunk_rows: int | None = None) -> tuple[pd.DataFrame, pd.Series]:
+    """What one call must spend at ``sizes`` (``N``, ``H``, ``V``; bf16): the matmul TFLOP, the minimal bytes
+    and the matmul floor at ``matmul_tflops`` per mode; and what chunks of ``chunk_rows`` rows (the default
+    chunk when None) add (the logits buffer, the ``dW`` accumulator's traffic, ``accurate=True``'s float32 copy)."""
+    if chunk_rows is None:
+        from kernels_lib.fused_linear_cross_entropy import default_chunk_size
+
+        chunk_rows = default_chunk_size(sizes["N"], sizes["H"])
+    n_chunks = -(-sizes["N"] // chunk_rows)
+    weight_bytes = sizes["V"] * sizes["H"] * 2
+    rate = f"{matmul_tflops:.0f} TFLOP/s" if matmul_tflops == matmul_tflops else "a rate not measured"
+    modes = {mode: [flce.flops(sizes, mode) / 1e12, flce.bytes_moved(sizes, torch.bfloat16, mode) / 2**20,
+                    flce.matmul_floor_ms(sizes, mode, matmul_tflops)] for mode in ("forward_no_grad", "full")}
+    table = pd.DataFrame(modes, index=["matmul TFLOP", "minimal bytes (MiB)", f"matmul floor at {rate} (ms)"])
+    extra = pd.Series({
+        "default chunk (rows)": chunk_rows, "chunks": n_chunks,
+        "logits buffer (MiB)": chunk_rows * sizes["V"] * 2 / 2**20,
+        "float32 dW accumulator, accurate=True (MiB)": 2 * weight_bytes / 2**20,
+        "dW traffic over all chunks, bf16 (GiB)": n_chunks * 2 * weight_bytes / 2**30,
+        "logits traffic of the two-pass kernel (GiB)": 3 * sizes["N"] * sizes["V"] * 2 / 2**30,
+    }, name="per call")
+    return table, extra
+
+
+def _float64_reference(inputs):
+    """Loss and gradients of the baseline on float64 copies of a bench ``Inputs``."""
+    copies = [t.detach().double().requires_grad_() for t in inputs.grad_inputs]
+    _, _, target, bias = inputs.args
+    loss = reference.fused_linear_cross_entropy(copies[0], copies[1], target, copies[2] if bias is not None else None,
+                                                **inputs.kwargs)
+    loss.backward()
+    return loss.detach(), [c.grad for c in copies]
+
+
+def gradient_errors(sizes: dict, dtype: torch.dtype, device, providers: dict, *, seed: int = 0,
+                    options: dict | None = None) -> pd.DataFrame:
+    r"""Relative errors ``||out − ref|| / ||ref||`` of the loss, ``dx`` and ``dW`` of each provider
+    (name → callable with our signature) against the baseline in float64, on the same inputs.
+
+    ``dx`` is formed once per row, so its error is one rounding of the dtype; ``dW`` is a sum over all
+    N rows, so an accumulator in the parameter dtype adds one rounding per chunk (about
+    :math:`\sqrt{n_\text{chunks}}` roundings in norm) where a float32 one rounds once at the end.
+    """
+    inputs = flce.make_inputs(sizes, dtype, device, {"reduction": "mean", **(options or {})}, seed)
+    ref_loss, (ref_dx, ref_dw, *_) = _float64_reference(inputs)
+    rows = []
+    for name, fn in providers.items():
+        for tensor in inputs.grad_inputs:
+            tensor.grad = None
+        loss = fn(*inputs.args, **inputs.kwargs)
+        loss.backward()
+        x, weight = inputs.grad_inputs[:2]
+        rows.append({"provider": name, "loss err": relative_error(loss, ref_loss), "dx err": relative_error(x.grad, ref_dx),
+                     "dW err": relative_error(weight.grad, ref_dw)})
+    table = pd.DataFrame(rows)
+    n, h, v = flce._nhv(sizes)
+    table.insert(1, "shape", f"N={n} H={h} V={v}")
+    table.insert(2, "dtype", str(dtype).replace("torch.", ""))
+    return table
+
+
+def precision_sentence(precision: pd.DataFrame, rows: int, chunk_rows: int) -> str:
+    """The bf16 accumulation's ``dW`` error against float32 accumulation at ``chunk_rows`` rows per chunk,
+    and the baseline's, from a :func:`gradient_errors` table of ``rows`` rows (one generated sentence)."""
+    errors = precision.set_index("provider")["dW err"]
+    lean = errors.get(flce.variant_name({"chunk_size": chunk_rows, "accurate": False}), math.nan)
+    exact = errors.get(flce.variant_name({"chunk_size": chunk_rows, "accurate": True}), math.nan)
+    base = errors.get("torch", math.nan)
+    return (f"Here, with {-(-rows // chunk_rows)} chunks, bf16 accumulation gives a dW error of {lean:.2e} against "
+            f"{exact:.2e} for float32 accumulation ({lean / exact:.1f}×); the baseline, one product in float32, has {base:.2e}.")
+
+
+def committed_run(name: str) -> pd.DataFrame | None:
+    """A committed GPU run under ``data/measured/`` (``DIAL_FILE``, ``PRECISION_FILE``): its newest run per
+    GPU, or None where the file is absent."""
+    path = data.measured_file(name)
+    if not path.exists():
+        return None
+    rows = data.read_table(path)
+    return pd.concat(data.newest_run_per_gpu(rows).values(), ignore_index=True)
+
+
+def gpu_runs(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The newest run of each GPU among ``rows`` at the published workload (not the CCE paper's)."""
+    if not len(rows):
+        return {}
+    return data.newest_run_per_gpu(rows[flce.is_published_workload(rows)])
+
+
+def floor_ms(run: pd.DataFrame, ceilings: pd.DataFrame) -> pd.Series:
+    """Per N of one run, the floor of ``full``: the three matmuls measured in the run where it has them
+    (:data:`~kernels_workbench.bench.fused_linear_cross_entropy.FLOOR`), else the three products' FLOPs at
+    the run's measured matmul rate (``ceilings``); NaN where neither was measured."""
+    times = medians(run, "speed", "full")
+    if flce.FLOOR in times:
+        return times[flce.FLOOR]
+    try:
+        rate = ceiling(ceilings, "matmul", str(run.gpu_name.iloc[0]), data.run_commit(run))
+    except (ValueError, AttributeError):
+        rate = math.nan
+    config = {"H": 4096, "V": 128256}
+    return pd.Series({n: flce.matmul_floor_ms({"N": int(n), **config}, "full", rate) for n in times.index}, dtype=float)
+
+
+def matmul_rate(run: pd.DataFrame | None, ceilings: pd.DataFrame) -> float:
+    """The matmul rate (TFLOP/s) behind one run's floor: its three matmuls' FLOPs over their measured time at
+    the largest N where the run has them, else the bf16 square product measured in the run (``ceilings``);
+    NaN where neither was measured, or without a run."""
+    if run is None or not len(run):
+        return math.nan
+    times = floor_ms(run, ceilings).dropna()
+    if not len(times):
+        return math.nan
+    n = max(times.index)
+    return flce.flops({"N": int(n), "H": 4096, "V": 128256}, "full") / (times[n] * 1e-3) / 1e12
+
+
+def comparison(run: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
+    """Per N of one run: kernels_lib's ``full`` time and memory, the fastest peer's, and kernels_lib's time over
+    each peer's, over the fastest's and over the floor (:func:`floor_ms`), its memory over torch's."""
+    speed, memory = medians(run, "speed", "full"), medians(run, "memory", "full")
+    peers = [p for p in speed.columns if p.split("[", 1)[0] != "kernels_lib" and p != flce.FLOOR]  # no dial point, no floor
+    table = pd.DataFrame(index=speed.index)
+    table["kernels_lib ms"] = speed.get("kernels_lib")
+    table["fastest peer"] = speed[peers].idxmin(axis=1) if peers else None
+    for peer in peers:
+        table[f"× {peer}"] = speed["kernels_lib"] / speed[peer]
+    table["× fastest peer"] = speed["kernels_lib"] / speed[peers].min(axis=1) if peers else math.nan
+    table["× floor"] = speed["kernels_lib"] / floor_ms(run, ceilings).reindex(speed.index)
+    table["kernels_lib MB"] = memory.get("kernels_lib")
+    table["memory × torch"] = memory["kernels_lib"] / memory["torch"] if "torch" in memory else math.nan
+    table.index.name = "N"
+    return table
+
+
+def headline(runs: dict[str, pd.DataFrame], ceilings: pd.DataFrame) -> str:
+    """One sentence per GPU from its newest run (:func:`gpu_runs`): kernels_lib's ``full`` over each peer the run
+    measured (time, and memory against torch's), over the floor, over N; "not measured" where no GPU row is."""
+    if not runs:
+        return "Not measured on a GPU yet: the published rows alone are drawn below."
+    sentences = []
+    for gpu, run in runs.items():
+        table = comparison(run, ceilings)
+        said = [f"{span(table[f'× {p}'])} {NAMES[p]}'s time" for p in HEADLINE_PEERS if f"× {p}" in table]
+        ns = sorted(int(n) for n in table.index)
+        floor = span(table["× floor"])
+        floor = "no floor measured" if floor == "not measured" else f"{floor} the matmul floor"
+        memory = span(table["memory × torch"])
+        memory = "torch's memory not measured" if memory == "not measured" else f"{memory} torch's memory"
+        where = f"N = {ns[0]}" if len(ns) == 1 else f"N = {ns[0]}–{ns[-1]}"
+        sentences.append(f"On the {data.gpu_label(gpu)}, kernels_lib's forward and backward take " + ", ".join(said)
+                         + f", at {memory} and {floor} ({where}; the {data.run_label(run)}).")
+    return " ".join(sentences)
