@@ -10,7 +10,8 @@
 # The tree is copied first: each call lays the working tree anew, which would break a job running from it.
 # Needs KERNELS_LIB_COMMIT (the tree travels without .git) and the wheels in .whl/ (the peers, the notebook
 # stack, trl, deepspeed). SKIP_TESTS=1 leaves out the target and the ZeRO-3 check; ONLY="02_kl_divergence ..."
-# runs those notebooks alone. What comes back under OUT: the target's pytest logs and test_memory.csv,
+# runs those notebooks alone. SNAPSHOT=.snap/tree.tgz (`git archive --format=tar.gz -o .snap/tree.tgz HEAD`,
+# carried) runs that commit's tree rather than the working tree's. What comes back under OUT: the target's pytest logs and test_memory.csv,
 # zero3_check.csv, report.log, index.tgz (the reports' index and run times) and measured.tgz
 # (data/measured/ with the appended rows: unpack over the checkout and commit).
 set -uo pipefail
@@ -21,7 +22,13 @@ export PYTHONPATH=/tmp/site:/tmp/kl:/tmp/kl/lab JUPYTER_PATH=/tmp/site/share/jup
 started=$(date +%s)
 
 if [ "$action" = start ]; then
-  rm -rf /tmp/kl && mkdir -p /tmp/kl && cp -r . /tmp/kl/ && cd /tmp/kl || exit 1
+  rm -rf /tmp/kl && mkdir -p /tmp/kl || exit 1
+  if [ -n "${SNAPSHOT:-}" ]; then  # a `git archive` of the commit: edits made here after it stay behind
+    tar xzf "$SNAPSHOT" -C /tmp/kl && cp -r .whl /tmp/kl/ || exit 1
+  else
+    cp -r . /tmp/kl/ || exit 1
+  fi
+  cd /tmp/kl || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   python3 -c "import trl.experimental.orpo.orpo_trainer, papermill, nbconvert, plotly, liger_kernel, cut_cross_entropy" || exit 1
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
