@@ -50,3 +50,12 @@ def test_formulas_in_headings_survive_nbconvert():
     text, converted, _ = markdown_math_to_mathml("## Precision of $dx$ and $dW$\n\nbody $a$")
     html = markdown2html_mistune(text)
     assert converted == 3 and html.count("<math") == 3 and "ns0:" not in html
+
+
+def test_an_inline_formula_may_span_a_line_break_not_a_paragraph():
+    """A formula wrapped onto the next line of its paragraph is one formula; a lone dollar at the end of a
+    paragraph does not reach into the next."""
+    text, converted, failed = markdown_math_to_mathml("Through it, $\\partial x_k / \\partial z_j =\n(\\delta_{kj} - q_j)/T$, so $g$.")
+    assert (converted, failed) == (2, 0) and "$" not in text and "<mfrac>" not in text and "<mo>&#x02202;</mo>" in text
+    text, converted, _ = markdown_math_to_mathml("costs $5\n\nand $6 later")
+    assert converted == 0 and text == "costs $5\n\nand $6 later"

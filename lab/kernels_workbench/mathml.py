@@ -17,8 +17,9 @@ from nbconvert.preprocessors import Preprocessor
 
 #: Fenced code blocks and inline code spans: never searched for formulas.
 _CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.S)
-#: ``$$display$$`` (may span lines), or ``$inline$`` on one line: not ``\$``, no space just inside.
-_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$(?!\$)", re.S)
+#: ``$$display$$`` (may span lines), or ``$inline$``: not ``\$``, no space just inside; an inline formula
+#: may go on past a line break, as Markdown's paragraphs do, but not past a blank line (a new paragraph).
+_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?![\s$])((?:[^$\n]|\n(?![ \t]*\n))+?)(?<![\s\\])\$(?!\$)", re.S)
 
 
 def markdown_math_to_mathml(text: str) -> tuple[str, int, int]:
