@@ -437,33 +437,6 @@ def test_token_preset_rows_land_on_the_b200_chart_only(measured_dir, capsys):
     assert floor.copy_gbps == 4000.0 and set(floor.bound) == {"bytes"}
 
 
-def test_row_divergence_targets_and_lower_bounds():
-    """Synthetic rows of one run: the ratios, the bandwidth fraction and the verdicts (a lower bound for the bandwidth)."""
-    copy = 4000.0
-    rows = []
-    for v, share, liger_ratio in ((64, 0.95, 0.5), (128, 0.85, 0.7)):
-        ours = 12 * 8 * v / (copy * 1e9) * 1e3 / share  # ms at `share` of the copy bandwidth
-        for provider, ms, mb in (("kernels_lib", ours, 1.0), ("liger", ours / liger_ratio, 2.0)):
-            for mode in ("forward", "full"):
-                for metric, value in (("speed", ms), ("memory", mb)):
-                    rows.append({"kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric, "x_value": v,
-                                 "y_value_50": value, "extra_benchmark_config_str": json.dumps({"N": 8, "V": v, "dtype": "torch.float32"})})
-    table = analysis.row_divergence_targets(pd.DataFrame(rows), "tvd", copy)
-    assert table["forward / copy"].to_numpy() == pytest.approx([0.95, 0.85])
-    assert table["full / Liger"].to_numpy() == pytest.approx([0.5, 0.7])
-    assert table["memory / Liger"].to_numpy() == pytest.approx([0.5, 0.5])
-    assert table["forward_no_grad GB/s"].isna().all()  # not measured
-    assert table["forward ≥ 0.9× copy bandwidth"].tolist() == [True, False]
-    assert table["full ≤ 0.6× Liger"].tolist() == [True, False]
-    verdicts = analysis.target_verdicts(table, analysis.DIVERGENCE_TARGETS)
-    bandwidth = verdicts.loc["forward ≥ 0.9× copy bandwidth"]
-    assert bandwidth.status == "missed" and bandwidth["worst at x"] == 128
-    assert bandwidth["worst ratio"] == pytest.approx(0.85) and bandwidth["best ratio"] == pytest.approx(0.95)
-    assert verdicts.loc["full ≤ 0.6× Liger", "worst ratio"] == pytest.approx(0.7)
-    unjudged = analysis.row_divergence_targets(pd.DataFrame(rows).query("kernel_provider != 'liger'"), "tvd", copy)
-    assert analysis.target_verdicts(unjudged, analysis.DIVERGENCE_TARGETS).loc["full ≤ 0.6× Liger", "status"] == "not measured"
-
-
 def test_cli_rejects_unknown_loss(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["nope_loss", "--dry-run"])
@@ -542,25 +515,6 @@ def test_ceiling_is_the_newest(committed):
     assert analysis.ceiling(ceilings, "copy", "NVIDIA H200") == pytest.approx(newest)
     with pytest.raises(ValueError, match="NVIDIA A100"):
         analysis.ceiling(ceilings, "copy", "NVIDIA A100")
-
-
-def test_kl_div_targets(committed):
-    rows, ceilings = committed
-    copy = analysis.ceiling(ceilings, "copy", "NVIDIA H200")
-    table = analysis.kl_div_targets(rows, copy)
-    assert list(table.index) == [4096, 8192, 16384, 32768, 65536, 131072]
-    for column in ("forward GB/s", "forward / copy", "forward_no_grad GB/s", "full ms", "Liger full ms",
-                   "full / Liger", "memory / Liger", "bandwidth ≥ 0.9", "full ≤ 0.6× Liger", "memory ≤ Liger"):
-        assert column in table.columns, column
-    speed_full = analysis.medians(rows, "speed", "full")
-    memory_full = analysis.medians(rows, "memory", "full")
-    x = 131072
-    assert table.loc[x, "full / Liger"] == pytest.approx(speed_full.loc[x, "kernels_lib"] / speed_full.loc[x, "liger"])
-    assert table.loc[x, "memory / Liger"] == pytest.approx(memory_full.loc[x, "kernels_lib"] / memory_full.loc[x, "liger"])
-    assert table.loc[x, "forward / copy"] == pytest.approx(table.loc[x, "forward GB/s"] / copy)
-    assert (table["bandwidth ≥ 0.9"] == (table["forward / copy"] >= 0.9)).all()
-    assert (table["full ≤ 0.6× Liger"] == (table["full / Liger"] <= 0.6)).all()
-    assert (table["memory ≤ Liger"] == (table["memory / Liger"] <= 1.0)).all()
 
 
 # --------------------------------------------------------------------------- provenance

@@ -1,5 +1,5 @@
 """The measurement side of fused linear cross-entropy: spec, providers, floors, dial, precision,
-analysis, the speed-vs-memory chart, and the H200 script's CPU paths.
+the speed-vs-memory chart, and the H200 script's CPU paths.
 
 Sizes are tiny (kernels through Triton's interpreter on a machine without a GPU). The peers' CUDA
 adapters are exercised with stand-in modules that record how they are called.
@@ -18,7 +18,7 @@ import torch
 import kernels_lib
 from kernels_lib import default_device
 from kernels_workbench import charts, data
-from kernels_workbench.bench import analysis, cli
+from kernels_workbench.bench import cli
 from kernels_workbench.bench import fused_linear_cross_entropy as flce
 from kernels_workbench.bench import torch_lce as torch_lce_module
 from kernels_workbench.bench.registry import get_spec, registered_losses
@@ -321,7 +321,7 @@ def test_cli_dry_run(capsys, monkeypatch, tmp_path):
     assert not (tmp_path / "measured").exists()
 
 
-# --------------------------------------------------------------------------- analysis on synthetic rows
+# --------------------------------------------------------------------------- the speed-vs-memory chart on synthetic rows
 
 
 def _rows(values: dict) -> pd.DataFrame:
@@ -351,46 +351,10 @@ SYNTHETIC = _rows({
 })
 
 
-def test_achieved_tflops():
-    tflops = analysis.achieved_tflops(SYNTHETIC, "kernels_lib", "full")
-    assert list(tflops.index) == [4096, 8192]
-    assert tflops.loc[8192] == pytest.approx(3 * 2 * 8192 * 4096 * 128256 / 44e-3 / 1e12)
-    assert analysis.achieved_tflops(SYNTHETIC, "nobody", "full").empty
-
-
-def test_flce_targets_ratios_and_flags():
-    table = analysis.fused_linear_cross_entropy_targets(SYNTHETIC, matmul_tflops=680.0)
-    assert list(table.index) == [4096, 8192]
-    assert table.loc[8192, "full / torch"] == pytest.approx(44.0 / 49.1)
-    assert table.loc[8192, "full / Liger"] == pytest.approx(44.0 / 55.3)
-    assert table.loc[4096, "full / CCE"] == pytest.approx(20.0 / 48.4)
-    assert table.loc[8192, "forward_no_grad / CCE"] == pytest.approx(14.0 / 16.7)
-    assert table.loc[4096, "forward_no_grad / torch"] == pytest.approx(7.0 / 9.33)
-    assert table.loc[8192, "memory / Liger"] == pytest.approx(1300.0 / 1129.0)
-    assert table.loc[8192, "full / matmul ceiling"] == pytest.approx(table.loc[8192, "full TFLOP/s"] / 680.0)
-    assert bool(table.loc[4096, "full ≤ 0.85× torch"]) and not bool(table.loc[8192, "full ≤ 0.85× torch"])
-    assert bool(table.loc[4096, "memory full ≤ 1.1× Liger"]) and not bool(table.loc[8192, "memory full ≤ 1.1× Liger"])
-    assert table["full ≤ 0.6× Liger"].tolist() == [True, False]  # 20/46.1, 44/55.3
-    assert table["forward_no_grad ≤ 1.0× CCE"].all()
-
-
-def test_target_verdicts_and_missing_peer():
-    without_cce = SYNTHETIC[SYNTHETIC.kernel_provider != "cce"]
-    table = analysis.fused_linear_cross_entropy_targets(without_cce, matmul_tflops=680.0)
-    assert table["full / CCE"].isna().all() and table["full ≤ 0.5× CCE"].isna().all()
-    verdicts = analysis.target_verdicts(table)
-    assert list(verdicts.index) == list(analysis.FLCE_TARGETS)
-    assert verdicts.loc["full ≤ 0.5× CCE", "status"] == "not measured"
-    assert verdicts.loc["full ≤ 0.85× torch", "status"] == "missed"
-    assert verdicts.loc["full ≤ 0.85× torch", "worst at x"] == 8192
-    assert verdicts.loc["full ≤ 0.85× torch", "worst ratio"] == pytest.approx(44.0 / 49.1)
-    assert verdicts.loc["forward_no_grad ≤ 0.8× torch", "status"] == "met"
-
-
 def test_speed_memory_chart_one_point_per_provider():
     figure = charts.speed_memory_chart(SYNTHETIC, 8192, "full", floor_ms=38.0)
     points = {trace.name: (trace.x[0], trace.y[0]) for trace in figure.data}
-    assert points == {"kernels_lib": (1300.0, 44.0), "liger": (1129.0, 55.3), "torch": (12024.0, 49.1)}  # cce: no memory row
+    assert points == {"kernels_lib": (1300.0, 44.0), "liger": (1129.0, 55.3), charts.BASELINE_NAME: (12024.0, 49.1)}  # cce: no memory row
     assert figure.layout.shapes[0].y0 == 38.0
     assert figure.layout.xaxis.type == "log"
     dial = _rows({("kernels_lib[chunk_size=256 accurate=False]", "full", "speed"): {8192: 60.0},
@@ -401,49 +365,17 @@ def test_speed_memory_chart_one_point_per_provider():
     assert list(trace.customdata) == ["kernels_lib", "kernels_lib[chunk_size=256 accurate=False]"]
 
 
-# --------------------------------------------------------------------------- the H200 script at CPU size
+# --------------------------------------------------------------------------- the published chart's workload
 
 
-#: The frontier script's parts, a test each (so the workers share them out; the GPU target is as long as its
-#: longest test): the part, and the check of the files it writes (None: its exit code alone; its rows are
-#: checked by the studies' own tests).
-def test_cce_paper_table_and_workload():
-    """The CCE paper's Gemma 2 rows as its README prints them, the preset of its workload, and our run beside them:
-    ratios to the baseline within each source only."""
-    import json
-
-    import pandas as pd
-
-    paper = flce.cce_paper_rows()
-    assert len(paper) == 9 and set(paper.provider) == {"cce", "torch.compile", "torch"}
-    full = paper.set_index(["provider", "mode"])
-    assert full.loc[("torch", "full"), "time ms"] == 208.8 and full.loc[("cce", "forward"), "memory MB"] == 1.1
-    preset = flce.SPEC.preset("cce_gemma2")
-    assert preset["sizes"] == {"H": 2304, "V": 256000} and preset["x_values"] == [8192]
-    config = json.dumps({"H": 2304, "V": 256000, "dtype": "torch.bfloat16"})
-    rows = pd.DataFrame([
-        {"kernel_provider": p, "kernel_operation_mode": "full", "metric_name": m, "y_value_50": v, "x_value": 8192,
-         "extra_benchmark_config_str": config, "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200",
-         "timestamp": "2026-12-02 12:00"}
-        for p, m, v in [("kernels_lib", "speed", 40.0), ("torch", "speed", 80.0), ("kernels_lib", "memory", 900.0)]
-    ])
-    other = rows.assign(extra_benchmark_config_str=json.dumps({"H": 4096, "V": 128256}))
-    assert flce.is_cce_paper_workload(pd.concat([rows, other])).tolist() == [True] * 3 + [False] * 3
-    table = flce.cce_paper_table(rows)
-    assert table.loc[("kernels_lib", "full"), "H200 × torch"] == 0.5 and table.loc[("kernels_lib", "full"), "H200 MB"] == 900.0
-    assert table.loc[("cce", "full"), "A100 × torch"] == pytest.approx(134.8 / 208.8)
-    assert pd.isna(table.loc[("kernels_lib", "full"), "A100 ms (paper)"])  # ours is not in the paper
-    with pytest.raises(ValueError, match="one run"):
-        flce.cce_paper_table(pd.concat([rows, rows.assign(kernels_lib_commit="fff0000")]))
-
-
-def test_published_and_cce_paper_workloads_are_told_apart():
-    """The CSV keeps the CCE paper's run beside the published chart's: each predicate picks its own rows."""
+def test_published_workload_picks_the_published_charts_rows():
+    """The CSV keeps other workloads' runs beside the published chart's: the predicate picks the chart's own."""
     rows = data.load_measured(flce.KERNEL_NAME, latest=False)
-    published, cce = flce.is_published_workload(rows), flce.is_cce_paper_workload(rows)
-    assert published.any() and not (published & cce).any()
+    published = flce.is_published_workload(rows)
+    assert published.any() and not published.all()
     configs = rows[published].extra_benchmark_config_str.map(json.loads)
     assert configs.map(lambda c: (c["H"], c["V"]) == (4096, 128256)).all()
+    assert not rows[~published].extra_benchmark_config_str.map(json.loads).map(lambda c: (c["H"], c["V"]) == (4096, 128256)).any()
     assert flce.is_published_workload(rows.iloc[:0]).empty
 
 

@@ -1,12 +1,10 @@
 """The measurement side of ORPO and KTO: specs, inputs, floors, Liger adapters (stand-ins), tiny CPU
-sweeps, checks, the targets analysis, a failing provider recorded by the sweep, the H200 script's
-small path."""
+sweeps, checks, a failing provider recorded by the sweep, the H200 script's small path."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import sys
 import types
 from pathlib import Path
@@ -16,7 +14,6 @@ import pytest
 import torch
 
 from kernels_lib import default_device
-from kernels_workbench.bench import analysis
 from kernels_workbench.bench import fused_linear_kto as kto
 from kernels_workbench.bench import fused_linear_orpo as orpo
 from kernels_workbench.bench.spec import Provider
@@ -187,67 +184,6 @@ def test_checks_against_the_baseline(name):
     table = check_against_reference(name, cases, TINY, DEVICE)
     assert_checks_pass(table)
     assert (table.loc[table.dtype == "float32", "kernels_lib loss err"] < 1e-5).all()
-
-
-# --------------------------------------------------------------------------- targets
-
-
-def synthetic_rows(ours_full=10.0, ours_forward=4.0, liger_full=14.0, liger_ok=True):
-    """Rows of one GPU at B = 2, 4 for the three providers: ours scale with B, the peers fixed."""
-    rows = []
-
-    def add(provider, mode, metric, b, value):
-        rows.append({"kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
-                     "x_value": b, "y_value_50": value})
-
-    for b in (2, 4):
-        scale = b / 2
-        add("kernels_lib", "forward", "speed", b, ours_forward * scale)
-        add("kernels_lib", "full", "speed", b, ours_full * scale)
-        add("kernels_lib", "full", "memory", b, 800.0)
-        add("huggingface", "forward", "speed", b, 5.0)
-        add("huggingface", "full", "speed", b, 12.0)
-        add("huggingface", "full", "memory", b, 6000.0)
-        add("liger", "forward", "speed", b, liger_full if liger_ok else math.nan)
-        add("liger", "full", "speed", b, liger_full if liger_ok else math.nan)
-        add("liger", "full", "memory", b, 1000.0 if liger_ok else math.nan)
-    return pd.DataFrame(rows)
-
-
-def test_orpo_targets_and_verdicts():
-    table = analysis.orpo_targets(synthetic_rows())
-    assert table.loc[2, "full / huggingface"] == pytest.approx(10 / 12) and table.loc[4, "full / Liger"] == pytest.approx(20 / 14)
-    assert table.loc[2, "memory / Liger"] == pytest.approx(0.8)
-    assert table.loc[2, "full ≤ 0.85× huggingface"] and not table.loc[4, "full ≤ 0.85× huggingface"]
-    verdicts = analysis.target_verdicts(table, analysis.ORPO_TARGETS)
-    assert list(verdicts.index) == list(analysis.ORPO_TARGETS)
-    assert verdicts.loc["full ≤ 0.85× huggingface", "status"] == "missed"
-    assert verdicts.loc["full ≤ 0.85× huggingface", "worst at x"] == 4
-    assert verdicts.loc["memory full ≤ Liger", "status"] == "met"
-
-
-def test_kto_targets_with_liger_failed():
-    table = analysis.kto_targets(synthetic_rows(ours_full=3.0, ours_forward=2.0, liger_ok=False))
-    assert table["full / Liger"].isna().all() and table["full ≤ 0.6× Liger"].isna().all()
-    assert table.loc[2, "forward / huggingface"] == pytest.approx(0.4)
-    verdicts = analysis.target_verdicts(table, analysis.KTO_TARGETS)
-    assert verdicts.status.to_dict() == {
-        "full ≤ 0.6× Liger": "not measured", "forward ≤ 0.9× huggingface": "met", "memory full ≤ Liger": "not measured"
-    }
-
-
-def test_verdicts_by_run_judges_each_run_apart():
-    """Two runs (commits): the first meets ORPO's full ≤ 0.85× huggingface at every B, the second
-    misses it at B = 4; each run is judged on its own rows, oldest first."""
-    good = synthetic_rows(ours_full=4.0).assign(kernels_lib_commit="aaa", gpu_name="NVIDIA H200", timestamp="2026-11-29 10:00:00")
-    bad = synthetic_rows(ours_full=10.0).assign(kernels_lib_commit="bbb", gpu_name="NVIDIA H200", timestamp="2026-11-29 11:00:00")
-    table = analysis.verdicts_by_run(pd.concat([bad, good]), analysis.ORPO_TARGETS)
-    assert list(table.commit.unique()) == ["aaa", "bbb"] and len(table) == 2 * len(analysis.ORPO_TARGETS)
-    status = table.set_index(["commit", "target"]).status
-    assert status["aaa", "full ≤ 0.85× huggingface"] == "met" and status["bbb", "full ≤ 0.85× huggingface"] == "missed"
-    worst = table.set_index(["commit", "target"])["worst ratio"]
-    assert worst["bbb", "full ≤ 0.85× huggingface"] == pytest.approx(20 / 12)
-    assert analysis.verdicts_by_run(good.iloc[:0], analysis.ORPO_TARGETS).empty
 
 
 # --------------------------------------------------------------------------- the H200 script at CPU size

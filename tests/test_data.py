@@ -1,9 +1,8 @@
-"""The data behind the charts: published rows, the pages' figures, measured rows and their files."""
+"""The data behind the charts: published rows, measured rows and their files."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import pandas as pd
 import pytest
@@ -16,8 +15,6 @@ KERNELS = {
     "fused_linear_cpo_loss", "fused_linear_simpo_loss", "fused_linear_grpo_loss_token", "fused_linear_grpo_loss_sequence",
     "jsd", "tvd", "fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss", "cross_entropy", "megatron_cross_entropy",
 }
-#: The losses the KernelIndex pages quote (the preference losses added later have no page).
-PAGE_KERNELS = {"fused_linear_cross_entropy", "kl_div", "fused_linear_orpo_loss", "kto_loss"}
 
 
 # --------------------------------------------------------------------------- published
@@ -75,46 +72,6 @@ def test_published_distillation_and_cross_entropy_rows():
 
 def test_published_unknown_kernel_is_empty():
     assert len(data.load_published("no_such_loss")) == 0
-
-
-def _half_unit_of_third_digit(value: float) -> float:
-    return 0.5 * 10 ** (math.floor(math.log10(abs(value))) - 2)
-
-
-def test_pages_agree_with_published_forward_medians():
-    pages = data.load_pages()
-    published = data.load_published()
-    assert set(pages.kernel_name) == PAGE_KERNELS
-    assert (pages.kernel_operation_mode == "forward").all()
-    for _, page in pages.iterrows():
-        candidates = published[
-            (published.kernel_name == page.kernel_name)
-            & (published.kernel_provider == page.kernel_provider)
-            & (published.kernel_operation_mode == "forward")
-            & (published.metric_name == "speed")
-            & (published.x_value == page.x_value)
-            & (published.gpu_name == page.gpu_name)
-        ]
-        # The page's workload picks the published configuration where both name a size.
-        workload = json.loads(page.workload)
-        candidates = candidates[
-            candidates.extra_benchmark_config_str.map(
-                lambda s: all(json.loads(s).get(k, v) == v for k, v in workload.items())
-            )
-        ]
-        where = f"{page.kernel_name} {page.kernel_provider} x={page.x_value}"
-        assert len(candidates) == 1, f"{where}: {len(candidates)} published rows"
-        value = candidates.y_value_50.iloc[0]
-        assert abs(page.median_ms - value) <= _half_unit_of_third_digit(value) * (1 + 1e-9), (
-            f"{where}: page {page.median_ms} vs published {value}"
-        )
-
-
-def test_pages_kl_row_is_the_published_torch_median():
-    pages = data.load_pages("kl_div")
-    assert set(pages.kernel_provider) == {"torch", "liger"}
-    torch_page = pages[pages.kernel_provider == "torch"].median_ms.iloc[0]
-    assert torch_page == pytest.approx(1.33, abs=1e-9)
 
 
 # --------------------------------------------------------------------------- read_rows errors

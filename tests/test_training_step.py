@@ -248,10 +248,7 @@ def test_step_chart_draws_every_provider_and_the_ooms():
     assert len(ts.loss_curve_chart(curves).data) == 2
 
 
-def test_verdict_summary_is_one_cell_per_target_and_setting():
-    summary = ts.verdict_summary(ts.training_verdicts(synthetic_rows()))
-    assert list(summary.index) == list(ts.TRAINING_TARGETS)
-    assert summary.loc["largest tokens per step ≥ 1.5× huggingface", ("llama-3.2-1b", "ckpt on")] == "met (4.00)"
+def test_is_oom_tells_an_allocation_failure_from_other_resources():
     assert ts.is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"))
     assert not ts.is_oom(RuntimeError("out of resource: shared memory"))
 

@@ -41,7 +41,7 @@ def _write(path, content):
 # --------------------------------------------------------------------------- data/ files
 
 
-@pytest.mark.parametrize("loader, attribute", [(data.load_published, "PUBLISHED_ROWS"), (data.load_pages, "PUBLISHED_PAGES")])
+@pytest.mark.parametrize("loader, attribute", [(data.load_published, "PUBLISHED_ROWS")])
 def test_missing_published_file_is_named(loader, attribute, tmp_path, monkeypatch):
     path = tmp_path / "published" / "gone.csv"
     monkeypatch.setattr(data, attribute, path)
@@ -51,7 +51,7 @@ def test_missing_published_file_is_named(loader, attribute, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("kind", list(CORRUPT))
-@pytest.mark.parametrize("loader, attribute", [(data.load_published, "PUBLISHED_ROWS"), (data.load_pages, "PUBLISHED_PAGES")])
+@pytest.mark.parametrize("loader, attribute", [(data.load_published, "PUBLISHED_ROWS")])
 def test_corrupt_published_file_is_named(loader, attribute, kind, tmp_path, monkeypatch):
     path = _write(tmp_path / "published" / "broken.csv", CORRUPT[kind])
     monkeypatch.setattr(data, attribute, path)

@@ -14,7 +14,6 @@ import pandas as pd
 
 from .paths import DATA_DIR
 PUBLISHED_ROWS = DATA_DIR / "published" / "liger_benchmark_rows.csv"
-PUBLISHED_PAGES = DATA_DIR / "published" / "kernelindex_pages.csv"
 MEASURED_DIR = DATA_DIR / "measured"
 
 _REQUIRED = ["kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "y_value_50", "gpu_name"]
@@ -56,12 +55,6 @@ def read_rows(path: Path | str, required: list[str] = _REQUIRED) -> pd.DataFrame
 def load_published(kernel_name: str | None = None) -> pd.DataFrame:
     """Liger's published rows for the four losses, optionally one ``kernel_name`` (e.g. ``kl_div``)."""
     frame = read_rows(PUBLISHED_ROWS)
-    return frame if kernel_name is None else frame[frame.kernel_name == kernel_name].reset_index(drop=True)
-
-
-def load_pages(kernel_name: str | None = None) -> pd.DataFrame:
-    """The forward medians quoted on the KernelIndex pages (``../shared/seeds/``)."""
-    frame = read_rows(PUBLISHED_PAGES, ["kernel_name", "kernel_provider", "x_value", "median_ms", "gpu_name"])
     return frame if kernel_name is None else frame[frame.kernel_name == kernel_name].reset_index(drop=True)
 
 

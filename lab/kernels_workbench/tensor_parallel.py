@@ -215,12 +215,6 @@ def load_runs_per_gpu() -> dict[str, pd.DataFrame]:
     return {gpu: load_runs(gpu) for gpu in data.gpus_measured(data.read_rows(path))}
 
 
-def pivot(rows: pd.DataFrame, kernel_name: str, metric: str, mode: str) -> pd.DataFrame:
-    """Medians by x (index) and (provider, tp) (columns)."""
-    chosen = rows[(rows.kernel_name == kernel_name) & (rows.metric_name == metric) & (rows.kernel_operation_mode == mode)]
-    return chosen.pivot_table(index="x_value", columns=["kernel_provider", "tp"], values="y_value_50")
-
-
 def scaling_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Fused linear CE per (N, provider, TP): forward and full time, memory, bytes on the wire, the
     replayed collectives' time and their share of ``full``."""

@@ -916,16 +916,6 @@ def training_verdicts(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.D
     return pd.DataFrame(out, columns=["model", "checkpointing", "target", "bound", "ratio", "at tokens", "status", "detail"])
 
 
-def verdict_summary(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """:func:`training_verdicts` as one cell per (target; model, checkpointing): ``status (ratio)``."""
-    if not len(verdicts):
-        return pd.DataFrame()
-    cells = verdicts.assign(cell=[f"{s} ({r:.2f})" if r == r else s for s, r in zip(verdicts.status, verdicts.ratio)],
-                            checkpointing=verdicts.checkpointing.map({False: "ckpt off", True: "ckpt on"}))
-    table = cells.pivot_table(index="target", columns=["model", "checkpointing"], values="cell", aggfunc="first", sort=False)
-    return table.reindex([t for t in TRAINING_TARGETS if t in table.index])
-
-
 # --------------------------------------------------------------------------- analytic costs
 
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 import kernels_lib  # noqa: F401  (before triton: the interpreter on a CPU)
-from kernels_workbench.bench.analysis import target_verdicts
 from studies.bench import analysis, flce_studies
+from studies.bench.targets import target_verdicts
 
 DIAL = "kernels_lib[chunk_size=512 accurate=False]"
 
