@@ -12,7 +12,8 @@ from kernels_workbench import data
 from kernels_workbench.bench.spec import Provider
 from kernels_workbench.bench.registry import get_spec
 from kernels_workbench.charts import (
-    COLORS, PANELS, axis_title, base_provider, line_traces, provider_color, scaling_chart, speed_memory_chart,
+    BASELINE_NAME, COLORS, GAP_LEGEND, GPU_STYLES, NOT_MEASURED_NOTE, PANELS, axis_title, base_provider, legend_keys, line_traces,
+    provider_color, scaling_chart, speed_memory_chart,
 )
 from kernels_workbench.check import TOLERANCE, assert_checks_pass, check_against_reference
 from kernels_lib.kl_div import kl_div
@@ -45,7 +46,7 @@ def test_chart_counts_lines_and_bands_for_known_inputs():
     published = pd.DataFrame(
         _rows("GPU P", "torch", "forward", "speed", xs)
         + _rows("GPU P", "liger", "forward", "speed", xs)
-        + _rows("GPU P", "torch", "full", "speed", xs)
+        + _rows("GPU P", "torch", "full", "speed", xs)  # published alone: the panel says "not measured on a GPU yet"
         + _rows("GPU P", "torch", "backward", "speed", xs)  # no panel shows backward
     )
     measured = pd.DataFrame(
@@ -55,31 +56,33 @@ def test_chart_counts_lines_and_bands_for_known_inputs():
     )
     figure = scaling_chart(published, measured, x_label="vocab size", title="t")
     lines = line_traces(figure)
-    # speed·forward: torch, liger (published) + kernels_lib GPU M; speed·full: torch;
+    # speed·forward: torch, liger (published) + kernels_lib GPU M; speed·full: none (no measured row);
     # memory·full: kernels_lib on two GPUs.
-    assert len(lines) == 6
-    assert len(_bands(figure)) == 6
+    assert len(lines) == 5, [line.name for line in lines]
+    assert len(_bands(figure)) == 5
     names = [line.name for line in lines]
     assert sorted(names) == sorted(
         [
-            "torch · GPU P (published)", "liger · GPU P (published)", "kernels_lib · GPU M (measured)",
-            "torch · GPU P (published)", "kernels_lib · GPU M (measured)", "kernels_lib · GPU N (measured)",
+            f"{BASELINE_NAME} · GPU P (published)", "liger · GPU P (published)", "kernels_lib · GPU M (measured)",
+            "kernels_lib · GPU M (measured)", "kernels_lib · GPU N (measured)",
         ]
     )
+    styles = {}
     for line in lines:
         assert list(line.x) == sorted(line.x), line.name
         assert ("(published)" in line.name) != ("(measured)" in line.name)
         assert ("GPU P" in line.name) == ("(published)" in line.name)
-        # published dashed; each measured GPU a line style of its own (GPU M first: solid, GPU N: dash-dot)
-        assert line.line.dash == {"P": "dash", "M": "solid", "N": "dashdot"}[line.name.split("GPU ")[1][0]], line.name
-    # One legend entry per name even when a series appears in two panels.
-    shown = [line.name for line in lines if line.showlegend]
-    assert sorted(shown) == sorted(set(names))
+        assert line.marker.symbol.endswith("-open") == ("(published)" in line.name), f"{line.name}: open markers are published rows"
+        assert not line.showlegend, f"{line.name}: a line is named by the provider and GPU legends, not on its own"
+        styles.setdefault(line.name.split(" · ")[1].split(" (")[0], set()).add((line.marker.symbol.removesuffix("-open"), line.line.dash))
+    # each GPU one marker and dash, three GPUs three of each (unlisted GPUs get spare styles, never one twice)
+    assert all(len(found) == 1 for found in styles.values()), styles
+    assert len({next(iter(v))[0] for v in styles.values()}) == 3 and len({next(iter(v))[1] for v in styles.values()}) == 3, styles
 
 
 def test_chart_shows_each_measured_gpu_beside_the_published_rows_labelled():
     """The newest run of each GPU (an H100 80GB and an H200) beside the published A100 rows: each line named
-    with its GPU's short label, one colour per provider on every GPU, a line style per GPU."""
+    with its GPU's short label, one colour per provider on every GPU, a marker and a dash per GPU."""
     xs = [2, 4]
     published = pd.DataFrame(_rows("NVIDIA A100-SXM4-80GB", "liger", "full", "speed", xs))
     measured = pd.DataFrame(_rows("NVIDIA H200", "kernels_lib", "full", "speed", xs) + _rows("NVIDIA H200", "liger", "full", "speed", xs)
@@ -89,19 +92,22 @@ def test_chart_shows_each_measured_gpu_beside_the_published_rows_labelled():
                           "kernels_lib · H100 80GB (measured)"}
     assert lines["kernels_lib · H200 (measured)"].line.color == lines["kernels_lib · H100 80GB (measured)"].line.color
     assert lines["liger · A100 80GB (published)"].line.color == lines["liger · H200 (measured)"].line.color
-    styles = {name: line.line.dash for name, line in lines.items()}
-    assert styles["kernels_lib · H100 80GB (measured)"] == "solid" and styles["kernels_lib · H200 (measured)"] == "dashdot"
-    assert styles["liger · H200 (measured)"] == "dashdot" and styles["liger · A100 80GB (published)"] == "dash"
+    styles = {name: (line.marker.symbol, line.line.dash) for name, line in lines.items()}
+    assert styles["kernels_lib · H100 80GB (measured)"] == GPU_STYLES["H100 80GB"] == ("circle", "solid")
+    assert styles["kernels_lib · H200 (measured)"] == styles["liger · H200 (measured)"] == GPU_STYLES["H200"]
+    assert styles["liger · A100 80GB (published)"] == ("triangle-up-open", "dash")
+    assert len({GPU_STYLES[g][0] for g in ("H100 80GB", "H200", "A100 80GB", "H100 PCIe", "B200")}) == 5, "two GPUs share a marker"
+    assert len({GPU_STYLES[g][1] for g in ("H100 80GB", "H200", "A100 80GB", "H100 PCIe", "B200")}) == 5, "two GPUs share a dash"
 
 
 def test_chart_axes_log_and_linear():
     frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2, 4]))
-    figure = scaling_chart(frame, None, x_label="V", title="t")
+    figure = scaling_chart(None, frame, x_label="V", title="t")
     axes = [figure.layout[name] for name in figure.layout if name.startswith("xaxis")]
     assert len(axes) == len(PANELS)
     assert all(axis.type == "log" for axis in axes)
-    assert all(axis.title.text == "vocabulary size (V)" for axis in axes)  # the one name of the V axis
-    linear = scaling_chart(frame, None, x_label="V", title="t", log_x=False)
+    assert all(axis.title.text == "vocabulary size V" for axis in axes)  # the one name of the V axis
+    linear = scaling_chart(None, frame, x_label="V", title="t", log_x=False)
     assert all(linear.layout[name].type == "linear" for name in linear.layout if name.startswith("xaxis"))
 
 
@@ -111,9 +117,11 @@ def test_chart_without_p20_p80_has_no_bands():
     assert len(line_traces(figure)) == 1 and len(_bands(figure)) == 0
 
 
-def test_chart_empty_inputs_have_no_traces():
-    assert len(scaling_chart(None, None, x_label="V", title="t").data) == 0
-    assert len(scaling_chart(pd.DataFrame(), pd.DataFrame(), x_label="V", title="t").data) == 0
+def test_chart_empty_inputs_draw_no_line_and_say_so():
+    for published, measured in ((None, None), (pd.DataFrame(), pd.DataFrame())):
+        figure = scaling_chart(published, measured, x_label="V", title="t")
+        assert line_traces(figure) == [] and legend_keys(figure) == []
+        assert [a.text.replace("<br>", " ") for a in figure.layout.annotations if a.name == "note"] == [NOT_MEASURED_NOTE] * len(PANELS)
 
 
 def test_chart_of_the_committed_kl_data():
@@ -127,10 +135,12 @@ def test_chart_of_the_committed_kl_data():
     assert len(_bands(figure)) == len(lines)
     published_lines = [line for line in lines if line.name.endswith("(published)")]
     assert len(published_lines) == 6
-    assert all(" · H100 PCIe (published)" in line.name and line.line.dash == "dash" for line in published_lines)
+    assert all(" · H100 PCIe (published)" in line.name and line.line.dash == GPU_STYLES["H100 PCIe"][1] for line in published_lines)
     measured_lines = [line for line in lines if line.name.endswith("(measured)")]
-    assert all(" · H200 (measured)" in line.name and line.line.dash == "solid" for line in measured_lines)
+    assert all(" · H200 (measured)" in line.name and line.line.dash == GPU_STYLES["H200"][1] for line in measured_lines)
     assert {x for line in lines for x in line.x} == {4096, 8192, 16384, 32768, 65536, 131072}
+    assert {k.name for k in legend_keys(figure, "legend2") if k.name != GAP_LEGEND} == {"H200", "H100 PCIe (published)"}
+    assert sorted(k.name for k in legend_keys(figure)) == sorted(["kernels_lib", "liger", BASELINE_NAME])
 
 
 # --------------------------------------------------------------------------- one look
@@ -147,9 +157,9 @@ def test_a_provider_has_one_colour_whatever_its_dial_or_series():
 
 
 def test_axis_titles_name_each_workload_once():
-    assert {axis_title(label) for label in ("B x T", "tokens", "total tokens")} == {"tokens (B × T)"}
-    assert {axis_title(label) for label in ("B", "Batch Size (B)", "batch size B", "B (sequences)")} == {"batch size (B)"}
-    assert axis_title("vocab size") == axis_title("V") == "vocabulary size (V)"
+    assert {axis_title(label) for label in ("B x T", "tokens", "total tokens", "tokens (B × T)")} == {"tokens (B·T)"}
+    assert {axis_title(label) for label in ("B", "Batch Size (B)", "batch size B", "B (sequences)")} == {"batch size B"}
+    assert axis_title("vocab size") == axis_title("V") == "vocabulary size V"
     assert axis_title("something else") == "something else"
 
 
@@ -157,19 +167,156 @@ def test_scaling_chart_draws_kernels_lib_last_times_in_ms_and_ticks_integers():
     xs = [4096, 8192, 16384]
     frame = pd.DataFrame(_rows("G", "kernels_lib", "forward", "speed", xs) + _rows("G", "torch", "forward", "speed", xs)
                          + _rows("G", "kernels_lib[chunk_size=256]", "forward", "speed", xs)
+                         + _rows("G", "kernels_lib", "full", "speed", xs)
                          + _rows("G", "liger", "full", "memory", xs[:2]))
     figure = scaling_chart(None, frame, x_label="B x T", title="t")
     lines = line_traces(figure)
-    ours = [i for i, t in enumerate(figure.data) if base_provider(t.name) == "kernels_lib" and t.fill != "toself"]
-    peers = [i for i, t in enumerate(figure.data) if base_provider(t.name) != "kernels_lib" and t.fill != "toself"]
-    assert ours and peers and min(ours) > max(peers)
-    assert max(i for i, t in enumerate(figure.data) if t.fill == "toself") < min(ours + peers)  # bands below every line
+    drawn = [t for t in figure.data if t.fill != "toself" and t.name]
+    ours = [i for i, t in enumerate(drawn) if base_provider(t.name) == "kernels_lib"]
+    peers = [i for i, t in enumerate(drawn) if base_provider(t.name) in ("torch", "liger")]
+    assert ours and peers and min(ours) > max(peers), "a peer's line or legend entry drawn over kernels_lib's"
+    assert max(i for i, t in enumerate(figure.data) if t.fill == "toself") < min(
+        i for i, t in enumerate(figure.data) if t.fill != "toself")  # bands below every line
     assert {t.line.color for t in lines if base_provider(t.name) == "kernels_lib"} == {COLORS["kernels_lib"]}
-    assert figure.layout.yaxis.title.text == "time (ms)" and figure.layout.yaxis3.title.text == "memory (MB)"
-    assert figure.layout.xaxis.title.text == "tokens (B × T)"
+    assert figure.layout.yaxis.title.text == "time (ms)" and figure.layout.yaxis3.title.text == "peak memory beyond inputs (MB)"
+    assert figure.layout.xaxis.title.text == "tokens (B·T)"
     for name in ("xaxis", "xaxis2", "xaxis3"):
         assert list(figure.layout[name].ticktext) == ["4096", "8192", "16384"]
     assert figure.layout.xaxis2.matches == "x"
+
+
+# --------------------------------------------------------------------------- what a reader tells apart
+
+
+def _two_gpus_and_published(x=(1024, 2048, 4096)):
+    measured = pd.DataFrame([row for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200") for provider in ("kernels_lib", "torch", "liger")
+                             for metric in ("speed", "memory") for mode in ("forward", "full")
+                             for row in _rows(gpu, provider, mode, metric, list(x))])
+    published = pd.DataFrame([row for provider in ("huggingface", "liger") for metric in ("speed", "memory") for mode in ("forward", "full")
+                              for row in _rows("NVIDIA A100-SXM4-80GB", provider, mode, metric, list(x))])
+    return published, measured
+
+
+def test_provider_is_a_colour_and_gpu_a_marker_and_dash_each_named_once_in_the_legend():
+    published, measured = _two_gpus_and_published()
+    figure = scaling_chart(published, measured, x_label="BT", title="t")
+    providers, gpus = legend_keys(figure), legend_keys(figure, "legend2")
+    # "huggingface" (published) and "torch" (measured) are the one baseline: one legend entry
+    assert sorted(k.name for k in providers) == sorted([BASELINE_NAME, "kernels_lib", "liger"]), [k.name for k in providers]
+    assert sorted(k.name for k in gpus) == ["A100 80GB (published)", "H100 80GB", "H200"], [k.name for k in gpus]
+    assert len({k.line.color for k in providers}) == 3, "two providers' legend entries share a colour"
+    assert len({k.line.color for k in gpus}) == 1, "a GPU's legend entry is coloured: a reader would take it for a provider"
+    assert figure.layout.legend2.title.text.startswith("GPU") and figure.layout.legend.title.text.startswith("provider")
+    key_style = {k.name: (k.marker.symbol, k.line.dash) for k in gpus}
+    for line in line_traces(figure):
+        provider, rest = line.name.split(" · ")
+        gpu, source = rest.rsplit(" (", 1)
+        assert not line.showlegend, f"{line.name} has a legend entry of its own (provider × GPU)"
+        assert line.line.color == next(k.line.color for k in providers if k.name == provider), f"{line.name}: not its provider's colour"
+        key = gpu + " (published)" if source == "published)" else gpu
+        assert (line.marker.symbol, line.line.dash) == key_style[key], f"{line.name}: not its GPU's marker and dash"
+        assert line.legendgroup == provider, f"{line.name}: clicking its provider's legend entry would not hide it"
+
+
+def test_each_gpus_floor_is_drawn_in_its_gpus_marker_and_dash():
+    from kernels_workbench.charts import FLOOR_COLOR, add_floor
+
+    _, measured = _two_gpus_and_published()
+    figure = scaling_chart(None, measured, x_label="BT", title="t")
+    floor = pd.DataFrame({"forward": [0.5, 1.0, 2.0], "full": [1.5, 3.0, 6.0]}, index=[1024, 2048, 4096])
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        add_floor(figure, floor, gpu=gpu)
+    floors = [t for t in line_traces(figure) if t.name.startswith("floor")]
+    assert sorted({t.name for t in floors}) == ["floor · H100 80GB", "floor · H200"]
+    assert len(floors) == 4  # two speed panels, two GPUs
+    for trace in floors:
+        gpu = trace.name.split(" · ")[1]
+        assert (trace.marker.symbol, trace.line.dash) == GPU_STYLES[gpu], f"{trace.name} not in its GPU's style"
+        assert trace.line.color == FLOOR_COLOR and not trace.showlegend
+    h100, h200 = ({(t.marker.symbol, t.line.dash) for t in floors if t.name.endswith(g)} for g in ("H100 80GB", "H200"))
+    assert h100 != h200, "the H100's and the H200's floors look alike"
+    assert FLOOR_COLOR not in {provider_color(p) for p in COLORS}, "the floor is drawn in a provider's colour"
+    assert [k.name for k in legend_keys(figure)].count("floor") == 1, "the floor is named once in the provider legend"
+
+
+def test_published_memory_is_on_an_axis_of_its_own_titled_so():
+    from kernels_workbench.charts import PUBLISHED_MEMORY_TITLE
+
+    published, measured = _two_gpus_and_published()
+    figure = scaling_chart(published, measured, x_label="BT", title="t")
+    memory = [t for t in line_traces(figure) if t.xaxis == "x3"]
+    ours = {t.yaxis for t in memory if t.name.endswith("(measured)")}
+    theirs = {t.yaxis for t in memory if t.name.endswith("(published)")}
+    assert len(ours) == 1 and len(theirs) == 1 and ours != theirs, f"published memory on our axis: {ours} {theirs}"
+    titles = {name: figure.layout[name.replace("y", "yaxis", 1)].title.text for name in ours | theirs}
+    assert titles[ours.pop()] == "peak memory beyond inputs (MB)"
+    assert titles[theirs.pop()] == PUBLISHED_MEMORY_TITLE and "inputs included" in PUBLISHED_MEMORY_TITLE
+    speed = {t.yaxis for t in line_traces(figure) if t.xaxis == "x"}
+    assert len(speed) == 1, "published and measured times belong on one axis (one definition)"
+
+
+def test_a_panel_with_published_rows_only_says_not_measured_instead():
+    published, measured = _two_gpus_and_published()
+    figure = scaling_chart(published, measured[measured.metric_name == "speed"], x_label="BT", title="t")
+    assert not [t for t in line_traces(figure) if t.xaxis == "x3"], "published memory drawn alone in the memory panel"
+    notes = [a for a in figure.layout.annotations if a.name == "note"]
+    assert len(notes) == 1 and notes[0].text.replace("<br>", " ").startswith(NOT_MEASURED_NOTE), [a.text for a in notes]
+    x_low, x_high = figure.layout.xaxis3.domain
+    assert x_low <= notes[0].x <= x_high, "the note is not in the memory panel"
+    assert [t for t in line_traces(figure) if t.xaxis == "x"], "the measured speed panel lost its lines"
+
+
+def test_a_gap_in_a_line_says_why():
+    from kernels_workbench.charts import gap_traces
+
+    xs = [1024, 2048, 4096]
+    rows = pd.DataFrame(_rows("NVIDIA H200", "kernels_lib", "full", "speed", xs) + _rows("NVIDIA H200", "liger", "full", "speed", xs[:2])
+                        + _rows("NVIDIA H200", "torch", "full", "speed", xs))
+    rows["note"] = ""
+    oom = (rows.kernel_provider == "torch") & (rows.x_value == 4096)
+    rows.loc[oom, "y_value_50"] = float("nan")
+    rows.loc[oom, "note"] = "OutOfMemoryError: CUDA out of memory. Tried to allocate 7.8 GiB; torch skipped"
+    figure = scaling_chart(None, rows, x_label="BT", title="t", panels=[("speed", "full")])
+    lines = {t.name.split(" · ")[0]: t for t in line_traces(figure)}
+    assert list(lines["liger"].x) == xs and lines["liger"].y[-1] is None, "liger's line silently ends instead of breaking"
+    gaps = {t.name.split(" · ")[0]: list(t.text) for t in gap_traces(figure)}
+    assert gaps == {"liger": ["not measured at tokens (B·T) = 4096"], BASELINE_NAME: ["out of memory at tokens (B·T) = 4096"]}, gaps
+    assert GAP_LEGEND in [k.name for k in legend_keys(figure, "legend2")], "no legend entry says what the ✕ means"
+    whole = scaling_chart(None, rows[rows.kernel_provider == "kernels_lib"], x_label="BT", title="t", panels=[("speed", "full")])
+    assert gap_traces(whole) == [] and GAP_LEGEND not in [k.name for k in legend_keys(whole, "legend2")]
+
+
+def test_on_a_cpu_only_kernels_libs_kernels_are_labelled_as_interpreted():
+    from kernels_workbench.charts import INTERPRETER_LABEL, display_name
+
+    cpu = "CPU (Triton interpreter)"
+    rows = pd.DataFrame([row for p in ("kernels_lib", "kernels_lib[accurate=True]", "torch", "trl")
+                         for row in _rows(cpu, p, "full", "speed", [64, 128])])
+    figure = scaling_chart(None, rows, x_label="V", title="t", panels=[("speed", "full")])
+    labelled = {k.name for k in legend_keys(figure) if INTERPRETER_LABEL in k.name}
+    assert labelled == {f"kernels_lib {INTERPRETER_LABEL}", f"kernels_lib[accurate=True] {INTERPRETER_LABEL}"}, labelled
+    assert {k.name for k in legend_keys(figure)} - labelled == {BASELINE_NAME, "trl"}
+    assert not any(INTERPRETER_LABEL in t.name for t in line_traces(figure) if base_provider(t.name) != "kernels_lib")
+    assert [k.name for k in legend_keys(figure, "legend2")] == ["CPU"]
+    assert display_name("trl", cpu) == "trl" and display_name("kernels_lib", "NVIDIA H200") == "kernels_lib"
+
+
+def test_one_display_name_for_the_baseline_in_charts():
+    from kernels_workbench.charts import DISPLAY_NAMES, display_name
+
+    assert {display_name(k) for k in ("torch", "huggingface", "baseline")} == {BASELINE_NAME}
+    assert set(DISPLAY_NAMES.values()) == {BASELINE_NAME}
+    assert provider_color(BASELINE_NAME) == COLORS["torch"]
+    rows = pd.DataFrame([{"kernel_provider": p, "kernel_operation_mode": "full", "metric_name": m, "x_value": 8, "y_value_50": 1.0}
+                         for p in ("huggingface", "kernels_lib") for m in ("speed", "memory")])
+    assert [t.name for t in speed_memory_chart(rows, 8).data] == [BASELINE_NAME, "kernels_lib"]
+
+
+def test_speed_memory_chart_of_published_rows_titles_memory_as_published():
+    rows = pd.DataFrame([{"kernel_provider": p, "kernel_operation_mode": "full", "metric_name": m, "x_value": 8, "y_value_50": 1.0,
+                          "liger_version": "0.4.2"} for p in ("huggingface", "liger") for m in ("speed", "memory")])
+    assert "inputs included" in speed_memory_chart(rows, 8).layout.xaxis.title.text
+    assert "beyond inputs" in speed_memory_chart(rows.drop(columns="liger_version"), 8).layout.xaxis.title.text
 
 
 def test_tables_print_integers_as_integers_and_keep_small_errors_visible():
@@ -189,13 +336,14 @@ def test_speed_memory_chart_names_providers_in_the_legend_not_beside_the_markers
     ])
     figure = speed_memory_chart(rows, 8)
     # one legend entry per provider: the dial's point is a diamond in kernels_lib's own trace, named on hover
-    assert [trace.name for trace in figure.data] == ["torch", "kernels_lib"]
+    assert [trace.name for trace in figure.data] == [BASELINE_NAME, "kernels_lib"]  # the baseline by its one name
     assert all(trace.mode == "markers" and trace.text is None for trace in figure.data)
     assert figure.layout.showlegend is True
     ours = figure.data[1]
     assert list(ours.marker.symbol) == ["circle", "diamond"] and list(ours.customdata) == ["kernels_lib", "kernels_lib[chunk_size=1024]"]
     assert ours.marker.color == figure.data[1].marker.color == COLORS["kernels_lib"]
     assert figure.layout.yaxis.title.text == "time, full (ms)"
+    assert figure.layout.xaxis.title.text == "peak memory beyond inputs, full (MB)"
     # the log axis is labelled at 1-2-5 steps only (no "2 3 … 9" minor labels): 500 … 10000
     assert list(figure.layout.xaxis.tickvals) == [500, 1000, 2000, 5000, 10000] and list(figure.layout.xaxis.ticktext) == ["500", "1000", "2000", "5000", "10000"]
 
@@ -230,7 +378,7 @@ def test_sweep_panel_runs_and_redraws():
     assert set(speed.kernel_provider) == {"kernels_lib", "torch"}
     assert set(speed.kernel_operation_mode) == {"forward", "full"}
     assert len(speed) == 2 * 2 * 2
-    lines = [trace for trace in panel.figure.data if trace.fill != "toself" and trace.name]
+    lines = line_traces(panel.figure)
     assert len(lines) == 2 * 2  # (kernels_lib, torch) x (speed·forward, speed·full)
     assert {x for line in lines for x in line.x} == {64, 128}
     assert panel.progress.value == panel.progress.max == 8
@@ -240,7 +388,7 @@ def test_sweep_panel_runs_and_redraws():
     panel.modes.value = ("forward",)
     panel.providers["torch"].value = False
     panel.run()
-    lines = [trace for trace in panel.figure.data if trace.fill != "toself" and trace.name]
+    lines = line_traces(panel.figure)
     assert len(lines) == 1
     assert {x for line in lines for x in line.x} == {32, 64}
     assert set(panel.rows.kernel_provider) == {"kernels_lib"}
@@ -253,7 +401,7 @@ def test_summary_table():
     frame = pd.DataFrame(_rows("G", "torch", "forward", "speed", [1, 2]))
     table = summary_table(frame)
     assert list(table.columns) == [("time (ms)", 1), ("time (ms)", 2)]
-    assert table.loc[("forward", "torch"), ("time (ms)", 2)] == 2.0
+    assert table.loc[("forward", BASELINE_NAME), ("time (ms)", 2)] == 2.0  # the baseline by its one display name
 
 
 # --------------------------------------------------------------------------- check tables
@@ -340,4 +488,4 @@ def test_sweep_panel_sweeps_any_axis_of_the_loss():
     assert set(rows.x_name) == {"N"}
     assert sorted(set(rows.x_value)) == [low, high]
     assert all('"V": 100' in config for config in rows.extra_benchmark_config_str)
-    assert panel.figure.layout.xaxis.title.text == "rows (N)"  # the N axis by its one name
+    assert panel.figure.layout.xaxis.title.text == "rows N"  # the N axis by its one name

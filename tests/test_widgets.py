@@ -60,6 +60,21 @@ def test_every_registered_variant_has_its_own_colour_apart_from_every_other():
             assert distance >= 20, f"{variant} ({colour}) and {name} ({other}) are {distance:.0f} ΔE apart: too alike to tell apart"
 
 
+def test_every_provider_and_variant_colour_is_apart_from_every_other():
+    """One fixed palette: no two providers (nor a provider and the floor) alike; the baseline's keys share
+    one colour because they are one provider under one display name."""
+    palette = {name: colour for name, colour in {**charts.COLORS, **charts.VARIANT_COLORS, "floor": charts.FLOOR_COLOR}.items()
+               if charts.DISPLAY_NAMES.get(name, name) == name or name == "torch"}
+    assert {charts.COLORS[k] for k in charts.DISPLAY_NAMES} == {charts.COLORS["torch"]}, "the baseline's keys in two colours"
+    names = sorted(palette)
+    close = [(a, b, round(sum((x - y) ** 2 for x, y in zip(_lab(palette[a]), _lab(palette[b]))) ** 0.5))
+             for i, a in enumerate(names) for b in names[i + 1:]]
+    close = [item for item in close if item[2] < 20]
+    assert close == [], f"providers too alike to tell apart (ΔE < 20): {close}"
+    dark = [name for name, colour in palette.items() if name != "floor" and _lab(colour)[0] < 25]
+    assert dark == [], f"near-black providers, read as the floor or as each other: {dark}"
+
+
 def test_provider_color_is_keyed_by_variant_then_provider():
     accurate = charts.VARIANT_COLORS["kernels_lib[accurate=True]"]
     assert charts.provider_color("kernels_lib[accurate=True]") == accurate
@@ -77,7 +92,7 @@ def test_a_variant_is_drawn_in_its_own_colour_in_the_scaling_and_the_speed_memor
     rows = _rows("fused_linear_cross_entropy", points, x_name="BT", gpu="NVIDIA H100 80GB HBM3")
     figure = charts.scaling_chart(None, rows, x_label="BT", title="t", panels=[("speed", "full")])
     colours = {t.name.split(" · ")[0]: t.line.color for t in charts.line_traces(figure)}
-    assert colours == {"kernels_lib": charts.COLORS["kernels_lib"], "torch": charts.COLORS["torch"],
+    assert colours == {"kernels_lib": charts.COLORS["kernels_lib"], widgets.BASELINE_NAME: charts.COLORS["torch"],
                        "kernels_lib[accurate=True]": charts.VARIANT_COLORS["kernels_lib[accurate=True]"]}
     scatter = charts.speed_memory_chart(rows, 2048)
     assert {t.name: t.marker.color for t in scatter.data} == colours
@@ -139,11 +154,14 @@ def test_after_a_sweep_only_empty_subplots_say_why_and_cpu_times_are_named_inter
     figure = widgets.panel_figure(rows, spec, panels=panels, x_name="V", title="t", interpreted=True, swept=True)
     notes = _notes(figure)
     assert len(notes) == 2 and "failed at every point" in notes[0] and notes[1].startswith("not measured here")
-    assert figure.layout.yaxis2.title.text == "interpreter time (ms)"
+    # every provider's time on one "time (ms)" axis; only kernels_lib's line says it ran in the interpreter
+    assert figure.layout.yaxis2.title.text == "time (ms)"
     names = {t.name.split(" · ")[0] for t in charts.line_traces(figure) if t.name}
-    assert names == {"kernels_lib", widgets.BASELINE_NAME}
-    gpu = widgets.panel_figure(rows, spec, panels=panels, x_name="V", title="t", interpreted=False, swept=True)
+    assert names == {f"kernels_lib {charts.INTERPRETER_LABEL}", widgets.BASELINE_NAME}, names
+    gpu = widgets.panel_figure(rows.assign(gpu_name="NVIDIA H200"), spec, panels=panels, x_name="V", title="t", interpreted=False,
+                               swept=True)
     assert gpu.layout.yaxis2.title.text == "time (ms)"
+    assert {t.name.split(" · ")[0] for t in charts.line_traces(gpu)} == {"kernels_lib", widgets.BASELINE_NAME}
 
 
 def test_summary_table_speaks_as_people_do():
@@ -152,10 +170,13 @@ def test_summary_table_speaks_as_people_do():
                                            ("kernels_lib", "full", "memory"): {2: 10.0, 4: 20.0}}, x_name="B")
     table = widgets.summary_table(rows, spec)
     assert list(table.index.names) == ["mode", "provider"]
-    assert list(table.columns.names) == [None, "batch size (B)"]
-    assert list(dict.fromkeys(table.columns.get_level_values(0))) == ["time (ms)", "memory (MB)"]
-    assert list(table.index) == [("full", "kernels_lib"), ("full", widgets.BASELINE_NAME)]
-    assert table.loc[("full", "kernels_lib"), ("time (ms)", 4)] == 2.5
+    assert list(table.columns.names) == [None, "batch size B"]
+    assert list(dict.fromkeys(table.columns.get_level_values(0))) == ["time (ms)", "peak memory beyond inputs (MB)"]
+    ours = f"kernels_lib {charts.INTERPRETER_LABEL}"  # the rows ran on a CPU: kernels_lib in the interpreter, the baseline natively
+    assert list(table.index) == [("full", ours), ("full", widgets.BASELINE_NAME)]
+    assert table.loc[("full", ours), ("time (ms)", 4)] == 2.5
+    on_gpu = widgets.summary_table(rows.assign(gpu_name="NVIDIA H200"), spec)
+    assert list(on_gpu.index) == [("full", "kernels_lib"), ("full", widgets.BASELINE_NAME)]
     assert pd.isna(table.loc[("full", widgets.BASELINE_NAME), ("time (ms)", 4)])  # a failed point stays, as NaN
     text = table.to_string()
     assert not any(raw in text for raw in ("metric_name", "kernel_operation_mode", "x_value", "kernel_provider", "huggingface"))
@@ -197,6 +218,24 @@ def test_a_provider_that_cannot_run_here_is_not_ticked_and_is_named_with_its_rea
         if name in skipped:
             assert "cannot run here" in box.description and skip_in(kl_panel.not_here.value, skipped[name])
     assert kl_panel.providers["torch"].description == widgets.BASELINE_NAME
+    assert kl_panel.providers["kernels_lib"].description == f"kernels_lib {charts.INTERPRETER_LABEL}"  # a CPU panel
+
+
+def test_only_kernels_lib_is_labelled_as_run_in_the_interpreter_and_only_on_a_cpu():
+    spec = get_spec("fused_linear_grpo_loss_token")
+    label = charts.INTERPRETER_LABEL
+    assert widgets.display_provider(spec, "kernels_lib", "cpu") == f"kernels_lib {label}"
+    assert widgets.display_provider(spec, "torch", "cpu") == widgets.BASELINE_NAME
+    assert widgets.display_provider(spec, "trl", "cpu") == "trl"
+    assert widgets.display_provider(spec, "kernels_lib", "cuda") == widgets.display_provider(spec, "kernels_lib") == "kernels_lib"
+    assert "kernels_lib" in widgets.INTERPRETER_NOTE and "natively" in widgets.INTERPRETER_NOTE
+
+
+def test_the_progress_line_names_providers_as_the_chart_does(kl_panel):
+    kl_panel._progress(3, 8, "torch full V=512")
+    assert kl_panel.status.value == f"running 3/8: {widgets.BASELINE_NAME} full V=512", kl_panel.status.value
+    kl_panel._progress(4, 8, "kernels_lib full V=512")
+    assert kl_panel.status.value == f"running 4/8: kernels_lib {charts.INTERPRETER_LABEL} full V=512"
 
 
 def skip_in(html: str, reason: str) -> bool:
@@ -263,9 +302,9 @@ def test_a_real_sweep_on_this_machine_fills_the_chart_and_the_table():
     rows = kl_panel.run()
     assert set(rows.kernel_provider) == {"kernels_lib", "torch"} and rows.y_value_50.notna().all()
     names = {t.name.split(" · ")[0] for t in charts.line_traces(kl_panel.figure) if t.name}
-    assert names == {"kernels_lib", widgets.BASELINE_NAME}
+    assert names == {widgets.display_provider(kl_panel.spec, "kernels_lib", device), widgets.BASELINE_NAME}
     table = widgets.summary_table(rows, kl_panel.spec)
-    assert list(table.columns) == [("time (ms)", 512)] + ([("memory (MB)", 512)] if device.type == "cuda" else [])
+    assert list(table.columns) == [("time (ms)", 512)] + ([("peak memory beyond inputs (MB)", 512)] if device.type == "cuda" else [])
     assert (widgets.INTERPRETER_NOTE in kl_panel.figure.layout.title.text) == (device.type != "cuda")
 
 

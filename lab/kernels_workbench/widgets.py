@@ -7,13 +7,16 @@ papermill hangs the run (measured), so notebooks call :func:`sweep_panel` only w
 The panel says what it measured and what it could not:
 
 - the chart's title names the loss, the device, the fixed sizes and the dtype (:func:`chart_title`); on a
-  CPU it says that the times come from Triton's interpreter and rank nothing (:data:`INTERPRETER_NOTE`);
+  CPU it says that kernels_lib's times come from Triton's interpreter and rank nothing (:data:`INTERPRETER_NOTE`),
+  and only kernels_lib's kernels are labelled "(Triton interpreter)": torch and TRL run natively;
 - a provider that cannot run here is not ticked, and is named with its reason under the boxes and, when
   ticked anyway, in the status after the sweep (:func:`sweep_status`);
 - a subplot with nothing to show says why (:func:`panel_figure`): "not measured here" for memory on a CPU,
   what will appear there before the first sweep;
 - a provider and each variant of its own keep their colour of every chart (:func:`.charts.provider_color`);
-  the baseline is shown under one name whatever its key in the data (:data:`BASELINE_NAME`);
+  every provider is shown under its one display name (:func:`.charts.display_name`: the baseline as
+  :data:`BASELINE_NAME` whatever its key in the data) in the checkboxes, the progress, the status, the
+  table and the chart;
 - the table names its columns as people do, with units (:func:`summary_table`);
 - a size above the panel's cap is set to the cap with a message saying the cap and why (:func:`capped`);
 - the status says "running 0/N" the moment a sweep starts.
@@ -33,13 +36,12 @@ from IPython.display import display
 from .bench.registry import get_spec
 from .bench.spec import LossSpec
 from .bench.sweep import available_providers, run_sweep
-from .charts import METRIC_TITLES, axis_title, scaling_chart, table_number
+from .charts import (
+    BASELINE_NAME, METRIC_TITLES, axis_title, display_name, is_interpreter_device, note_subplot, scaling_chart, table_number,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("forward", "forward_no_grad", "backward", "full")
-#: The name the panel shows for every loss's baseline (the spec's ``baseline``: an eager torch path on fp32
-#: logits, called "torch" by some losses and "huggingface" by others, as in Liger's published CSVs).
-BASELINE_NAME = "torch (eager)"
 #: The loss as a title names it, by ``kernel_name``.
 LOSS_LABELS = {
     "fused_linear_cross_entropy": "Fused linear cross-entropy",
@@ -60,7 +62,8 @@ LOSS_LABELS = {
     "megatron_cross_entropy": "Vocab-parallel cross-entropy (Megatron)",
 }
 #: What a chart drawn on a CPU says of its times.
-INTERPRETER_NOTE = "Triton interpreter on a CPU: times show the path works, they rank nothing"
+INTERPRETER_NOTE = ("on a CPU kernels_lib runs in Triton's interpreter (torch and TRL natively): "
+                    "times show the path works, they rank nothing")
 #: Why the memory subplot of a CPU sweep is empty.
 NO_MEMORY_NOTE = "not measured here: peak memory is read on a GPU only, a CPU sweep has none"
 #: A size the panel takes at most, as a multiple of the notebook's preset, and why.
@@ -75,9 +78,12 @@ def loss_label(kernel_name: str) -> str:
     return LOSS_LABELS.get(kernel_name, kernel_name)
 
 
-def display_provider(spec: LossSpec, provider: str) -> str:
-    """A provider as the panel shows it: the spec's baseline as :data:`BASELINE_NAME`, any other unchanged."""
-    return BASELINE_NAME if provider == spec.baseline else provider
+def display_provider(spec: LossSpec, provider: str, device: torch.device | str | None = None) -> str:
+    """A provider as the panel shows it: its one display name (:func:`.charts.display_name`), the spec's
+    baseline as :data:`BASELINE_NAME`; on a CPU (``device``) kernels_lib's kernels labelled as run in Triton's
+    interpreter, and no other provider."""
+    where = None if device is None else ("CPU" if is_interpreted(device) else "cuda")
+    return BASELINE_NAME if provider == spec.baseline else display_name(provider, where)
 
 
 def skip_reason(text: str) -> str:
@@ -120,20 +126,8 @@ def chart_panels(modes) -> list[tuple[str, str]]:
     return [("speed", m) for m in modes] + [("memory", "full" if "full" in modes else modes[-1])]
 
 
-def _empty_subplot(figure: go.Figure, col: int, text: str, width: int = 24) -> None:
-    """Say ``text`` in the middle of subplot ``col`` (wrapped to lines of ``width`` characters), and draw
-    the subplot without ticks: plotly.js leaves out a subplot with no trace at all, so it gets one
-    invisible, pointless trace."""
-    axis = "" if col == 1 else str(col)
-    x_domain, y_domain = figure.layout[f"xaxis{axis}"].domain, figure.layout[f"yaxis{axis}"].domain
-    figure.add_annotation(
-        text="<br>".join(textwrap.wrap(text, width)), xref="paper", yref="paper", x=sum(x_domain) / 2, y=sum(y_domain) / 2,
-        xanchor="center", yanchor="middle", showarrow=False, font={"size": 12, "color": "#555"}, name="note",
-    )
-    figure.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="", showlegend=False, hoverinfo="skip",
-                                marker={"opacity": 0}), row=1, col=col)
-    figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
-    figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
+#: A subplot that says why it is empty: :func:`.charts.note_subplot`.
+_empty_subplot = note_subplot
 
 
 def panel_figure(
@@ -142,9 +136,10 @@ def panel_figure(
     """The panel's chart of ``rows`` (a sweep; empty before the first): :func:`.charts.scaling_chart` with the
     baseline shown as :data:`BASELINE_NAME`, a subplot with no measured point saying why it is empty (memory
     on a CPU: :data:`NO_MEMORY_NOTE`; before a sweep (``swept`` False): what will appear there; every point
-    failed: so), and on a CPU the speed axes titled as interpreter times."""
+    failed: so). On a CPU only kernels_lib's lines are named as run in Triton's interpreter (the chart's names,
+    :func:`.charts.display_name`); the speed axes are "time (ms)" for every provider."""
     shown = rows.assign(kernel_provider=[display_provider(spec, p) for p in rows.kernel_provider]) if len(rows) else None
-    figure = scaling_chart(None, shown, x_label=x_name, title="", panels=panels)
+    figure = scaling_chart(None, shown, x_label=x_name, title="", panels=panels, unmeasured_note=None)
     lines = title.count("<br>") + 1
     figure.update_layout(title={"text": title}, margin={"t": 60 + 22 * lines}, width=max(760, 300 * len(panels)))
     for col, (metric, mode) in enumerate(panels, start=1):
@@ -156,20 +151,23 @@ def panel_figure(
             _empty_subplot(figure, col, f"after Run sweep: {what} of each ticked provider")
         elif not measured:
             _empty_subplot(figure, col, "not measured here: every ticked provider failed at every point (the status says why)")
-        if metric == "speed" and interpreted:
-            figure.update_yaxes(title_text="interpreter time (ms)", row=1, col=col)
     return figure
 
 
 def summary_table(rows: pd.DataFrame, spec: LossSpec | None = None) -> pd.DataFrame:
     """Median per (mode, provider) × (measure, swept size): the table beside the chart, its columns named as
-    people say them ("mode", "provider", "time (ms)", "memory (MB)", the swept axis by its name), the
-    baseline as :data:`BASELINE_NAME`; a point that failed is NaN, not left out."""
+    people say them ("mode", "provider", "time (ms)", "peak memory beyond inputs (MB)", the swept axis by its
+    name), each provider by its display name (:func:`display_provider`; on a CPU kernels_lib's as run in
+    Triton's interpreter); a point that failed is NaN, not left out."""
     if not len(rows):
         return pd.DataFrame()
     x_name = str(rows.x_name.iloc[0]) if "x_name" in rows.columns else "size"
     providers = list(dict.fromkeys(rows.kernel_provider))
-    named = (lambda p: display_provider(spec, p)) if spec is not None else (lambda p: p)
+    device = "cpu" if "gpu_name" in rows.columns and any(map(is_interpreter_device, rows.gpu_name)) else None
+    if spec is not None:
+        named = lambda p: display_provider(spec, p, device)  # noqa: E731
+    else:
+        named = lambda p: display_name(p, "CPU" if device else None)  # noqa: E731
     frame = pd.DataFrame({
         "mode": pd.Categorical(rows.kernel_operation_mode, categories=[m for m in MODES if m in set(rows.kernel_operation_mode)]),
         "provider": pd.Categorical([named(p) for p in rows.kernel_provider], categories=list(dict.fromkeys(map(named, providers)))),
@@ -251,7 +249,7 @@ class SweepPanel:
         self.providers = {
             name: w.Checkbox(
                 value=name not in self.skipped, indent=False, layout=w.Layout(width="auto"),
-                description=display_provider(self.spec, name) + (" (cannot run here)" if name in self.skipped else ""),
+                description=display_provider(self.spec, name, self.device) + (" (cannot run here)" if name in self.skipped else ""),
                 tooltip=skip_reason(self.skipped[name]) if name in self.skipped else provider.description,
             )
             for name, provider in self.spec.providers.items()
@@ -285,7 +283,7 @@ class SweepPanel:
     def _not_here_text(self) -> str:
         if not self.skipped:
             return ""
-        items = "".join(f"<li>{display_provider(self.spec, n)}: {skip_reason(why)}</li>" for n, why in self.skipped.items())
+        items = "".join(f"<li>{display_provider(self.spec, n, self.device)}: {skip_reason(why)}</li>" for n, why in self.skipped.items())
         return f"<small>Cannot run here, so not ticked:<ul style='margin:0'>{items}</ul></small>"
 
     def _limits_text(self) -> str:
@@ -354,7 +352,8 @@ class SweepPanel:
     # -------------------------------------------------------------------------------------------- sweep
     def _progress(self, done: int, total: int, label: str) -> None:
         self.progress.max, self.progress.value, self.progress.description = total, done, f"{done}/{total}"
-        self.status.value = f"running {done}/{total}: {label}"
+        provider, _, rest = str(label).partition(" ")  # run_sweep's "provider mode x=…": the provider by its display name
+        self.status.value = f"running {done}/{total}: {display_provider(self.spec, provider, self.device)} {rest}".rstrip()
 
     def run(self) -> pd.DataFrame:
         """Sweep with the current settings, then redraw the chart and the table."""
@@ -368,7 +367,8 @@ class SweepPanel:
         if not total:
             self.status.value = "nothing to run: " + ("tick a mode" if not modes else "tick a provider that can run here")
             return self.rows
-        self.status.value = f"running 0/{total}: {', '.join(display_provider(self.spec, p) for p in runnable)} at {len(values)} sizes"
+        self.status.value = (f"running 0/{total}: {', '.join(display_provider(self.spec, p, self.device) for p in runnable)} "
+                             f"at {len(values)} sizes")
         self.button.disabled = True
         start = time.perf_counter()
         try:
