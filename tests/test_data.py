@@ -196,6 +196,19 @@ def test_append_measured_writes_one_header(measured_dir):
     assert data.read_rows(path).x_value.tolist() == [64, 128, 256]
 
 
+def test_append_measured_into_a_runs_own_folder(measured_dir, tmp_path):
+    """``directory``: the rows go to ``<directory>/<name>.csv`` (created with its folder), ``data/measured/`` untouched,
+    and the same column rules hold there."""
+    out = tmp_path / "run" / "out"
+    first = pd.DataFrame([_row(x=64)], columns=MEASURED_COLUMNS)
+    path = data.append_measured(first, "tensor_parallel", directory=out)
+    assert path == out / "tensor_parallel.csv" and not (measured_dir / "tensor_parallel.csv").exists()
+    data.append_measured(pd.DataFrame([_row(x=128)], columns=MEASURED_COLUMNS), "tensor_parallel", directory=str(out))
+    assert data.read_rows(path).x_value.tolist() == [64, 128]
+    with pytest.raises(ValueError, match="other columns"):
+        data.append_measured(pd.DataFrame([{"kernel_name": "kl_div", "note": "x"}]), "tensor_parallel", directory=out)
+
+
 def test_append_measured_refuses_other_columns(measured_dir):
     path = measured_dir / "kl_div.csv"
     other = GOOD_HEADER + ",something_else\nkl_div,torch,forward,speed,4096,1.5,H,1\n"

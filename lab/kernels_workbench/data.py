@@ -203,12 +203,13 @@ def same_run_pairs(rows: pd.DataFrame, ours: str, peers: list[str] | tuple[str, 
     return pd.DataFrame(out, columns=["x", "peer", "ours", "peer value", "ratio", "run"])
 
 
-def append_measured(rows: pd.DataFrame, kernel_name: str) -> Path:
-    """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path.
+def append_measured(rows: pd.DataFrame, kernel_name: str, directory: Path | str | None = None) -> Path:
+    """Append ``rows`` to ``data/measured/<kernel_name>.csv`` (header written once) and return the path;
+    to ``<directory>/<kernel_name>.csv`` instead where given (a run's own output folder).
 
     A file written before columns were added at the end of the layout (a peer's version) is rewritten
     once with them, empty in its old rows; any other difference of columns is refused."""
-    path = measured_path(kernel_name)
+    path = measured_path(kernel_name) if directory is None else Path(directory) / f"{kernel_name}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         existing = read_rows(path)

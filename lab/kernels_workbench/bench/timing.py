@@ -98,15 +98,21 @@ def backward_after_forward(call: Callable[[], torch.Tensor], grad_inputs: list[t
 
 def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], device: torch.device, *, rep_ms: float = 100.0,
                      max_repeats: int = 1000, budget_ms: float = 3000.0, cpu_repeats: int = 3,
-                     flush_bytes: int = FLUSH_BYTES) -> Timing:
+                     flush_bytes: int = FLUSH_BYTES, agree: Callable[[float], float] | None = None) -> Timing:
     """Time ``timed`` alone with ``setup`` run before each call and left out of the time. On CUDA: two
     warm-ups, then repeats for about ``rep_ms`` of ``timed`` (at least 5, at most ``max_repeats``, and no more
     than fit in ``budget_ms`` of setup and call together: a 40 ms forward before a 0.1 ms backward), each
     after its ``setup`` and an L2 flush (zeroing ``flush_bytes``, as do_bench does), CUDA events around
     ``timed`` alone; the median and p20/p80 (timer ``cuda_events_after_setup``). On a CPU the wall clock
-    over ``cpu_repeats`` after one warm-up, as :func:`time_callable`."""
+    over ``cpu_repeats`` after one warm-up, as :func:`time_callable`.
+
+    ``agree``, for a ``timed`` that holds collectives (each rank of a process group times its share, and all
+    must call it equally often): a function that reduces a value over the ranks to their largest, which
+    returns once every rank has given its own. The repeat count is then taken from the ranks' largest
+    estimates, the same on every rank, and the ranks start the timed repeats together (on a CPU, whose
+    count is fixed, it only brings them together)."""
     if device.type != "cuda":
-        return _wall_clock(setup, timed, cpu_repeats)
+        return _wall_clock(setup, timed, cpu_repeats, agree)
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
 
     def one() -> tuple:
@@ -126,6 +132,8 @@ def time_after_setup(setup: Callable[[], None], timed: Callable[[], None], devic
     torch.cuda.synchronize(device)
     whole = (time.perf_counter() - began) * 1e3
     estimate = max(start.elapsed_time(end), 1e-3)
+    if agree is not None:
+        estimate, whole = agree(estimate), agree(whole)
     repeats = int(min(rep_ms / estimate, max_repeats, budget_ms / max(whole, 1e-3)))
     marks = [one() for _ in range(max(repeats, 5))]
     torch.cuda.synchronize(device)
@@ -144,11 +152,15 @@ def time_callable(fn: Callable[[], None], device: torch.device, *, grad_to_none=
     return _wall_clock(lambda: None, fn, cpu_repeats)
 
 
-def _wall_clock(setup: Callable[[], None], timed: Callable[[], None], repeats: int) -> Timing:
+def _wall_clock(setup: Callable[[], None], timed: Callable[[], None], repeats: int,
+                agree: Callable[[float], float] | None = None) -> Timing:
     """The CPU's timing: one warm-up, then ``repeats`` calls of ``timed`` on the wall clock, ``setup``
-    before each and outside the time; quantiles, timer ``wall_clock_cpu``."""
+    before each and outside the time (the ranks brought together by ``agree`` between the two, where
+    given); quantiles, timer ``wall_clock_cpu``."""
     setup()
     timed()
+    if agree is not None:
+        agree(0.0)
     samples = []
     for _ in range(repeats):
         setup()
