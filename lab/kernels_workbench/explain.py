@@ -33,3 +33,45 @@ def overflow_sentence(table: pd.DataFrame, logits: torch.Tensor, naive: str = "n
             + ", ".join(limits) + f". The naive $\\log\\sum e^z$ gives " + " and ".join(naive_values)
             + "; the merged pairs, in either order, give " + " and ".join(merged)
             + f", against float64's {reference:.3f}.")
+
+
+def chunk_sentence(ratios: pd.DataFrame, default_rows: int, vocab: int, item_bytes: int = 2) -> str:
+    """What a chunk-size dial says beside the library's default: ``ratios`` has one column per chunk size
+    (rows) and one row per measured point (a level ``B`` in its index), each time over the default chunk's
+    in the same run; ``default_rows`` is the library's default at the workload, ``vocab`` its V (the logits
+    buffer of a chunk is rows × V × ``item_bytes``)."""
+    mib = lambda rows: rows * vocab * item_bytes / 2**20  # noqa: E731
+    parts = []
+    for rows in sorted(int(c) for c in ratios.columns):
+        if rows == default_rows:
+            continue
+        column = ratios[[c for c in ratios.columns if int(c) == rows][0]].dropna()
+        if not len(column):
+            continue
+        text = f"{rows}-row chunks take {column.min():.2f}–{column.max():.2f}× its time"
+        if "B" in column.index.names and column.min() < 1 <= column.max():
+            below = column[column < 1].index.get_level_values("B")
+            text += f" (below 1× at B = {', '.join(str(b) for b in sorted(set(below)))})"
+        parts.append(text + f" with a {mib(rows):.0f} MiB logits buffer")
+    head = f"The library's default chunk at this workload is {default_rows} rows, a {mib(default_rows):.0f} MiB bf16 logits buffer"
+    return head + ("; in the chunk dial, " + "; ".join(parts) if parts else "; no other chunk size was measured") + "."
+
+
+def sequence_chunk_cost(rows: int, hidden: int, vocab: int, item_bytes: int = 2, input_grad: bool = True) -> pd.Series:
+    """FLOPs and bytes of one chunk of the sequence losses' pipeline (:mod:`kernels_lib._sequence_logprobs`):
+    ``rows`` rows of the head ``vocab × hidden``, the logits buffer in ``item_bytes`` per element. The logits
+    matmul writes the buffer, the stats pass reads it (and writes a float32 lse and log-prob per row), the
+    gradient pass reads it and writes ``dz`` over it, then ``dW += dzᵀ x`` and, with ``input_grad``, ``dx = dz W``."""
+    matmul = 2 * rows * hidden * vocab
+    logits = rows * vocab * item_bytes
+    flops = matmul * (3 if input_grad else 2)
+    passes = logits + 8 * rows + 2 * logits
+    return pd.Series({
+        "rows per chunk": rows,
+        "logits matmul (GFLOP)": matmul / 1e9,
+        "gradient matmuls, dW (and dx) (GFLOP)": (flops - matmul) / 1e9,
+        "logits buffer written by the matmul (MB)": logits / 1e6,
+        "stats pass: read, + lse and log p (MB)": (logits + 8 * rows) / 1e6,
+        "gradient pass: read, dz written over it (MB)": 2 * logits / 1e6,
+        "matmul FLOPs per byte of the two passes": flops / passes,
+    }, dtype=object)
