@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from kernels_workbench import floor as one_floor
 from kernels_workbench import comparison, overview
 from kernels_workbench.bench.registry import get_spec
 
@@ -56,7 +57,7 @@ def test_the_floor_is_the_runs_own_ceilings():
     for v, ours in ((4096, 1.0), (8192, 2.0)):
         sizes = {"N": 16384, "V": v}
         floor = spec.bytes_moved(sizes, torch.float32, "full") / 3000e9 * 1e3
-        assert overview.floor_ms("kl_div", sizes, torch.float32, "full", 3000.0, 700.0)[0] == pytest.approx(floor)
+        assert one_floor.floor_at("kl_div", sizes, torch.float32, "full", {"copy": 3000.0, "matmul": 700.0})[0] == pytest.approx(floor)
         assert table.loc[v, "× floor"] == pytest.approx(ours / floor)
 
 
@@ -89,3 +90,26 @@ def test_summary_says_each_gpu_and_its_ranges():
     assert "0.50× the fastest peer's time" in text and "0.50× the leanest peer's memory" in text
     assert comparison.summary({GPU: comparison.comparison(_run(), _ceilings(commit="x"))}).count("no floor (the run measured no ceilings)") == 1
     assert comparison.summary({}).startswith("Not measured on a GPU yet")
+
+
+def _published(ms: dict, gpu="NVIDIA A100-SXM4-80GB", provider="liger"):
+    return pd.DataFrame([{"kernel_name": "kl_div", "kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": "speed",
+                          "x_name": "V", "x_value": x, "y_value_50": y, "extra_benchmark_config_str": json.dumps({**CONFIG, "V": x}),
+                          "gpu_name": gpu} for x, y in ms.items()])
+
+
+def test_a_peer_far_from_its_published_figure_on_a_slower_gpu_is_marked_and_not_the_fastest():
+    run = _run()  # Liger 2.0 and 5.0 ms on the H100
+    far = comparison.far_from_published(run, _published({4096: 0.9, 8192: 4.0}))
+    assert set(far) == {"liger"} and far["liger"] == pytest.approx(2.0 / 0.9), "2.2× its A100 figure on a faster GPU"
+    table = comparison.comparison(run, _ceilings(), published=_published({4096: 0.9, 8192: 4.0}))
+    assert f"× liger ({comparison.FAR})" in table and "× liger" not in table
+    assert (table["fastest peer"] == "torch").all() and table["× fastest peer"].tolist() == pytest.approx([0.25, 0.5])
+
+
+def test_a_peer_near_its_published_figure_or_on_a_faster_published_gpu_is_kept():
+    run = _run()
+    assert comparison.far_from_published(run, _published({4096: 1.5, 8192: 4.0})) == {}, "within 2× of its figure"
+    assert comparison.far_from_published(run, _published({4096: 0.5}, gpu="NVIDIA B200")) == {}, "published on a faster GPU"
+    table = comparison.comparison(run, _ceilings(), published=_published({4096: 1.5}))
+    assert "× liger" in table and table.loc[4096, "fastest peer"] == "liger"

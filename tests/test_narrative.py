@@ -27,25 +27,35 @@ def test_span_formats_a_range_one_value_or_nothing():
     assert narrative.x_span([8192, 1024.0, 4096], "BT") == "BT = 1024–8192" and narrative.x_span([3], "V") == "V = 3"
 
 
-def test_headline_is_per_gpu_from_the_newest_run_of_each():
-    rows = (_rows("kernels_lib", 1024, 1.0, 100.0) + _rows("liger", 1024, 2.5, 200.0)
-            + _rows("kernels_lib", 2048, 2.0, 200.0) + _rows("liger", 2048, 4.0, 400.0)
-            # an older run on the same GPU, with other figures: not read
-            + _rows("kernels_lib", 1024, 9.0, 900.0, commit="0ld0001", timestamp="2025-01-01")
-            + _rows("liger", 1024, 1.0, 100.0, commit="0ld0001", timestamp="2025-01-01")
-            # another GPU: its own sentence, its own run; Liger not measured there
-            + _rows("kernels_lib", 1024, 3.0, 100.0, gpu="NVIDIA H100 80GB HBM3"))
-    said = narrative.headline(pd.DataFrame(rows), ["liger"], x_name="V")
-    h100, h200 = said.split(". On the ")
-    assert h100.startswith("On the H100 80GB, kernels_lib's `full` takes Liger not measured in that run")
-    assert h200.startswith("H200, kernels_lib's `full` takes 0.40–0.50× Liger's time at 0.50× its memory (V = 1024–2048)")
-    assert "run of commit abc1234 on NVIDIA H200" in h200 and "0ld0001" not in said
+def _table(fastest, memory, floor, index=(1024, 2048), far=()):
+    table = pd.DataFrame({"× fastest peer": fastest, "memory × leanest": memory, "× floor": floor}, index=pd.Index(index, name="V"))
+    for peer in far:
+        table[f"× {peer} (far from its published figure)"] = 0.1
+    return table
+
+
+def test_headline_is_one_sentence_per_loss_with_each_gpu():
+    said = narrative.headline("KL divergence", {"NVIDIA H100 80GB HBM3": _table([0.5, 0.6], [0.5, 0.5], [1.1, 1.2]),
+                                                "NVIDIA H200": _table([0.7, float("nan")], [float("nan")] * 2, [float("nan")] * 2)})
+    assert said == ("KL divergence, kernels_lib's `full`: on the H100 80GB (V = 1024–2048), 0.50–0.60× the fastest peer's time, "
+                    "0.50× the leanest peer's memory and 1.10–1.20× the floor; on the H200 (V = 1024–2048), 0.70× the fastest "
+                    "peer's time, no peer's memory measured and the floor not measured.")
+
+
+def test_headline_leaves_a_far_peer_out_in_a_clause():
+    said = narrative.headline("GRPO", {"NVIDIA H200": [_table([0.9], [0.5], [1.2], (16,), far=("liger",)), _table([0.8], [0.4], [1.1], (8,))]})
+    assert "0.80–0.90× the fastest peer's time (Liger left out: far from its published figure)" in said, said
+    assert "(2 charts)" in said and "0.10" not in said, "the far peer's ratio is not in the sentence's numbers"
 
 
 def test_headline_without_gpu_rows_says_so():
-    cpu = pd.DataFrame(_rows("kernels_lib", 1, 1.0, float("nan"))).assign(device="cpu")
-    assert narrative.headline(cpu, ["liger"]).startswith("Not measured on a GPU yet")
-    assert narrative.headline(pd.DataFrame(), ["liger"]).startswith("Not measured on a GPU yet")
+    assert narrative.headline("KTO", {}) == "KTO: not measured on a GPU yet, so the published rows alone are drawn."
+
+
+def test_provenance_line_names_the_run_beside_the_data():
+    rows = pd.DataFrame(_rows("kernels_lib", 1024, 1.0, 100.0)).assign(torch_version="2.9.0", liger_version="0.6.0")
+    assert narrative.provenance_line(rows) == ("Measured on the H200 (NVIDIA H200), kernels_lib commit abc1234, 2026-01-02; "
+                                               "torch 2.9.0, Liger 0.6.0.")
 
 
 def test_floor_and_ratio_lines_read_their_tables():

@@ -15,6 +15,7 @@ import torch
 
 import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_workbench import comparison, data, overview, preference, report
+from kernels_workbench import floor as one_floor
 from kernels_workbench.bench.analysis import medians
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -116,8 +117,9 @@ SIZES = {"H": 4096, "V": 128256}
 
 
 def _floor(b: int, t: int, matmul: float = 700.0, copy: float = 3000.0) -> float:
-    """The floor of ORPO's ``full`` at B = b, T = t (overview's roofline, not the code under test)."""
-    return overview.floor_ms("fused_linear_orpo_loss", {"B": b, "T": t, **SIZES}, torch.bfloat16, "full", copy, matmul)[0]
+    """The floor of ORPO's ``full`` at B = b, T = t (the one floor's formula at those rates, not the code under test)."""
+    return one_floor.floor_at("fused_linear_orpo_loss", {"B": b, "T": t, **SIZES}, torch.bfloat16, "full",
+                              {"copy": copy, "matmul": matmul})[0]
 
 
 def _rows(provider, ms, *, commit, gpu, t=1024, xs=(8, 16), when="2026-01-01", mb=100.0, notes=None, device="cuda"):

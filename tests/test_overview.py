@@ -107,27 +107,16 @@ def test_a_point_measured_under_two_config_strings_counts_once(tmp_path, monkeyp
     assert not table.duplicated(["provider", "mode", "x"]).any()
 
 
-def test_floor_is_the_longer_of_bytes_and_matmuls():
-    ms, bound = overview.floor_ms("kl_div", {"N": 16384, "V": 4096}, torch.float32, "full", 4000.0, 700.0)
-    assert bound == "bytes"
-    assert ms == pytest.approx(12 * 16384 * 4096 / 4000e9 * 1e3)
-    sizes = {"BT": 8192, "H": 4096, "V": 128256}
-    ms, bound = overview.floor_ms("fused_linear_cross_entropy", sizes, torch.bfloat16, "full", 4000.0, 700.0)
-    assert bound == "matmul"
-    assert ms == pytest.approx(flce.matmul_floor_ms(sizes, "full", 700.0))
-
-
 def test_workload_floor_uses_the_ceilings_of_the_rows_run():
     ceilings = _ceilings({"old": (3000.0, "2026-01-01 00:00:00"), "run": (4000.0, "2026-01-02 00:00:00"), "new": (5000.0, "2026-01-03 00:00:00")})
     workload = _kl_workload(_rows("NVIDIA H100 PCIe", "torch", 2.0), _rows(overview.H200, "kernels_lib", 1.0, commit="run"))
     floor = overview.workload_floor(workload, ceilings)
-    assert floor.commit == "run" and floor.copy_gbps == 4000.0
-    assert floor.ms.loc[4096, "full"] == pytest.approx(12 * 16384 * 4096 / 4000e9 * 1e3)
+    assert floor.ms.loc[4096, "full"] == pytest.approx(12 * 16384 * 4096 / 4000e9 * 1e3), "the copy bandwidth of the rows' own run"
     assert set(floor.bound) == {"bytes"}
-    assert "commit run" in floor.describe() and "copy bandwidth" in floor.describe()
+    assert "copy 4000 GB/s measured in this run" in floor.describe() and "run" not in floor.describe().split(";")[0]
     unmeasured = overview.workload_floor(_kl_workload(workload.published, workload.measured.iloc[:0]), ceilings)
-    assert unmeasured.commit is None and unmeasured.copy_gbps == 5000.0  # the newest run
-    assert overview.workload_floor(workload, ceilings[ceilings.kernel_name == "copy"]) is None
+    assert unmeasured is None, "no run: no floor (never the newest run's ceilings)"
+    assert overview.workload_floor(workload, ceilings[ceilings.kernel_name == "matmul"]) is None, "no copy ceiling in the run: no floor"
 
 
 def test_agreement_judges_the_ratio_against_the_datasheets():
@@ -308,9 +297,7 @@ def test_a_chart_holds_the_newest_run_of_each_gpu_labelled(tmp_path, monkeypatch
                           _ceilings({"h100run": (3000.0, "2026-02-01 00:00:00")}).assign(gpu_name=overview.H100)])
     floors = overview.workload_floors(kl, ceilings)
     assert set(floors) == {overview.H100, overview.H200}
-    assert floors[overview.H100].copy_gbps == 3000.0 and floors[overview.H100].commit == "h100run"
-    assert floors[overview.H200].copy_gbps == 4000.0 and floors[overview.H200].same_run
-    assert overview.workload_floor(kl, ceilings).gpu_name == overview.H200  # the newest kernels_lib row's GPU
+    assert "copy 3000 GB/s" in floors[overview.H100].describe() and "copy 4000 GB/s" in floors[overview.H200].describe()
     published = _rows("NVIDIA H100 PCIe", "torch", 10.0)
     workload = overview.Workload("kl_div", {"B": 8, "T": 2048}, published, kl.measured, kl.runs)
     table = overview.agreement_table(workload, floors)

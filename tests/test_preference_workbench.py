@@ -40,27 +40,3 @@ def test_derivation_check_passes_the_notebook_s_gradients_and_names_a_wrong_one(
 
     with pytest.raises(AssertionError, match="derivation check failed"):
         preference.derivation_check(f["paired"], f["grpo"], f["token_logps"], wrong, seed=0)
-
-
-def _run(name: str, gpu: str, commit: str, ours: dict, liger: dict, baseline: str = "huggingface") -> pd.DataFrame:
-    rows = []
-    for provider, values in (("kernels_lib", ours), ("liger", liger), (baseline, {b: 2 * v for b, v in ours.items()})):
-        for b, ms in values.items():
-            for metric, y in (("speed", ms), ("memory", 10 * ms)):
-                rows.append({"kernel_name": name, "kernel_provider": provider, "kernel_operation_mode": "full", "metric_name": metric,
-                             "x_value": b, "y_value_50": y, "gpu_name": gpu, "device": "cuda", "kernels_lib_commit": commit,
-                             "timestamp": "2026-12-05 09:00", "extra_benchmark_config_str": "{}"})
-    return pd.DataFrame(rows)
-
-
-def test_headline_per_gpu_over_the_losses(monkeypatch):
-    runs = {"fused_linear_dpo_loss": pd.concat([_run("fused_linear_dpo_loss", "NVIDIA H200", "abc1234", {2: 8.0, 16: 40.0}, {2: 10.0, 16: 50.0}),
-                                                _run("fused_linear_dpo_loss", "NVIDIA H100 80GB HBM3", "def5678", {2: 9.0}, {2: 10.0})]),
-            "fused_linear_cpo_loss": _run("fused_linear_cpo_loss", "NVIDIA H200", "abc1234", {4: 6.0}, {4: 10.0})}
-    monkeypatch.setattr(data, "load_measured", lambda name, latest=True: runs.get(name, pd.DataFrame()))
-    said = preference.headline({"fused_linear_dpo_loss": "DPO", "fused_linear_cpo_loss": "CPO"})
-    assert "On the H200, kernels_lib's `full` takes 0.60–0.80× Liger's time, 0.50× the baseline's" in said
-    assert "at 0.60–0.80× Liger's memory, over 2 losses and B = 2–16" in said
-    assert "On the H100 80GB, kernels_lib's `full` takes 0.90× Liger's time" in said and "over 1 losses" in said
-    monkeypatch.setattr(data, "load_measured", lambda name, latest=True: pd.DataFrame())
-    assert preference.headline({"fused_linear_dpo_loss": "DPO"}).startswith("Not measured on a GPU yet")

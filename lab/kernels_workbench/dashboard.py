@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from . import comparison, data, overview
+from . import comparison, data, narrative, overview
+from . import floor as one_floor
 from . import tensor_parallel as tp
 from . import training_step as ts
 from .bench.analysis import medians
@@ -289,36 +289,26 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-#: How a floor row names what bounds the loss (:func:`.overview.floor_ms`).
-_FLOOR_BOUNDS = {"matmul": "matmul FLOPs at {matmul:.0f} TFLOP/s", "bytes": "minimal bytes at {copy:.0f} GB/s"}
-
-
 def floor_row(chart: Chart, ceilings: pd.DataFrame, x: float) -> dict | None:
-    """The chart's ratio to its loss's floor: kernels_lib's ``full`` median at ``x`` over
-    :func:`.overview.floor_ms` of the run's sizes (the configuration of its rows with the swept size at
-    ``x``), the longer of the matmul FLOPs at the matmul rate and the minimal bytes at the copy bandwidth,
-    both ceilings of the chart's **own** run (``kernels_lib_commit`` and GPU; a run that measured none has
-    its floor *not measured*, never another run's). None for the tensor-parallel and training-step charts
-    (their floors are their notebooks'), and for a loss without a bench spec."""
+    """The chart's ratio to its loss's floor at ``x``: kernels_lib's ``full`` median over :func:`.floor.floor` of
+    the chart's **own** run (a run that measured no ceilings has its floor *not measured*, never another run's).
+    None for the tensor-parallel and training-step charts (their floors are their notebooks'), and for a loss
+    without a bench spec."""
     if chart.kernel_name in (TENSOR_PARALLEL, TRAINING_STEP):
         return None
     try:
-        spec = get_spec(chart.kernel_name)
+        get_spec(chart.kernel_name)
     except ValueError:
         return None
     speed = full_medians(chart, "speed")
     ours = float(speed.at[x, chart.ours]) if x in speed.index and chart.ours in speed.columns else float("nan")
-    rates = comparison.run_rates(chart.rows, ceilings)  # the chart's own run's, never the newest run's
     row = {"key": f"{chart.key}/floor", "kind": "floor", "ours ms": ours, "ours MB": float("nan"), "peer MB": float("nan"),
            "memory ratio": float("nan"), "time tone": None, "memory tone": None}
-    if not {"copy", "matmul"} <= set(rates):
+    at = one_floor.floor(chart.rows, ceilings, chart.kernel_name, "full", [x]).loc[x]
+    if pd.isna(at.ms):
         return {**row, "peer": f"floor ({NOT_MEASURED} in this run: no ceilings)", "peer ms": float("nan"), "time ratio": float("nan")}
-    config = json.loads(chart.rows.extra_benchmark_config_str.iloc[0])
-    sizes = {**{k: v for k, v in config.items() if k[:1].isupper()}, chart.x_name: int(x)}
-    dtype = getattr(torch, str(config.get("dtype", spec.published["dtype"] if spec.published else "torch.float32")).replace("torch.", ""))
-    floor, bound = overview.floor_ms(chart.kernel_name, sizes, dtype, "full", rates["copy"], rates["matmul"])
-    what = _FLOOR_BOUNDS[bound].format(matmul=rates["matmul"], copy=rates["copy"])
-    return {**row, "peer": f"floor ({what}, this run)", "peer ms": floor, "time ratio": ours / floor}
+    what = "its matmuls" if at.bound == "matmul" else "its minimal bytes"
+    return {**row, "peer": f"floor ({what}, this run)", "peer ms": at.ms, "time ratio": ours / at.ms}
 
 
 def dashboard(chart_list: list[Chart] | None = None, gpu_name: str | None = None) -> pd.DataFrame:
@@ -361,15 +351,16 @@ def headlines(board: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratio_text(value: float, bound: float | None = None) -> str:
-    """How the index writes a ratio: two decimals, more where two would hide which side of ``bound`` it lies
-    on (1.0004 against 1.0 reads ``1.0004``, not ``1.00``; up to six); ``not measured`` where there is none."""
+    """How the index writes a ratio (:func:`.narrative.span` of one value, without ``×``): two decimals, more where two
+    would hide which side of ``bound`` it lies on (1.0004 against 1.0 reads ``1.0004``, not ``1.00``; up to six);
+    ``not measured`` where there is none."""
     if pd.isna(value):
         return NOT_MEASURED
     digits = 2
     if bound is not None and value != bound:
         while digits < 6 and round(value, digits) == round(bound, digits):
             digits += 1
-    return f"{value:.{digits}f}"
+    return narrative.span([value], digits, suffix="")
 
 
 def x_text(value) -> str:

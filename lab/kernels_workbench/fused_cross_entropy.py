@@ -1,9 +1,8 @@
 r"""What notebook 01 (fused linear + cross-entropy) computes beyond the bench: the derivation's and the
 log-sum-exp merge's float64 checks, the check against Transformers' ``ForCausalLMLoss``, the budget of one
-call, the precision of ``dx`` and ``dW``, and the sentences and tables it prints about the newest GPU runs.
-
-Every figure a sentence states comes from the rows handed in (one run per GPU: :func:`gpu_runs`), so the
-text cannot disagree with the chart above it; a figure the rows do not hold reads "not measured".
+call, the precision of ``dx`` and ``dW``, and the newest GPU run of each GPU (:func:`gpu_runs`). Its
+comparisons, floor and headline are the workbench's one set (:mod:`.comparison`, :mod:`.floor`,
+:func:`.narrative.headline`).
 """
 
 from __future__ import annotations
@@ -18,17 +17,10 @@ import torch.nn.functional as F
 from kernels_lib import reference
 from . import data
 from .bench import fused_linear_cross_entropy as flce
-from .bench.analysis import ceiling, medians
 from .check import BASELINE_MARGIN, TOLERANCE, relative_error
-from .narrative import span
 
 #: The derivation's cases: (label_smoothing, z_loss_scale, softcap), each with every reduction.
 DERIVATION_OPTIONS = [(0.0, 0.0, None), (0.1, 0.0, None), (0.0, 1e-2, None), (0.0, 0.0, 2.0), (0.2, 1e-2, 3.0)]
-#: The peers a headline sets kernels_lib beside, those the run measured.
-HEADLINE_PEERS = ("torch", "liger", "cce", "quack", "liger_sm90", "torch_lce")
-#: How a sentence names a peer.
-NAMES = {"torch": "torch", "liger": "Liger", "cce": "CCE", "quack": "QuACK", "liger_sm90": "Liger's CuTe kernel",
-         "torch_lce": "torch's `F.linear_cross_entropy`"}
 #: The committed chunk-size dial of kernels_lib (``studies/flce_dial_precision_stages.py`` writes it).
 DIAL_FILE = "gpu_runs/fused_linear_cross_entropy_dial.csv"
 #: Its committed precision run: loss, ``dx`` and ``dW`` against float64 per provider at the published size.
@@ -105,20 +97,24 @@ def transformers_check(dtype: torch.dtype, reduction: str, shape: tuple, seed: i
     return row
 
 
-def budget(sizes: dict, matmul_tflops: float, chunk_rows: int | None = None) -> tuple[pd.DataFrame, pd.Series]:
-    """What one call must spend at ``sizes`` (``N``, ``H``, ``V``; bf16): the matmul TFLOP, the minimal bytes
-    and the matmul floor at ``matmul_tflops`` per mode; and what chunks of ``chunk_rows`` rows (the default
-    chunk when None) add (the logits buffer, the ``dW`` accumulator's traffic, ``accurate=True``'s float32 copy)."""
+def budget(sizes: dict, floors: dict[str, float] | None = None, chunk_rows: int | None = None) -> tuple[pd.DataFrame, pd.Series]:
+    """What one call must spend at ``sizes`` (``N``, ``H``, ``V``; bf16): the matmul TFLOP and the minimal bytes per
+    mode (the spec's :meth:`~.bench.spec.LossSpec.flops`, :meth:`~.bench.spec.LossSpec.min_bytes`) and the floor
+    (``floors``: mode → ms of :func:`.floor.floor` of a run at these sizes; "not measured" where absent); and what
+    chunks of ``chunk_rows`` rows (the default chunk when None) add (the logits buffer, the ``dW`` accumulator's
+    traffic, ``accurate=True``'s float32 copy)."""
     if chunk_rows is None:
         from kernels_lib.fused_linear_cross_entropy import default_chunk_size
 
         chunk_rows = default_chunk_size(sizes["N"], sizes["H"])
+    floors = floors or {}
     n_chunks = -(-sizes["N"] // chunk_rows)
     weight_bytes = sizes["V"] * sizes["H"] * 2
-    rate = f"{matmul_tflops:.0f} TFLOP/s" if matmul_tflops == matmul_tflops else "a rate not measured"
-    modes = {mode: [flce.flops(sizes, mode) / 1e12, flce.bytes_moved(sizes, torch.bfloat16, mode) / 2**20,
-                    flce.matmul_floor_ms(sizes, mode, matmul_tflops)] for mode in ("forward_no_grad", "full")}
-    table = pd.DataFrame(modes, index=["matmul TFLOP", "minimal bytes (MiB)", f"matmul floor at {rate} (ms)"])
+    spec = flce.SPEC
+    modes = {mode: [spec.flops(sizes, mode) / 1e12, spec.min_bytes(sizes, torch.bfloat16, mode) / 2**20,
+                    floors.get(mode, math.nan)] for mode in ("forward_no_grad", "full")}
+    label = "floor of the run (ms)" if any(math.isfinite(v) for v in floors.values()) else "floor (ms): not measured"
+    table = pd.DataFrame(modes, index=["matmul TFLOP", "minimal bytes (MiB)", label])
     extra = pd.Series({
         "default chunk (rows)": chunk_rows, "chunks": n_chunks,
         "logits buffer (MiB)": chunk_rows * sizes["V"] * 2 / 2**20,
@@ -192,69 +188,3 @@ def gpu_runs(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if not len(rows):
         return {}
     return data.newest_run_per_gpu(rows[flce.is_published_workload(rows)])
-
-
-def floor_ms(run: pd.DataFrame, ceilings: pd.DataFrame) -> pd.Series:
-    """Per N of one run, the floor of ``full``: the three matmuls measured in the run where it has them
-    (:data:`~kernels_workbench.bench.fused_linear_cross_entropy.FLOOR`), else the three products' FLOPs at
-    the run's measured matmul rate (``ceilings``); NaN where neither was measured."""
-    times = medians(run, "speed", "full")
-    if flce.FLOOR in times:
-        return times[flce.FLOOR]
-    try:
-        rate = ceiling(ceilings, "matmul", str(run.gpu_name.iloc[0]), data.run_commit(run))
-    except (ValueError, AttributeError):
-        rate = math.nan
-    config = {"H": 4096, "V": 128256}
-    return pd.Series({n: flce.matmul_floor_ms({"N": int(n), **config}, "full", rate) for n in times.index}, dtype=float)
-
-
-def matmul_rate(run: pd.DataFrame | None, ceilings: pd.DataFrame) -> float:
-    """The matmul rate (TFLOP/s) behind one run's floor: its three matmuls' FLOPs over their measured time at
-    the largest N where the run has them, else the bf16 square product measured in the run (``ceilings``);
-    NaN where neither was measured, or without a run."""
-    if run is None or not len(run):
-        return math.nan
-    times = floor_ms(run, ceilings).dropna()
-    if not len(times):
-        return math.nan
-    n = max(times.index)
-    return flce.flops({"N": int(n), "H": 4096, "V": 128256}, "full") / (times[n] * 1e-3) / 1e12
-
-
-def comparison(run: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
-    """Per N of one run: kernels_lib's ``full`` time and memory, the fastest peer's, and kernels_lib's time over
-    each peer's, over the fastest's and over the floor (:func:`floor_ms`), its memory over torch's."""
-    speed, memory = medians(run, "speed", "full"), medians(run, "memory", "full")
-    peers = [p for p in speed.columns if p.split("[", 1)[0] != "kernels_lib" and p != flce.FLOOR]  # no dial point, no floor
-    table = pd.DataFrame(index=speed.index)
-    table["kernels_lib ms"] = speed.get("kernels_lib")
-    table["fastest peer"] = speed[peers].idxmin(axis=1) if peers else None
-    for peer in peers:
-        table[f"× {peer}"] = speed["kernels_lib"] / speed[peer]
-    table["× fastest peer"] = speed["kernels_lib"] / speed[peers].min(axis=1) if peers else math.nan
-    table["× floor"] = speed["kernels_lib"] / floor_ms(run, ceilings).reindex(speed.index)
-    table["kernels_lib MB"] = memory.get("kernels_lib")
-    table["memory × torch"] = memory["kernels_lib"] / memory["torch"] if "torch" in memory else math.nan
-    table.index.name = "N"
-    return table
-
-
-def headline(runs: dict[str, pd.DataFrame], ceilings: pd.DataFrame) -> str:
-    """One sentence per GPU from its newest run (:func:`gpu_runs`): kernels_lib's ``full`` over each peer the run
-    measured (time, and memory against torch's), over the floor, over N; "not measured" where no GPU row is."""
-    if not runs:
-        return "Not measured on a GPU yet: the published rows alone are drawn below."
-    sentences = []
-    for gpu, run in runs.items():
-        table = comparison(run, ceilings)
-        said = [f"{span(table[f'× {p}'])} {NAMES[p]}'s time" for p in HEADLINE_PEERS if f"× {p}" in table]
-        ns = sorted(int(n) for n in table.index)
-        floor = span(table["× floor"])
-        floor = "no floor measured" if floor == "not measured" else f"{floor} the matmul floor"
-        memory = span(table["memory × torch"])
-        memory = "torch's memory not measured" if memory == "not measured" else f"{memory} torch's memory"
-        where = f"N = {ns[0]}" if len(ns) == 1 else f"N = {ns[0]}–{ns[-1]}"
-        sentences.append(f"On the {data.gpu_label(gpu)}, kernels_lib's forward and backward take " + ", ".join(said)
-                         + f", at {memory} and {floor} ({where}; the {data.run_label(run)}).")
-    return " ".join(sentences)

@@ -1,7 +1,9 @@
 """Sentences generated from measured rows: the headlines and conclusions the notebooks print.
 
 Every figure a notebook states in prose comes from here, computed from the rows it has just drawn, so
-the text and the chart above it cannot disagree. A figure the rows do not hold reads "not measured";
+the text and the chart above it cannot disagree: :func:`headline` is the one sentence each notebook and
+the index open with, :func:`provenance_line` the one line that says which run, :func:`span` the one way a
+range of ratios is written. A figure the rows do not hold reads "not measured";
 nothing is filled in from another run. Each function returns markdown (one sentence or a bullet list).
 """
 
@@ -16,7 +18,8 @@ from .bench.analysis import medians
 
 #: How the sentences name a provider (the bench's provider names otherwise).
 NAMES = {"kernels_lib": "kernels_lib", "liger": "Liger", "torch": "torch", "huggingface": "the baseline",
-         "trl": "TRL", "quack": "QuACK", "megatron-core": "Megatron-core", "torch_loss_parallel": "`loss_parallel`"}
+         "trl": "TRL", "quack": "QuACK", "megatron-core": "Megatron-core", "torch_loss_parallel": "`loss_parallel`",
+         "cce": "CCE", "liger_sm90": "Liger's CuTe kernel", "torch_lce": "torch's `F.linear_cross_entropy`"}
 
 
 def name(provider: str) -> str:
@@ -49,30 +52,49 @@ def ratios(rows: pd.DataFrame, ours: str, peer: str, metric: str = "speed", mode
     return (table[ours] / table[peer]).dropna()
 
 
-def headline(rows: pd.DataFrame, peers: list[str] | tuple[str, ...], *, ours: str = "kernels_lib", mode: str = "full",
-             x_name: str = "x", memory: bool = True) -> str:
-    """One sentence per GPU, from the newest run of each (:func:`data.one_run`): ``ours``' ``mode`` time (and
-    memory) as multiples of each peer's, over the run's x. "Not measured yet" where ``rows`` hold no GPU row."""
-    cuda = data.cuda_rows(rows)
-    if not len(cuda):
-        return "Not measured on a GPU yet: the published rows alone are drawn below."
-    sentences = []
-    for gpu in sorted(cuda.gpu_name.astype(str).unique()):
-        run = data.one_run(cuda[cuda.gpu_name.astype(str) == gpu])
-        parts = []
-        for peer in peers:
-            time = ratios(run, ours, peer, "speed", mode)
-            if not len(time):
-                parts.append(f"{name(peer)} not measured in that run")
-                continue
-            part = f"{span(time)} {name(peer)}'s time"
-            space = ratios(run, ours, peer, "memory", mode) if memory else pd.Series(dtype=float)
-            if len(space):
-                part += f" at {span(space)} its memory"
-            parts.append(part + f" ({x_span(time.index, x_name)})")
-        sentences.append(f"On the {data.gpu_label(gpu)}, {name(ours)}'s `{mode}` takes " + "; ".join(parts)
-                         + f": the {data.run_label(run)}.")
-    return " ".join(sentences)
+#: Where a comparison table (:func:`.comparison.comparison`) marks a peer far from its published figure.
+_FAR = " (far from its published figure)"
+
+
+def headline(what: str, tables: dict[str, pd.DataFrame | list[pd.DataFrame]], *, ours: str = "kernels_lib") -> str:
+    """The one sentence a reader can quote: ``what`` (the loss), then per GPU (``tables``: GPU → its run's
+    :func:`.comparison.comparison`, or a list of them, one per loss or configuration) the range over x of
+    ``ours``' ``full`` time × the fastest peer's, memory × the leanest peer's and time × the floor. No commit,
+    no date: the run is said beside the data (:func:`provenance_line`). A peer the tables mark far from its
+    published figure is out of "fastest" already; a short clause says which."""
+    parts = []
+    for gpu, given in tables.items():
+        frames = [t for t in (given if isinstance(given, list | tuple) else [given]) if len(t)]
+        if not frames:
+            continue
+        table = pd.concat(frames)
+        far = sorted({c[2:-len(_FAR)] for c in table.columns if c.endswith(_FAR)})
+        fastest = span(table["× fastest peer"]) if "× fastest peer" in table else "not measured"
+        fastest = "no peer timed" if fastest == "not measured" else f"{fastest} the fastest peer's time"
+        if far:
+            fastest += f" ({', '.join(map(name, far))} left out: far from {'its' if len(far) == 1 else 'their'} published figure)"
+        memory = span(table["memory × leanest"]) if "memory × leanest" in table else "not measured"
+        memory = "no peer's memory measured" if memory == "not measured" else f"{memory} the leanest peer's memory"
+        floor = span(table["× floor"]) if "× floor" in table else "not measured"
+        floor = "the floor not measured" if floor == "not measured" else f"{floor} the floor"
+        where = x_span(table.index, str(table.index.name or "x")) if len(frames) == 1 else f"{len(frames)} charts"
+        parts.append(f"on the {data.gpu_label(gpu)} ({where}), {fastest}, {memory} and {floor}")
+    if not parts:
+        return f"{what}: not measured on a GPU yet, so the published rows alone are drawn."
+    return f"{what}, {name(ours)}'s `full`: " + "; ".join(parts) + "."
+
+
+def provenance_line(run: pd.DataFrame) -> str:
+    """Where one run's numbers come from, in one line beside them: the GPU, the commit, the date and the
+    versions recorded with its rows."""
+    if not len(run):
+        return "Not measured."
+    label, date = data.gpu_label(str(run.gpu_name.iloc[0])), str(run.timestamp.max())[:10] if "timestamp" in run else ""
+    versions = [f"{who} {run[column].dropna().astype(str).iloc[-1]}" for who, column in
+                (("torch", "torch_version"), ("Triton", "triton_version"), ("Liger", "liger_version"))
+                if column in run and run[column].notna().any()]
+    return (f"Measured on the {label} ({run.gpu_name.iloc[0]}), kernels_lib commit {data.run_commit(run)}"
+            + (f", {date}" if date else "") + (f"; {', '.join(versions)}" if versions else "") + ".")
 
 
 def floor_lines(floors: pd.DataFrame, chart: str = "chart", providers: tuple[str, ...] = ("kernels_lib", "liger"),

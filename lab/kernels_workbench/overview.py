@@ -17,16 +17,15 @@ soon as it exists.
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 
 import pandas as pd
-import torch
 
 from . import data
+from . import floor as one_floor
+from .narrative import span
 from .data import run_commit  # noqa: F401  (the notebooks call overview.run_commit)
-from .bench.analysis import ceiling_run
 from .bench.registry import get_spec
 
 #: Names of GPUs we have measured on, as ``gpu_name`` records them (names of :data:`DATASHEETS`); no
@@ -270,101 +269,49 @@ def workloads(gpu_name: str | None = None) -> list[Workload]:
     return result
 
 
-def _flops_function(kernel_name: str):
-    """``flops(sizes, mode)`` of a compute-bound loss (defined beside its spec, as for fused linear
-    cross-entropy), or None for a bandwidth-bound one."""
-    module = importlib.import_module(get_spec(kernel_name).make_inputs.__module__)
-    return getattr(module, "flops", None)
-
-
-def floor_ms(kernel_name: str, sizes: dict, dtype: torch.dtype, mode: str, copy_gbps: float, matmul_tflops: float) -> tuple[float, str]:
-    """The least time a call of ``mode`` can take, and what bounds it: the spec's minimal bytes at the
-    copy bandwidth (``"bytes"``) or, for a loss that defines ``flops``, its matmul FLOPs at the matmul
-    rate (``"matmul"``), whichever is longer (a roofline)."""
-    spec = get_spec(kernel_name)
-    candidates = {"bytes": spec.bytes_moved(sizes, dtype, mode) / (copy_gbps * 1e9) * 1e3}
-    flops = _flops_function(kernel_name)
-    if flops is not None:
-        candidates["matmul"] = flops(sizes, mode) / (matmul_tflops * 1e12) * 1e3
-    bound = max(candidates, key=candidates.get)
-    return candidates[bound], bound
-
-
 @dataclass(frozen=True)
 class Floor:
-    """The floor of a workload per mode (columns) and x (index), the bound at each x, and its provenance."""
+    """The floor of a workload on one GPU (:func:`.floor.floor` of its run there) per mode (columns) and x
+    (index), what bounds it at each x, and what set it (:func:`.floor.describe`)."""
 
     ms: pd.DataFrame
     bound: pd.Series
     gpu_name: str
-    commit: str | None
-    copy_gbps: float
-    matmul_tflops: float
-    ceilings_commit: str | None = None  # the run that measured the ceilings (``commit`` when that run did)
+    what: str
 
     @property
     def same_run(self) -> bool:
-        """Whether the ceilings were measured in the rows' own run (a ratio to the floor is then within it)."""
-        return self.commit is not None and self.ceilings_commit in (None, self.commit)
+        """Always: a floor is of its rows' own run (a run that measured no ceilings has none)."""
+        return True
 
     def describe(self) -> str:
         kind = {"bytes": "minimal bytes at the copy bandwidth", "matmul": "matmul FLOPs at the matmul rate"}
-        bounds = " / ".join(kind[b] for b in dict.fromkeys(self.bound))
-        if self.commit is None:
-            run = f"the newest run (of commit {self.ceilings_commit}; no rows of this workload measured)"
-        elif self.same_run:
-            run = f"the run of commit {self.commit}, the rows' own"
-        else:
-            run = (f"the run of commit {self.ceilings_commit}: the rows' run ({self.commit}) measured no ceilings, so a ratio "
-                   "to this floor compares two runs")
-        return (f"floor: {bounds}, with the ceilings measured on the {data.gpu_label(self.gpu_name)} in {run}: "
-                f"copy {self.copy_gbps:.0f} GB/s, matmul {self.matmul_tflops:.0f} TFLOP/s")
+        bounds = " / ".join(kind[b] for b in dict.fromkeys(self.bound.dropna()))
+        return f"floor on the {data.gpu_label(self.gpu_name)}: {bounds}; {self.what}"
 
 
 def workload_floor(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full"), gpu_name: str | None = None) -> Floor | None:
-    """The floor of ``workload`` on ``gpu_name`` at its published and measured x, with the ceilings of the
-    run of its rows on that GPU (:func:`run_commit`), at the sizes of the spec's published preset of the
-    chart's axis (:meth:`~.bench.spec.LossSpec.published_preset`: JSD's token sweep is its
-    ``published_tokens``). ``gpu_name`` None: the GPU of the workload's newest kernels_lib row, or
-    without measured rows the GPU of the newest ceilings (:func:`workload_floors` gives every GPU's).
-    None when the loss has no bench spec, the spec has no preset on the chart's axis, or the GPU has
-    no ceilings."""
-    try:
-        spec = get_spec(workload.kernel_name)
-    except ValueError:
+    """The floor of ``workload`` on ``gpu_name`` (default: its first GPU) at its published and measured x:
+    :func:`.floor.floor` of its run on that GPU, a published x the run did not time at the run's
+    configuration. None where the workload has no run on that GPU, the loss no bench spec, or the run
+    measured no ceilings (never another run's)."""
+    gpu_name = gpu_name or next(iter(workload.gpus), None)
+    rows = workload.on(gpu_name) if gpu_name is not None else workload.measured.iloc[:0]
+    if not len(rows):
         return None
-    preset = spec.published_preset(workload.x_name)
-    if preset is None:
+    xs = sorted(set(workload.published.x_value) | set(rows.x_value))
+    floors = {mode: one_floor.floor(rows, ceilings, workload.kernel_name, mode, xs) for mode in modes}
+    full = floors[modes[-1]]
+    if full.ms.isna().all():
         return None
-    if gpu_name is None:
-        newest = data.one_run(workload.measured) if len(workload.measured) else ceilings.sort_values("timestamp", kind="stable").tail(1)
-        if not len(newest):
-            return None
-        gpu_name = str(newest.gpu_name.iloc[0])
-    measured_on_gpu = ceilings[ceilings.gpu_name == gpu_name]
-    if not {"copy", "matmul"} <= set(measured_on_gpu.kernel_name):
-        return None
-    rows = workload.on(gpu_name)
-    commit = run_commit(rows)
-    copy_gbps, copy_commit = ceiling_run(ceilings, "copy", gpu_name, commit)
-    matmul_tflops, _ = ceiling_run(ceilings, "matmul", gpu_name, commit)
-    dtype_name = workload.config.get("dtype", str(preset["dtype"]))
-    dtype = getattr(torch, dtype_name.replace("torch.", ""))
-    base = {**preset["sizes"], **{k: v for k, v in workload.config.items() if k.isupper()}}
-    xs = sorted(set(workload.published.x_value) | set(rows.get("x_value", [])))
-    ms, bound = {}, {}
-    for mode in modes:
-        ms[mode] = {}
-        for x in xs:
-            ms[mode][x], bound[x] = floor_ms(workload.kernel_name, {**base, workload.x_name: int(x)}, dtype, mode, copy_gbps, matmul_tflops)
-    return Floor(pd.DataFrame(ms), pd.Series(bound, name="bound"), gpu_name, commit, copy_gbps, matmul_tflops, copy_commit)
+    return Floor(pd.DataFrame({mode: f.ms for mode, f in floors.items()}), full.bound, gpu_name,
+                 one_floor.describe(rows, ceilings, workload.kernel_name))
 
 
 def workload_floors(workload: Workload, ceilings: pd.DataFrame, modes=("forward", "full")) -> dict[str, Floor]:
-    """The floor of ``workload`` on each GPU it was measured on (:func:`workload_floor`), GPUs without
-    ceilings left out; without measured rows, the floor on the GPU of the newest ceilings alone."""
-    gpus = workload.gpus or [None]
-    floors = {gpu: workload_floor(workload, ceilings, modes, gpu) for gpu in gpus}
+    """The floor of ``workload`` on each GPU it was measured on (:func:`workload_floor`), GPUs whose run
+    measured no ceilings left out; {} without measured rows."""
+    floors = {gpu: workload_floor(workload, ceilings, modes, gpu) for gpu in workload.gpus}
     return {floor.gpu_name: floor for floor in floors.values() if floor is not None}
 
 
@@ -547,12 +494,6 @@ def agreement_summary(table: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
-def _span(low: float, high: float) -> str:
-    """``0.33–0.38×`` (or ``0.33×`` when both ends print alike)."""
-    a, b = f"{low:.2f}", f"{high:.2f}"
-    return f"{a}×" if a == b else f"{a}–{b}×"
-
-
 def _agreement_cell(part: pd.DataFrame) -> str:
     """``0.33–0.38×: agrees`` or ``0.10–0.20×: 1 of 3 agree, 2 faster``: one (chart, provider, mode)."""
     counts = part.verdict.value_counts()
@@ -563,7 +504,7 @@ def _agreement_cell(part: pd.DataFrame) -> str:
         off = [f"{int(counts[v])} {v.split(' than')[0]}" for v in ("slower than the GPUs explain", "faster than the GPUs explain")
                if v in counts]
         verdict = f"{agree} of {n} agree, " + ", ".join(off)
-    return f"{_span(part.ratio.min(), part.ratio.max())}: {verdict}"
+    return f"{span([part.ratio.min(), part.ratio.max()])}: {verdict}"
 
 
 def agreement_compact(table: pd.DataFrame) -> pd.DataFrame:
@@ -580,7 +521,7 @@ def agreement_compact(table: pd.DataFrame) -> pd.DataFrame:
     judged = judged if "gpu" in judged.columns else judged.assign(gpu="")
     for (chart, gpu, provider), part in judged.groupby(["workload", "gpu", "provider"], sort=False):
         row = {"chart": chart, **({"GPU": gpu} if gpu else {}), "provider": provider,
-               "GPUs explain": _span(part.expected.min(), part.expected.max())}
+               "GPUs explain": span([part.expected.min(), part.expected.max()])}
         for mode in modes:
             at = part[part["mode"] == mode]
             row[f"{mode}: ours / published"] = _agreement_cell(at) if len(at) else "–"

@@ -19,7 +19,7 @@ from . import data
 from .bench.analysis import medians
 from .check import relative_error
 from .comparison import comparison, floor_ms, run_rates
-from .narrative import floor_multiples, name, span
+from .narrative import floor_multiples, name
 
 #: The derivation's shapes (B, T, H, V): an ignored token in each, GRPO off-policy so that some tokens are clipped.
 DERIVATION_SHAPES = [(2, 3, 5, 11), (4, 6, 8, 29), (6, 4, 7, 50)]
@@ -126,34 +126,6 @@ def fixed_grid_sweeps(losses: dict, presets: dict, size: str, device) -> dict[st
         sweeps[name] = run_sweep(name, x_name=preset["x_name"], x_values=x_values, sizes=preset["sizes"],
                                  dtype=preset["dtype"], device=device, modes=modes)
     return sweeps
-
-
-def headline(losses: dict, names: dict | None = None) -> str:
-    """One sentence per GPU: kernels_lib's ``full`` time (and memory) as multiples of Liger's, the baseline's and
-    TRL's fused head's, over the losses (``losses``: kernel name → label) and batch sizes of the newest run of
-    each loss on that GPU; "not measured" for a peer no run measured."""
-    from . import data
-    from .bench import get_spec
-    from .bench.analysis import preference_targets
-
-    per_gpu: dict[str, list[pd.DataFrame]] = {}
-    for name in losses:
-        for gpu, run in data.newest_run_per_gpu(data.load_measured(name, latest=False)).items():
-            per_gpu.setdefault(gpu, []).append(preference_targets(run, {}, baseline=get_spec(name).baseline)
-                                               .rename(columns=lambda c: c.replace(f"/ {get_spec(name).baseline}", "/ baseline")))
-    if not per_gpu:
-        return "Not measured on a GPU yet: the published rows alone are drawn below."
-
-    sentences = []
-    for gpu, tables in per_gpu.items():
-        table = pd.concat(tables)
-        said = [f"{span(table[column])} {who}" for column, who in
-                (("full / Liger", "Liger's time"), ("full / baseline", "the baseline's"), ("full / TRL head", "TRL's fused head's"))
-                if column in table]
-        sentences.append(f"On the {data.gpu_label(gpu)}, kernels_lib's `full` takes " + ", ".join(said)
-                         + f" at {span(table['memory / Liger'])} Liger's memory, over {len(tables)} losses and B = "
-                         + f"{int(table.index.min())}–{int(table.index.max())} (the newest run of each loss).")
-    return " ".join(sentences)
 
 
 # Notebooks 03 (ORPO) and 04 (KTO): their GPU runs split by one entry of the workload's configuration (the sequence

@@ -68,12 +68,9 @@ META = (*RUN, "torch_version", "triton_version")  # what a profile row says of i
 
 
 def _module(kernel_name: str):
-    import importlib
-
     from .bench.registry import get_spec
 
-    spec = get_spec(kernel_name)
-    return spec, importlib.import_module(spec.make_inputs.__module__)
+    return get_spec(kernel_name), None
 
 
 def _meta(rows: pd.DataFrame) -> dict:
@@ -89,15 +86,8 @@ def call_flops(kernel_name: str, sizes: dict) -> float | None:
     """The matmul FLOPs of one ``full`` call of the loss's bench at ``sizes``, with the bench's default options
     (KTO's published harness gives no gradient to ``x``: ``input_grad=False``, three products, not four); None for
     a loss on logits, which runs no matmul."""
-    import inspect
-
-    spec, module = _module(kernel_name)
-    if not hasattr(module, "flops"):
-        return None
-    options = {}
-    if "input_grad" in inspect.signature(module.flops).parameters and "input_grad" in spec.default_options:
-        options["input_grad"] = bool(spec.default_options["input_grad"])
-    return module.flops(sizes, "full", **options)
+    spec, _ = _module(kernel_name)
+    return spec.flops(sizes, "full")
 
 
 def logits_bytes(kernel_name: str, sizes: dict) -> int | None:
@@ -106,8 +96,8 @@ def logits_bytes(kernel_name: str, sizes: dict) -> int | None:
     logits (its floor already counts its bytes) or sizes that name no row count."""
     import torch
 
-    spec, module = _module(kernel_name)
-    if not hasattr(module, "flops"):
+    spec, _ = _module(kernel_name)
+    if spec.matmul_flops is None:
         return None
     if "B" in sizes and "T" in sizes:
         rows = int(sizes["B"]) * int(sizes["T"])
@@ -122,13 +112,12 @@ def logits_bytes(kernel_name: str, sizes: dict) -> int | None:
 def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta: dict,
           ceilings: pd.DataFrame | None = None, *, x_name: str = "B") -> dict:
     """The :func:`breakdown` of one profiled ``full`` call at the published sizes with ``x_name`` (the chart's
-    axis: the batch ``B`` by default) set to ``b``, its floor (:func:`.overview.floor_ms` at the ceilings of the
+    axis: the batch ``B`` by default) set to ``b``, its floor (:func:`.floor.floor_at` at the ceilings of the
     profile's own run, ``meta``'s GPU and commit; NaN without them), the call over the floor, the run's matmul
     rate, and the matmuls over their time at that rate (NaN for a loss without matmuls)."""
     import torch
 
-    from .comparison import own_rates
-    from .overview import floor_ms
+    from .floor import floor_at, own_rates
 
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
         what = "b must be a batch size" if x_name == "B" else f"b must be a size of {x_name}"
@@ -145,8 +134,7 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
     ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
     rates = own_rates(ceilings, meta["gpu_name"], meta["kernels_lib_commit"])
     if {"copy", "matmul"} <= set(rates):
-        out["floor ms"] = floor_ms(kernel_name, sizes, spec.published.get("dtype", torch.bfloat16), "full",
-                                   rates["copy"], rates["matmul"])[0]
+        out["floor ms"] = floor_at(kernel_name, sizes, spec.published.get("dtype", torch.bfloat16), "full", rates)[0]
         out["× floor"] = call_ms / out["floor ms"]
         out["run matmul TFLOP/s"] = rates["matmul"]
         if flops:
@@ -397,7 +385,7 @@ def sustained_rates(rows: pd.DataFrame | None = None, file: str = "sustained_mat
                "timestamp", *RUN} - set(rows.columns)
     if missing:
         raise ValueError(f"the sustained-rate rows lack the column(s) {', '.join(sorted(missing))}")
-    from .comparison import own_rates
+    from .floor import own_rates
 
     ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
     out = []

@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 
 from kernels_lib import cross_entropy, fused_linear_cross_entropy, reference
 from . import comparison, data
+from .narrative import span as _span
 
 V, H = 1031, 16
 SPLITS = {2: (700, 331), 3: (400, 231, 400)}
@@ -398,7 +399,7 @@ def efficiency_line(efficiency: pd.DataFrame, gpu: str) -> str:
     said = []
     for k, at in full[full.TP > 1].groupby("TP"):
         ours, peers = at[at.provider == "kernels_lib"].efficiency, at[at.provider != "kernels_lib"].efficiency
-        said.append(f"at TP = {k} kernels_lib's `full` efficiency is {_range(ours)} (the peers {_range(peers)})")
+        said.append(f"at TP = {k} kernels_lib's `full` efficiency is {_span(ours, suffix='')} (the peers {_span(peers, suffix='')})")
     return (f"On the {data.gpu_label(gpu)} this run measured TP = {', '.join(map(str, tps))}"
             + (": " + "; ".join(said) if said else ": no TP beyond 1, no scaling to state") + ".")
 
@@ -458,15 +459,15 @@ def conclusion(runs_by_gpu: dict[str, pd.DataFrame] | pd.DataFrame, ceilings: pd
         parts = []
         for k, at in full.groupby("TP"):
             ours, peers = at[at.provider == "kernels_lib"], at[at.provider != "kernels_lib"]
-            said = f"at TP = {k} kernels_lib's `full` scales at an efficiency of {_range(ours.efficiency)}"
+            said = f"at TP = {k} kernels_lib's `full` scales at an efficiency of {_span(ours.efficiency, suffix='')}"
             if len(peers):
-                said += f" (the peers {_range(peers.efficiency)})"
-            said += f", its per-GPU memory {_range(ours['MiB / TP = 1'])}× TP = 1's"
+                said += f" (the peers {_span(peers.efficiency, suffix='')})"
+            said += f", its per-GPU memory {_span(ours['MiB / TP = 1'], suffix='')}× TP = 1's"
             here = compared.xs(k, level="TP") if len(compared) and k in compared.index.get_level_values("TP") else pd.DataFrame()
             if len(here) and here["× fastest peer"].notna().any():
                 fastest = ", ".join(dict.fromkeys(here["fastest peer"].dropna()))
-                said += (f"; it takes {_range(here['× fastest peer'])}× the fastest peer's time at that TP ({fastest}) "
-                         f"at {_range(here['memory × leanest'])}× the leanest peer's memory")
+                said += (f"; it takes {_span(here['× fastest peer'], suffix='')}× the fastest peer's time at that TP ({fastest}) "
+                         f"at {_span(here['memory × leanest'], suffix='')}× the leanest peer's memory")
             parts.append(said)
         where = f"On the {data.gpu_label(gpu)}, "
         if not parts:
@@ -474,11 +475,3 @@ def conclusion(runs_by_gpu: dict[str, pd.DataFrame] | pd.DataFrame, ceilings: pd
             continue
         sentences.append(where + "; ".join(parts) + f" (the {data.run_label(runs)}).")
     return " ".join(sentences)
-
-
-def _range(values: pd.Series) -> str:
-    values = values.dropna()
-    if not len(values):
-        return "not measured"
-    low, high = f"{values.min():.2f}", f"{values.max():.2f}"
-    return low if low == high else f"{low}–{high}"

@@ -12,7 +12,7 @@ sizes, ``full`` (forward and backward) of kernels_lib with the route off (``kern
 drifts over a run), speed and memory, each row the median over the rounds; the loss's matmuls alone
 at its shapes (:data:`FLOOR`, :func:`matmuls_alone`: the floor measured in each round, on a GPU) as a
 provider of its own; the floor from the matmul rate of a short 8192³ product measured in the same run
-(:func:`kernels_workbench.overview.floor_ms`, the dashboard's), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
+(:func:`kernels_workbench.floor.floor_at`, the workbench's one floor), as ``floor_ms`` beside every row; and the two arms' loss and gradients at the smallest B against each
 other (``rel_diff``: ‖on − off‖ / ‖off‖ over the loss and every gradient, the largest).
 
 ``--arms grad,no_grad`` measures each half of the route beside the library instead (the gradient chunks
@@ -38,7 +38,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_workbench import data, overview
+from kernels_workbench import data
+from kernels_workbench import floor as one_floor
 from studies.bench.arms import constants_set
 from studies.routes import sequence_exponentials
 from kernels_workbench.bench.ceilings import measure_ceilings
@@ -161,8 +162,8 @@ def sequence_exponentials_ab(losses=LOSSES, size: str = "published", rounds: int
         smallest = {**preset["sizes"], preset["x_name"]: int(min(preset["x_values"]))}
         table["rel_diff"] = arms_difference(kernel_name, smallest, preset["dtype"], device)
         table["floor_ms"] = [
-            overview.floor_ms(kernel_name, {**preset["sizes"], preset["x_name"]: int(x)}, preset["dtype"], "full",
-                              rates["copy"], rates["matmul"])[0] if rates and metric == "speed" else float("nan")
+            one_floor.floor_at(kernel_name, {**preset["sizes"], preset["x_name"]: int(x)}, preset["dtype"], "full",
+                               rates)[0] if rates and metric == "speed" else float("nan")
             for x, metric in zip(table.x_value, table.metric_name)]
         table["rounds"] = rounds
         out.append(table)

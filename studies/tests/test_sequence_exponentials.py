@@ -207,7 +207,7 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
     """The ceilings' rows name the rate by kernel_name ("copy", "matmul"): the floor_ms column comes from them."""
     import pandas as pd
 
-    from kernels_workbench import overview
+    from kernels_workbench import floor as one_floor
     from studies.bench import sequence_exponentials_ab as ab
 
     fake = pd.DataFrame({"kernel_name": ["copy", "matmul"], "metric_name": ["rate", "rate"], "y_value_50": [4000.0, 700.0]})
@@ -216,7 +216,8 @@ def test_the_ab_puts_the_short_matmul_floor_from_the_runs_ceilings(monkeypatch):
                                         x_values=(2,))
     speed = table[(table.metric_name == "speed") & (table.kernel_provider == "kernels_lib")].iloc[0]
     sizes = {**ab.get_spec("fused_linear_cpo_loss").small["sizes"], "B": 2}
-    want = overview.floor_ms("fused_linear_cpo_loss", sizes, ab.get_spec("fused_linear_cpo_loss").small["dtype"], "full", 4000.0, 700.0)[0]
+    want = one_floor.floor_at("fused_linear_cpo_loss", sizes, ab.get_spec("fused_linear_cpo_loss").small["dtype"], "full",
+                              {"copy": 4000.0, "matmul": 700.0})[0]
     assert speed.floor_ms == pytest.approx(want)
 
 

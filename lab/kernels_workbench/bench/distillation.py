@@ -117,6 +117,7 @@ def _spec(kernel_name: str, ours, baseline, liger_class: str) -> LossSpec:
         published={**workload, "x_values": [1024, 2048, 4096, 8192], "sizes": {"H": 4096, "V": 128256}},
         small={**workload, "x_values": [8, 16, 32], "sizes": {"H": 32, "V": 257}},
         bytes_moved=bytes_moved,
+        matmul_flops=flops,
         baseline="torch",
         default_options={"weight_hard_loss": 0.5, "weight_soft_loss": 0.5, "beta": 0.5, "temperature": 1.0,
                          "ignore_index": -100},

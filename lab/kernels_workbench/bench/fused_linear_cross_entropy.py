@@ -320,6 +320,8 @@ SPEC = LossSpec(
                        "dtype": torch.bfloat16},
     },
     bytes_moved=bytes_moved,
+    matmul_flops=flops,
+    own_matmuls=FLOOR,
     baseline="torch",
     default_options={"reduction": "mean", "ignore_index": -100, "ignore_fraction": 0.05},
 )

@@ -189,6 +189,7 @@ def _spec(level: str) -> LossSpec:
         make_inputs=make_inputs,
         **preference_sweep(),
         bytes_moved=bytes_moved,
+        matmul_flops=flops,
         baseline="torch",
         default_options={
             "beta": 0.1, "epsilon_low": 0.2, "epsilon_high": 0.2, "loss_type": "bnpo",

@@ -180,6 +180,7 @@ SPEC = LossSpec(
     small={"x_name": "BT", "x_label": "B x T", "x_values": [8, 16, 32], "sizes": {"H": 32, "V": 257},
            "dtype": torch.bfloat16},
     bytes_moved=bytes_moved,
+    matmul_flops=flops,
     baseline="torch",
     default_options={"beta": 0.5, "temperature": 1.0, "reduction": "batchmean"},
 )

@@ -140,6 +140,7 @@ SPEC = LossSpec(
         "dtype": torch.bfloat16,
     },
     bytes_moved=bytes_moved,
+    matmul_flops=flops,
     baseline="huggingface",
     default_options={"beta": 0.1, "ignore_index": 42, "bias": True, "ignore_fraction": 0.25, "input_grad": False},
 )

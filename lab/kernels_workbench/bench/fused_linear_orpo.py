@@ -127,6 +127,7 @@ SPEC = LossSpec(
     # The published chart's second sequence length (the A100 rows hold T = 1024 and T = 4096).
     presets={"published_t4096": {**preference_sweep()["published"], "sizes": {"T": 4096, "H": 4096, "V": 128256}}},
     bytes_moved=bytes_moved,
+    matmul_flops=flops,
     baseline="huggingface",
     default_options={"beta": 0.1, "ignore_index": -100, "ignore_fraction": 0.0},
 )

@@ -77,6 +77,7 @@ SPEC = LossSpec(
     make_inputs=make_inputs,
     **preference_sweep(),
     bytes_moved=bytes_moved,
+    matmul_flops=flops,
     baseline="huggingface",
     default_options={"beta": 0.1, "simpo_gamma": 0.5, "ignore_index": -100, "ignore_fraction": 0.0},
 )

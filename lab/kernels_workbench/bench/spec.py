@@ -11,6 +11,7 @@ bytes and FLOPs a call must at least move or do (for the floors on the charts).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +47,12 @@ class LossSpec:
         make_inputs: ``(sizes: dict, dtype, device, options: dict, seed) -> Inputs``.
         published: the published workload: ``x_name``, ``x_label``, ``x_values``, ``sizes``, ``dtype``.
         small: a CPU-sized version of the same workload (the interpreter is slow).
-        bytes_moved: ``(sizes, dtype, mode) -> bytes`` at least read and written by a fused kernel.
+        bytes_moved: ``(sizes, dtype, mode) -> bytes`` at least read and written by a fused kernel
+            (:meth:`min_bytes`).
+        matmul_flops: ``(sizes, mode[, input_grad]) -> FLOPs`` of the matmuls a call cannot avoid
+            (:meth:`flops`); None for a loss on logits, which runs none.
+        own_matmuls: the provider that times the loss's own matmuls and nothing else (fused linear
+            cross-entropy's ``three_matmuls``): where a run timed it, the floor takes its time.
         baseline: the provider that is the published baseline (and, on float64 inputs, the reference).
         default_options: the loss's options as the published workload sets them.
         presets: the loss's other published workloads by name, each a dict like ``published`` (a
@@ -69,6 +75,22 @@ class LossSpec:
     presets: dict[str, dict] = field(default_factory=dict)
     extra_options: dict[str, str] = field(default_factory=dict)
     published_modes: dict[str, str] = field(default_factory=dict)
+    matmul_flops: Callable[..., float] | None = None
+    own_matmuls: str | None = None
+
+    def flops(self, sizes: dict, mode: str, options: dict | None = None) -> float | None:
+        """The matmul FLOPs of one call of ``mode`` at ``sizes``, with :attr:`default_options` (``options``
+        over them: KTO's published harness gives ``x`` no gradient, ``input_grad=False``); None without matmuls."""
+        if self.matmul_flops is None:
+            return None
+        chosen = {**self.default_options, **(options or {})}
+        if "input_grad" in inspect.signature(self.matmul_flops).parameters and "input_grad" in chosen:
+            return float(self.matmul_flops(sizes, mode, input_grad=bool(chosen["input_grad"])))
+        return float(self.matmul_flops(sizes, mode))
+
+    def min_bytes(self, sizes: dict, dtype: torch.dtype, mode: str) -> int:
+        """The bytes one call of ``mode`` at ``sizes`` must at least read and write."""
+        return int(self.bytes_moved(sizes, dtype, mode))
 
     def preset(self, name: str) -> dict:
         """The workload named ``name``: ``published``, ``small`` or one of :attr:`presets`."""
