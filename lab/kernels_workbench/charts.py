@@ -213,11 +213,11 @@ def wrapped_title(title: str, width: int = 100) -> dict:
     return {"title": "<br>".join(lines), "margin": {"t": 60 + 22 * len(lines)}}
 
 
-def integer_ticks(values) -> dict:
+def integer_ticks(values, max_labels: int = 8) -> dict:
     """``tickvals`` and ``ticktext`` for a log axis at the measured sizes (integers printed as
-    integers), thinned to at most 8 labels so that they never overlap."""
+    integers), thinned to at most ``max_labels`` labels so that they never overlap."""
     values = sorted({float(v) for v in values if pd.notna(v) and v > 0})
-    step = max(1, -(-len(values) // 8))
+    step = max(1, -(-len(values) // max_labels))
     values = values[::step]
     return {"tickvals": values, "ticktext": [f"{v:.0f}" if float(v).is_integer() else f"{v:g}" for v in values]}
 
@@ -434,7 +434,8 @@ def scaling_chart(
         figure.add_trace(_key(GAP_LEGEND, legend="legend2", group="gap", color=GPU_KEY_COLOR, symbol="x", width=0), row=1, col=1)
         figure.data[-1].mode = "markers"
     if log_x and xs_seen:  # every panel over the same sizes, ticked at them: a panel never looks linear
-        figure.update_xaxes(matches="x", **integer_ticks(xs_seen))
+        # a panel is narrower beside more panels (and the GPU legend at their right): fewer labels, none overlapping
+        figure.update_xaxes(matches="x", **integer_ticks(xs_seen, max(3, 12 // max(1, len(panels)))))
     figure.update_layout(height=480, meta={"not_measured_panels": unmeasured}, **wrapped_title(title))
     _layout_legends(figure, any(right_axis))
     return kernels_lib_on_top(figure)
