@@ -44,16 +44,16 @@ gets the same inputs, drawn from one seed on every rank; a rank's shard is its s
 Modes ``forward`` (inputs require grad, as in the published harness) and ``full`` (forward and
 backward). Per (provider, point, mode, TP):
 
-* **time**: each rank times the call with CUDA events, the L2 cache flushed before each repeat and
-  the gradients cleared (``triton.testing.do_bench``'s method; its own function cannot be used: it
-  picks its repeat count from each rank's own estimate, so two ranks would call a function that
-  holds collectives a different number of times and hang). Here the ranks agree on the counts (the
-  largest estimate over the ranks), synchronize and pass a barrier before the timed loop. Median
+* **time**: each rank times the call as the bench does (:func:`kernels_workbench.bench.timing.time_after_setup`:
+  CUDA events around the call alone, the L2 cache flushed and the gradients cleared before each repeat),
+  with ``agree``: the repeat count comes from the largest estimate over the ranks, so every rank calls a
+  function that holds collectives equally often (a count from each rank's own estimate, as
+  ``triton.testing.do_bench`` picks it, would hang), and the ranks start the repeats together. Median
   and p20/p80 in ms; the row holds the slowest rank's median (and its quantiles), ``rank_medians``
   every rank's.
-* **memory**: per GPU, ``torch.cuda.max_memory_allocated`` during one call (peak reset before it)
-  minus what was allocated before it (the inputs: ``x``, ``W_r``, targets; the logits shard for the
-  logits-level loss), in MiB; the largest over the ranks.
+* **memory**: per GPU, the bench's :func:`~kernels_workbench.bench.timing.peak_memory_mib`: the peak allocated
+  during one call, the ranks in step before it, minus what was allocated before it (the inputs: ``x``, ``W_r``,
+  targets; the logits shard for the logits-level loss), in MiB; the largest over the ranks.
 * **bytes on the wire** (``comm_bytes``): every collective of one call is counted, per rank, by a
   ``TorchDispatchMode`` that sums the bytes each rank contributes to ``c10d`` and
   ``_c10d_functional`` collectives (all-reduce: the tensor; all-gather: the rank's input);
@@ -70,7 +70,8 @@ Output: ``tensor_parallel.csv`` in ``--out`` (appended; the measured CSV's colum
 ``comm_bytes``, ``comm_bytes_analytic``, ``comm_ms``, ``rank_medians``), and the logits-level rows
 again in the published layout into ``megatron_cross_entropy.csv`` and ``cross_entropy.csv`` (the
 configuration of the bench specs' sweeps, so the overview places the TP = 1 rows on the published
-charts; TP = k > 1 rows carry ``"TP": k`` and the provider suffix ``[TP=k]``). A provider that cannot
+charts; TP = k > 1 rows carry ``"TP": k`` and the provider suffix ``[TP=k]``), each through
+:func:`kernels_workbench.data.append_measured` into ``--out``. A provider that cannot
 run (package missing, no CUDA) gives NaN rows with the reason in ``note``; one that fails at a point
 gives NaN rows with the error, agreed over the ranks so that no rank waits in a collective the
 others left.
@@ -101,32 +102,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels_lib import cross_entropy as kernels_lib_cross_entropy  # noqa: E402
 from kernels_lib import fused_linear_cross_entropy  # noqa: E402
 from kernels_lib._vocab_parallel import FACTS  # noqa: E402
+from kernels_workbench import data  # noqa: E402
 from kernels_workbench.bench import cross_entropy as ce_bench  # noqa: E402
 from kernels_workbench.bench import fused_linear_cross_entropy as flce_bench  # noqa: E402
 from kernels_workbench.bench import megatron_cross_entropy as mce_bench  # noqa: E402
 from kernels_workbench.bench.environment import package_version, provenance  # noqa: E402
 from kernels_workbench.bench.ceilings import measure_ceilings  # noqa: E402
 from kernels_workbench.bench.sweep import MEASURED_COLUMNS  # noqa: E402
+from kernels_workbench.bench.timing import Timing, peak_memory_mib, time_after_setup  # noqa: E402
 
 COLUMNS = MEASURED_COLUMNS + ["megatron_version", "tp", "comm_bytes", "comm_bytes_analytic", "comm_ms", "rank_medians"]
 MODES = ("forward", "full")
-QUANTILES = (0.5, 0.2, 0.8)
 VOCABS = [4096, 8192, 16384, 32768, 65536, 131072]
 
-#: Sizes and timing per preset. ``rep_ms``: the timed loop's length per measurement (do_bench's
-#: ``rep``), at least ``min_reps`` repeats; ``warmup_ms`` likewise.
+#: Sizes and timing per preset. ``timing``: per workload, the options of :func:`time_after_setup` (``rep_ms``:
+#: about how long the timed repeats of one measurement last on a GPU; ``cpu_repeats``: how many on a CPU).
 PRESETS = {
     "full": {
         "flce": {"N": [8192, 16384], "H": 4096, "V": 128256, "dtype": torch.bfloat16},
         "megatron_cross_entropy": {"sizes": {"S": 2048, "B": 4}, "V": VOCABS, "dtype": torch.bfloat16},
         "cross_entropy": {"sizes": {"B": 8, "T": 2048}, "V": VOCABS, "dtype": torch.float32},
-        "timing": {"flce": (1000, 100, 10), "logits": (200, 25, 10)},  # (rep_ms, warmup_ms, min_reps)
+        "timing": {"flce": {"rep_ms": 1000.0}, "logits": {"rep_ms": 200.0}},
     },
     "small": {
         "flce": {"N": [16], "H": 32, "V": 1024, "dtype": torch.float32},
         "megatron_cross_entropy": {"sizes": {"S": 8, "B": 2}, "V": [512], "dtype": torch.bfloat16},
         "cross_entropy": {"sizes": {"B": 2, "T": 8}, "V": [512], "dtype": torch.float32},
-        "timing": {"flce": (0, 0, 2), "logits": (0, 0, 2)},
+        "timing": {"flce": {"cpu_repeats": 2}, "logits": {"cpu_repeats": 2}},
     },
 }
 
@@ -272,88 +274,15 @@ def replay(calls, group, device):
 # Timing and memory, with the ranks in step
 
 
-class Timer:
-    """do_bench's method with repeat counts agreed over the ranks (module docstring)."""
+def time_in_step(world: World, fn, grads: list[torch.Tensor], options: dict) -> Timing:
+    """:func:`time_after_setup` of ``fn`` on this rank (``options``: the preset's), the gradients cleared before
+    each call and the repeat count agreed over the ranks (module docstring)."""
 
-    def __init__(self, world: World, rep_ms: float, warmup_ms: float, min_reps: int):
-        self.world, self.rep_ms, self.warmup_ms, self.min_reps = world, rep_ms, warmup_ms, min_reps
-        self.cuda = world.device.type == "cuda"
-        if self.cuda:
-            import triton
+    def clear_grads():
+        for t in grads:
+            t.grad = None
 
-            driver = triton.runtime.driver.active
-            if hasattr(driver, "get_empty_cache_for_benchmark"):
-                self.cache = driver.get_empty_cache_for_benchmark()
-                self.flush = lambda: driver.clear_cache(self.cache)
-            else:
-                self.cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=world.device)
-                self.flush = self.cache.zero_
-
-    @property
-    def name(self) -> str:
-        return "cuda_events_do_bench_rank_agreed" if self.cuda else "wall_clock_cpu"
-
-    def _once(self, fn) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.flush()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(self.world.device)
-            return start.elapsed_time(end)
-        begin = time.perf_counter()
-        fn()
-        return (time.perf_counter() - begin) * 1e3
-
-    def __call__(self, fn, grads: list[torch.Tensor]) -> tuple[float, float, float]:
-        world = self.world
-        world.sync()
-        tries = 3 if self.cuda else 1
-        estimate = world.agree(sum(self._once(fn) for _ in range(tries)) / tries)
-        n_warmup = max(1, int(self.warmup_ms / max(estimate, 1e-3))) if self.warmup_ms else 1
-        n_reps = max(self.min_reps, int(self.rep_ms / max(estimate, 1e-3)))
-        for _ in range(n_warmup):
-            fn()
-        world.sync()
-        times = []
-        if self.cuda:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
-            for start, end in zip(starts, ends):
-                for t in grads:
-                    t.grad = None
-                self.flush()
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize(world.device)
-            times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-        else:
-            for _ in range(n_reps):
-                for t in grads:
-                    t.grad = None
-                times.append(self._once(fn))
-        world.sync()
-        q = torch.quantile(torch.tensor(times, dtype=torch.float64), torch.tensor(QUANTILES, dtype=torch.float64))
-        return tuple(float(v) for v in q)
-
-
-def peak_memory_mib(fn, world: World, grads) -> float:
-    """Peak allocated during one call minus what was allocated before it, MiB (NaN on CPU, where the
-    allocator keeps no statistics: nothing is called)."""
-    for t in grads:
-        t.grad = None
-    world.sync()
-    if world.device.type != "cuda":
-        return float("nan")
-    torch.cuda.reset_peak_memory_stats(world.device)
-    before = torch.cuda.memory_allocated(world.device)
-    fn()
-    torch.cuda.synchronize(world.device)
-    peak = torch.cuda.max_memory_allocated(world.device) - before
-    world.sync()
-    return peak / 2**20
+    return time_after_setup(clear_grads, fn, world.device, agree=world.agree, **options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,7 +468,7 @@ def analytic_bytes(kind: str, provider: str, point: dict, tp: int, mode: str) ->
 # One measurement, the ranks in step
 
 
-def measure(world: World, build, mode: str, timer: Timer, tp: int) -> tuple[dict, tuple | None]:
+def measure(world: World, build, mode: str, timing: dict, tp: int) -> tuple[dict, tuple | None]:
     """Memory, bytes, time and (TP > 1) communication time of one (provider, point, mode, TP) on this
     rank: ``(figures, failure)``. After each stage the ranks exchange whether it failed; from the first
     failure of an essential stage on (``("skip", reason)`` or ``("error", text)``, the same on every
@@ -581,12 +510,12 @@ def measure(world: World, build, mode: str, timer: Timer, tp: int) -> tuple[dict
 
     def comm_time():
         calls = result["calls"]
-        result["comm_ms"] = timer(replay(calls, world.groups[tp], world.device), [])[0] if calls else 0.0
+        result["comm_ms"] = time_in_step(world, replay(calls, world.groups[tp], world.device), [], timing).p50 if calls else 0.0
 
     stage("inputs", build_stage)
-    stage("memory", lambda: result.update(memory=peak_memory_mib(state["run"], world, state["grads"])))
+    stage("memory", lambda: result.update(memory=peak_memory_mib(state["run"], world.device, state["grads"], setup=world.sync)))
     stage("bytes", count, essential=False)
-    stage("time", lambda: result.update(timing=timer(state["run"], state["grads"])))
+    stage("time", lambda: result.update(timing=time_in_step(world, state["run"], state["grads"], timing)))
     if tp > 1 and "calls" in result:
         stage("comm time", comm_time, essential=False)
     failure = state.get("stop")
@@ -598,17 +527,17 @@ def measure(world: World, build, mode: str, timer: Timer, tp: int) -> tuple[dict
     return result, failure
 
 
-def run_point(world: World, build, mode: str, timer: Timer, tp: int) -> dict:
+def run_point(world: World, build, mode: str, timing: dict, tp: int) -> dict:
     """:func:`measure` on every rank, then gathered: the slowest rank's timing, the largest memory and
     bytes; or ``{"skip"|"error": text}``."""
-    result, failure = measure(world, build, mode, timer, tp)
+    result, failure = measure(world, build, mode, timing, tp)
     gathered = world.gather(result)
     if failure is not None:
         return {failure[0]: failure[1]}
     timings = [g["timing"] for g in gathered]
     return {
-        "timing": max(timings, key=lambda t: t[0]),
-        "rank_medians": json.dumps([round(t[0], 5) for t in timings]),
+        "timing": max(timings, key=lambda t: t.p50),
+        "rank_medians": json.dumps([round(t.p50, 5) for t in timings]),
         "memory": max(g["memory"] for g in gathered),
         "comm_bytes": max(g.get("comm_bytes", float("nan")) for g in gathered),
         "comm_ms": max(g.get("comm_ms", float("nan")) for g in gathered),
@@ -650,24 +579,13 @@ def make_rows(kernel_name, provider, mode, x_name, x_label, x_value, config, tp,
         "rank_medians": outcome.get("rank_medians", ""), "note": note, **extra,
     }
     nan = float("nan")
-    speed = dict(zip(("y_value_50", "y_value_20", "y_value_80"), timing or (nan, nan, nan)))
+    speed = dict(zip(("y_value_50", "y_value_20", "y_value_80"), (timing.p50, timing.p20, timing.p80) if timing else (nan, nan, nan)))
     memory = outcome.get("memory", nan)
     return [
-        {**base, "metric_name": "speed", "metric_unit": "ms", **speed},
+        {**base, "metric_name": "speed", "metric_unit": "ms", **speed, "timer": timing.timer if timing else ""},
         {**base, "metric_name": "memory", "metric_unit": "MB", "y_value_50": memory, "y_value_20": memory,
          "y_value_80": memory, "timer": "torch.cuda.max_memory_allocated"},
     ]
-
-
-def append_rows(rows: list[dict], path: Path, columns: list[str]) -> None:
-    """Append rows to a CSV of ``columns`` (header once; an existing file must have the same columns)."""
-    if not rows:
-        return
-    frame = pd.DataFrame(rows).reindex(columns=columns)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and list(pd.read_csv(path, nrows=0).columns) != columns:
-        raise ValueError(f"{path} has other columns than {columns}")
-    frame.to_csv(path, mode="a", header=not path.exists(), index=False)
 
 
 class Run:
@@ -677,15 +595,15 @@ class Run:
         self.world, self.preset, self.out, self.budget_s = world, preset, out, budget_s
         self.start = time.monotonic()
         self.skipped: dict[tuple, str] = {}
-        self.timers = {key: Timer(world, *value) for key, value in preset["timing"].items()}
+        self.timing = preset["timing"]
         self.tps = tensor_parallel_sizes(world.size)
 
-    def point(self, key: tuple, build, mode: str, timer: Timer, tp: int) -> dict:
+    def point(self, key: tuple, build, mode: str, timing: dict, tp: int) -> dict:
         if key in self.skipped:
             return {"skip": self.skipped[key]}
         if self.world.agree(time.monotonic() - self.start > self.budget_s):
             return {"skip": f"time budget ({self.budget_s:.0f} s, --budget-s) spent"}
-        outcome = run_point(self.world, build, mode, timer, tp)
+        outcome = run_point(self.world, build, mode, timing, tp)
         if "skip" in outcome:
             self.skipped[key] = outcome["skip"]
         return outcome
@@ -705,14 +623,13 @@ class Run:
                 for provider in FLCE_PROVIDERS:
                     for mode in MODES:
                         build = lambda: flce_provider(provider, point, tp, self.world)  # noqa: E731,B023
-                        outcome = self.point(("flce", provider, tp), build, mode, self.timers["flce"], tp)
-                        extra = {"comm_bytes_analytic": analytic_bytes("flce", provider, point, tp, mode),
-                                 "timer": self.timers["flce"].name}
+                        outcome = self.point(("flce", provider, tp), build, mode, self.timing["flce"], tp)
+                        extra = {"comm_bytes_analytic": analytic_bytes("flce", provider, point, tp, mode)}
                         rows += make_rows("fused_linear_cross_entropy", provider, mode, "N", "tokens", n, config, tp,
                                           outcome, stamp, extra)
                         self.log(f"flce N={n} TP={tp} {provider} {mode}: {_summary(outcome)}")
         if self.world.rank == 0:
-            append_rows(rows, self.out / "tensor_parallel.csv", COLUMNS)
+            data.append_measured(pd.DataFrame(rows).reindex(columns=COLUMNS), "tensor_parallel", directory=self.out)
 
     def logits(self, workload: str) -> None:
         sizes = self.preset[workload]
@@ -732,10 +649,9 @@ class Run:
                         continue
                     for mode in MODES:
                         build = lambda: logits_provider(workload, provider, point, tp, self.world)  # noqa: E731,B023
-                        outcome = self.point((workload, provider, tp), build, mode, self.timers["logits"], tp)
+                        outcome = self.point((workload, provider, tp), build, mode, self.timing["logits"], tp)
                         config = published_config(workload, point, tp)
-                        extra = {"comm_bytes_analytic": analytic_bytes("logits", provider, point, tp, mode),
-                                 "timer": self.timers["logits"].name}
+                        extra = {"comm_bytes_analytic": analytic_bytes("logits", provider, point, tp, mode)}
                         made = make_rows(workload, provider, mode, "V", axis["x_label"], v, config, tp, outcome, stamp, extra)
                         rows += made
                         shown = provider if tp == 1 else f"{provider}[TP={tp}]"
@@ -745,14 +661,14 @@ class Run:
                         ]
                         self.log(f"{workload} V={v} TP={tp} {provider} {mode}: {_summary(outcome)}")
         if self.world.rank == 0:
-            append_rows(rows, self.out / "tensor_parallel.csv", COLUMNS)
-            append_rows(published, self.out / f"{workload}.csv", MEASURED_COLUMNS)
+            data.append_measured(pd.DataFrame(rows).reindex(columns=COLUMNS), "tensor_parallel", directory=self.out)
+            data.append_measured(pd.DataFrame(published).reindex(columns=MEASURED_COLUMNS), workload, directory=self.out)
 
 
 def _summary(outcome: dict) -> str:
     if "timing" not in outcome:
         return next(f"{k}: {outcome[k]}" for k in ("skip", "error") if k in outcome)
-    return (f"{outcome['timing'][0]:.3f} ms (ranks {outcome['rank_medians']}), {outcome['memory']:.0f} MiB, "
+    return (f"{outcome['timing'].p50:.3f} ms (ranks {outcome['rank_medians']}), {outcome['memory']:.0f} MiB, "
             f"{outcome['comm_bytes']:.0f} B on the wire, comm {outcome['comm_ms']:.3f} ms")
 
 
@@ -761,9 +677,7 @@ def ceilings_of_the_run(world, out: Path) -> None:
     ``out/ceilings.csv``: notebook 09's floors are taken at the rate of the same run, never another's."""
     if world.device.type != "cuda" or world.rank != 0:
         return
-    rows = measure_ceilings(world.device)
-    path = out / "ceilings.csv"
-    append_rows(rows.to_dict("records"), path, list(pd.read_csv(path, nrows=0).columns) if path.exists() else list(rows.columns))
+    data.append_measured(measure_ceilings(world.device), "ceilings", directory=out)
 
 
 def run(args) -> None:
