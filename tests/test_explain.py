@@ -32,7 +32,7 @@ def test_chunk_sentence_reads_the_dial():
     text = explain.chunk_sentence(ratios, 1024, 128256)
     assert text.startswith("The library's default chunk at this workload is 1024 rows, a 250 MiB bf16 logits buffer")
     assert "512-row chunks take 1.08–1.12× its time with a 125 MiB logits buffer" in text
-    assert "2048-row chunks take 0.95–1.11× its time (below 1× at B = 8) with a 501 MiB logits buffer" in text
+    assert "2048-row chunks take 0.95–1.11× its time (below 1× on every GPU at B = 8) with a 501 MiB logits buffer" in text
 
 
 def test_sequence_chunk_cost_from_the_shapes():

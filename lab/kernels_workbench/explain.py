@@ -50,8 +50,10 @@ def chunk_sentence(ratios: pd.DataFrame, default_rows: int, vocab: int, item_byt
             continue
         text = f"{rows}-row chunks take {column.min():.2f}–{column.max():.2f}× its time"
         if "B" in column.index.names and column.min() < 1 <= column.max():
-            below = column[column < 1].index.get_level_values("B")
-            text += f" (below 1× at B = {', '.join(str(b) for b in sorted(set(below)))})"
+            worst = column.groupby(level="B").max()  # every GPU and run at that B
+            below = worst[worst < 1].index
+            if len(below):
+                text += f" (below 1× on every GPU at B = {', '.join(str(b) for b in sorted(below))})"
         parts.append(text + f" with a {mib(rows):.0f} MiB logits buffer")
     head = f"The library's default chunk at this workload is {default_rows} rows, a {mib(default_rows):.0f} MiB bf16 logits buffer"
     return head + ("; in the chunk dial, " + "; ".join(parts) if parts else "; no other chunk size was measured") + "."
