@@ -17,7 +17,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kernels_workbench import dashboard, data, report
+from kernels_workbench import comparison, dashboard, data, report
 from kernels_workbench.bench import get_spec
 
 H200 = "NVIDIA H200"
@@ -139,7 +139,9 @@ def test_index_shows_every_number_of_the_dashboard(board, tmp_path):
     assert page.count('class="chart"') == board.chart.nunique()
     assert page.count('<div class="gpu-run" data-gpu=') == board.groupby(["chart", "gpu"]).ngroups + _grpo_gpus()
     assert page.count("<svg") == board.groupby(["chart", "gpu"]).ngroups
-    assert 'data-card="gpu-test-runs"' in page and "badge" not in page
+    assert 'data-card="gpu-test-runs"' not in page and "badge" not in page, "the index shows losses and GPUs only, not our test runs"
+    for stem in comparison.HEADLINES:  # each card opens with its notebook's own headline sentence
+        assert html.escape(comparison.report_headline(stem, data.load_measured("ceilings", latest=False))) in page, stem
     # the first screen: what the site is, the GPUs measured, the two commands, before any report's card
     first = page[: page.index('<ul class="cards">')]
     assert "Triton kernels for the LM-head losses" in first and "./workbench reports" in first and "./workbench test" in first
@@ -336,33 +338,6 @@ def test_the_training_step_has_a_card(board):
     assert one["time ratio"] == pytest.approx(at["kernels_lib"] / at["huggingface"], rel=1e-12)
 
 
-GPU_RUNS = """timestamp,kernels_lib_commit,gpu_name,torch_version,triton_version,transformers_version,trl_version,target,passed,failed,skipped,deselected,minutes,command
-2026-12-01 10:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,900,2,10,0,12.5,./workbench test --gpu
-2026-12-03 09:00,2222222,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu,905,0,8,1,11.0,./workbench test --gpu
-2026-12-02 08:00,1111111,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,reports,10,0,0,0,5.0,./workbench reports --device cuda
-2026-12-04 18:59,3333333,NVIDIA H200,2.11.0,3.6.0,5.17.0,1.16.0,gpu selection,49,0,0,0,0.9,./workbench test --gpu tests/test_x.py
-2026-11-20 07:00,0aaaaaa,NVIDIA H100 80GB HBM3,2.11.0,3.6.0,5.17.0,1.16.0,gpu,880,3,30,0,14.0,./workbench test --gpu
-2026-11-25 07:00,0bbbbbb,NVIDIA H100 80GB HBM3,2.11.0,3.6.0,5.17.0,1.16.0,gpu,890,1,25,0,13.5,./workbench test --gpu
-"""
-
-
-def test_gpu_test_runs_card_shows_the_newest_run_per_gpu_model_and_target(tmp_path):
-    path = tmp_path / "gpu_test_runs.csv"
-    path.write_text(GPU_RUNS)
-    newest = dashboard.gpu_test_runs(path)
-    assert dict(zip(zip(newest.gpu_name, newest.target), newest.kernels_lib_commit.astype(str))) == {
-        (H200, "gpu"): "2222222", (H200, "reports"): "1111111", (H200, "gpu selection"): "3333333",
-        ("NVIDIA H100 80GB HBM3", "gpu"): "0bbbbbb"}  # an older GPU model's newest run stays beside the H200's
-    card = dashboard.gpu_test_runs_card(path)
-    assert "GPU test runs" in card and "2222222" in card and "905 passed · 0 failed · 8 skipped · 1 deselected" in card
-    assert "900 passed" not in card and "./workbench reports --device cuda" in card and "11.0 min" in card
-    # a newer run of one file is shown as a selection, beside the whole target's run, not in its place
-    assert "GPU tests, a selection" in card and "49 passed" in card and card.index("2222222") > card.index("3333333")
-    assert "<td>H100 80GB</td>" in card and "890 passed" in card and "880 passed" not in card and "<td>H200</td>" in card
-    assert "No run recorded" in dashboard.gpu_test_runs_card(tmp_path / "absent.csv")
-    (tmp_path / "bad.csv").write_text("timestamp,target\n2026-12-01,gpu\n")
-    with pytest.raises(ValueError, match="bad.csv lacks the column"):
-        dashboard.gpu_test_runs(tmp_path / "bad.csv")
 
 
 def test_grpo_family_card_is_one_run_of_the_loss_types_per_gpu(tmp_path):
@@ -401,18 +376,12 @@ def test_grpo_family_card_is_one_run_of_the_loss_types_per_gpu(tmp_path):
 
 
 def test_the_cards_read_the_measured_folder_when_called(monkeypatch, tmp_path):
-    """The GPU-run cards resolve their files under data.MEASURED_DIR at call time, not at import: moved to an
-    empty folder, each reads "not measured" / "no run recorded", and a run written there shows."""
+    """The index's cards resolve their files under data.MEASURED_DIR at call time, not at import: moved to an
+    empty folder, each reads "not measured"."""
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
-    assert "No run recorded" in dashboard.gpu_test_runs_card()
     assert "Not measured" in dashboard.grpo_family_card()
     assert dashboard.charts() == [] and len(dashboard.dashboard()) == 0
     assert not [c for c in dashboard.charts() if "training step" in c.title]  # neither training-step file is there
-    row = {"timestamp": "2026-12-05 01:00:00", "kernels_lib_commit": "abc1234", "gpu_name": "NVIDIA H200", "target": "gpu",
-           "passed": 3, "failed": 0, "skipped": 1, "minutes": 0.5}
-    pd.DataFrame([row]).to_csv(tmp_path / dashboard.GPU_TEST_RUNS, index=False)
-    assert list(dashboard.gpu_test_runs().kernels_lib_commit) == ["abc1234"]
-    assert "abc1234" in dashboard.gpu_test_runs_card()
 
 
 # --------------------------------------------------------------------------- two GPUs, synthetic

@@ -19,7 +19,7 @@ above, ``not measured`` without a ratio), and one row per chart and GPU (``kind 
 run measured. :func:`headlines` reads off it, per chart and GPU, the comparisons a reader asks first:
 × the fastest peer's time, × the leanest peer's memory, × the floor.
 
-:func:`chart_section`, :func:`headline_table` and :func:`gpu_test_runs_card` render it for the index
+:func:`chart_section` and :func:`headline_table` render it for the index
 (:func:`kernels_workbench.report.write_index`); :func:`ratio_text` prints a ratio.
 """
 
@@ -66,16 +66,10 @@ REPORTS = {
 TENSOR_PARALLEL = "tensor_parallel"
 TRAINING_STEP = "training_step"
 COLUMNS = ["key", "kind", "report", "chart", "kernel_name", "x_name", "x", "published x", "peer", "ours ms", "peer ms",
-           "time ratio", "time tone", "ours MB", "peer MB", "memory ratio", "memory tone", "commit", "gpu", "gpu label", "date", "run"]
+           "time ratio", "time tone", "ours MB", "peer MB", "memory ratio", "memory tone", "commit", "gpu", "gpu label", "date", "run",
+           "peer note"]
 #: What a ratio reads where its peer (or kernels_lib) is missing from the run, on every card alike.
 NOT_MEASURED = "not measured"
-#: ``data/measured/gpu_test_runs.csv``: one row per run of ``./workbench test --gpu`` (``target`` "gpu"; "gpu
-#: selection" where it ran only some tests) or of the full-size notebooks (``target`` "reports") on a CUDA machine,
-#: of every GPU model.
-GPU_TEST_RUNS = "gpu_test_runs.csv"  # inside data/measured/ (data.measured_file)
-GPU_TEST_RUN_COLUMNS = ["timestamp", "kernels_lib_commit", "gpu_name", "torch_version", "triton_version", "transformers_version",
-                        "trl_version", "target", "passed", "failed", "skipped", "deselected", "minutes", "command"]
-
 
 @dataclass(frozen=True)
 class Chart:
@@ -133,7 +127,7 @@ def charts(gpu_name: str | None = None) -> list[Chart]:
         if workload.kernel_name not in REPORTS:
             continue
         for gpu in workload.gpus:
-            run, commit = _newest_run(overview.workload_runs(workload, gpu))
+            run, commit = _newest_run(workload.on(gpu))  # the run the notebooks compare (comparison.chart_runs)
             result.append(Chart(workload.kernel_name, workload.title, workload.x_name, run, "kernels_lib",
                                 float(workload.published.x_value.max()), commit, gpu))
     for kernel_name in REPORTS:
@@ -275,6 +269,8 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
               "published x": chart.published_x, "commit": chart.commit, "gpu": chart.gpu, "gpu label": chart.gpu_label,
               "date": chart.date, "run": chart.run}
     nan = {"ours": float("nan"), "peer value": float("nan"), "ratio": float("nan")}
+    far = {} if chart.kernel_name in (TENSOR_PARALLEL, TRAINING_STEP) else comparison.far_from_published(
+        chart.rows, comparison.published_for(chart.rows, chart.kernel_name))
     out = []
     for peer in peer_list:
         t = speed.loc[(peer, x)] if (peer, x) in speed.index else pd.Series(nan)
@@ -282,7 +278,7 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
         memory_ratio = m["ratio"] if m["peer value"] >= 1 else float("nan")
         out.append({**common, "key": f"{chart.key}/{peer}", "kind": "ratio", "peer": peer, "ours ms": t["ours"], "peer ms": t["peer value"],
                     "time ratio": t["ratio"], "time tone": tone(t["ratio"]), "ours MB": m["ours"], "peer MB": m["peer value"],
-                    "memory ratio": memory_ratio, "memory tone": tone(memory_ratio)})
+                    "memory ratio": memory_ratio, "memory tone": tone(memory_ratio), "peer note": comparison.FAR if peer in far else ""})
     floor = floor_row(chart, ceilings, x)
     if floor is not None:
         out.append({**common, **floor})
@@ -333,7 +329,7 @@ def headlines(board: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (chart, gpu), rows in board.groupby(["chart", "gpu"], sort=False):
         ratios = rows[rows.kind == "ratio"]
-        timed = ratios[ratios["time ratio"].notna()]
+        timed = ratios[ratios["time ratio"].notna() & (ratios["peer note"] != comparison.FAR)]  # a far peer is not the fastest
         sized = ratios[ratios["memory ratio"].notna()]
         fastest = timed.loc[timed["peer ms"].idxmin()] if len(timed) else None
         leanest = sized.loc[sized["peer MB"].idxmin()] if len(sized) else None
@@ -375,9 +371,9 @@ STYLE = """
 td.better, span.better { color: #1a7f37; } td.worse, span.worse { color: #cf222e; }
 td.not-measured, span.not-measured { color: #57606a; font-style: italic; }
 figure.spark svg text { font-size: 9px; fill: #57606a; font-family: system-ui, sans-serif; }
-.card.gpu-runs, .card.grpo-family { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
-table.gpu-runs, table.grpo-family, table.headlines { border-collapse: collapse; font-size: .9rem; }
-table.gpu-runs td, table.gpu-runs th, table.grpo-family td, table.grpo-family th,
+.card.grpo-family { border: 1px solid #d0d7de; border-radius: 8px; padding: 1rem 1.25rem; margin: 1rem 0; }
+table.grpo-family, table.headlines { border-collapse: collapse; font-size: .9rem; }
+table.grpo-family td, table.grpo-family th,
 table.headlines td, table.headlines th { padding: .2rem .6rem; border-bottom: 1px solid #eaeef2; text-align: left; }
 .gpu-run { margin: .5rem 0 1rem; } .gpu-run h4 { margin: .25rem 0; font-size: .95rem; }
 """
@@ -467,7 +463,8 @@ def gpu_block(chart: Chart, rows: pd.DataFrame) -> str:
            f'{html.escape(first.x_name)} = {num(x_key, "x", x_text(first.x))}{published}. Below 1: kernels_lib is faster or smaller.</p>')
     body = []
     for _, row in ratios.iterrows():
-        body.append(f"<tr><td>{html.escape(row.peer)}</td>" + _ratio_cell(row.key, "time ratio", row["time ratio"], row["time tone"])
+        note = f" ({row['peer note']})" if isinstance(row["peer note"], str) and row["peer note"] else ""
+        body.append(f"<tr><td>{html.escape(row.peer + note)}</td>" + _ratio_cell(row.key, "time ratio", row["time ratio"], row["time tone"])
                     + _ratio_cell(row.key, "memory ratio", row["memory ratio"], row["memory tone"]) + "</tr>")
     for _, row in rows[rows.kind == "floor"].iterrows():  # time only: a floor of memory is the inputs
         body.append(f'<tr class="floor"><td>{html.escape(row.peer)}</td><td>{num(row.key, "time ratio", ratio_text(row["time ratio"]))}'
@@ -520,45 +517,6 @@ def _headline_cell(key: str | None, column: str, value: float, who: str, toned: 
         return f'<td class="not-measured">{html.escape(missing)}</td>'
     tone_class = f' class="{tone(value).replace(" ", "-")}"' if toned else ""
     return f"<td{tone_class}>{num(key, column, ratio_text(value))}{'' if pd.isna(value) else '×'}{who}</td>"
-
-
-def gpu_test_runs(path: Path | str | None = None) -> pd.DataFrame:
-    """The newest row per GPU model and ``target`` of ``gpu_test_runs.csv`` (the GPU test target's and the
-    full-size reports' runs), newest first; empty (with its columns) where the file does not exist. A file
-    without the columns of :data:`GPU_TEST_RUN_COLUMNS` raises an error that names it and the missing columns."""
-    path = data.measured_file(GPU_TEST_RUNS) if path is None else Path(path)
-    if not path.exists():
-        return pd.DataFrame(columns=GPU_TEST_RUN_COLUMNS)
-    rows = data.read_rows(path, ["timestamp", "kernels_lib_commit", "gpu_name", "target", "passed", "failed", "skipped", "minutes"])
-    newest = rows.sort_values("timestamp", kind="stable").groupby(["gpu_name", "target"], sort=False).tail(1)
-    return newest.sort_values("timestamp", ascending=False, kind="stable").reset_index(drop=True)
-
-
-def gpu_test_runs_card(path: Path | str | None = None) -> str:
-    """The index's card *GPU test runs*: per GPU model and target (``gpu``: ``./workbench test --gpu``;
-    ``reports``: the full-size notebooks) its newest run: on which GPU, when, which commit, with which
-    versions, and how many tests passed, failed, were skipped or deselected, in how many minutes, by which
-    command; *no run recorded* where the file is absent or empty."""
-    rows = gpu_test_runs(path)
-    head = '<div class="card gpu-runs" data-card="gpu-test-runs"><h2>GPU test runs</h2>'
-    if not len(rows):
-        return head + "<p>No run recorded (<code>data/measured/gpu_test_runs.csv</code>: <code>./workbench test --gpu</code> " \
-                      "on a CUDA machine records one).</p></div>"
-    what = {"gpu": "GPU test target", "gpu selection": "GPU tests, a selection", "reports": "full-size notebooks"}
-    cells = []
-    for _, row in rows.iterrows():
-        versions = ", ".join(f"{name} {row[f'{name}_version']}" for name in ("torch", "triton", "transformers", "trl")
-                             if f"{name}_version" in row and not pd.isna(row[f"{name}_version"]))
-        counts = " · ".join(f"{int(row[c])} {c}" for c in ("passed", "failed", "skipped", "deselected") if c in row and not pd.isna(row[c]))
-        command = "" if "command" not in row or pd.isna(row["command"]) else f"<code>{html.escape(str(row['command']))}</code>"
-        cells.append(f'<tr data-target="{html.escape(str(row.target))}" data-gpu="{html.escape(str(row.gpu_name))}">'
-                     f"<td>{html.escape(data.gpu_label(row.gpu_name))}</td><td>{html.escape(what.get(row.target, str(row.target)))}</td>"
-                     f"<td>{html.escape(str(row.timestamp))}</td><td><code>{html.escape(str(row.kernels_lib_commit))}</code></td>"
-                     f"<td>{html.escape(versions)}</td><td>{html.escape(counts)}</td>"
-                     f"<td>{float(row.minutes):.1f} min</td><td>{command}</td></tr>")
-    return (head + "<p>The newest run of each GPU model and of each of what ran (the GPU test target, some of its tests, the full-size notebooks).</p>"
-            '<table class="gpu-runs"><thead><tr><th>GPU</th><th>what ran</th><th>date</th><th>commit</th><th>versions</th><th>tests</th>'
-            f'<th>time</th><th>command</th></tr></thead><tbody>{"".join(cells)}</tbody></table></div>')
 
 
 GRPO_LOSS_TYPES = "gpu_runs/fused_linear_grpo_loss_types.csv"  # inside data/measured/

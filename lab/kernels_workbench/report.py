@@ -41,7 +41,7 @@ from nbconvert.preprocessors import Preprocessor, TagRemovePreprocessor
 from papermill.engines import NBClientEngine, papermill_engines
 
 from kernels_lib._runtime import default_device
-from . import dashboard, data
+from . import comparison, dashboard, data
 from .mathml import MathMLPreprocessor
 
 from .paths import REPO_ROOT
@@ -318,6 +318,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
     ``data/measured``) the ratios of kernels_lib to each peer and to the floor on each GPU, with a sparkline."""
     chart_list = dashboard.charts()
     board = dashboard.dashboard(chart_list)
+    ceilings = data.load_measured("ceilings", latest=False)
     items, links = [], {}
     for path, seconds, failure in reports:
         executed = out / "executed" / path.with_suffix(".ipynb").name
@@ -334,8 +335,10 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         for chart in mine:
             by_title.setdefault(chart.title, []).append(chart)
         sections = "".join(chart_section(group, board[board.chart == title].reset_index(drop=True)) for title, group in by_title.items())
+        said = (f'<p class="headline">{html.escape(comparison.report_headline(path.stem, ceilings))}</p>'
+                if path.stem in comparison.HEADLINES else "")  # the notebook's own opening sentence
         items.append(f'<li class="card{" failed" if failure else ""}" data-report="{html.escape(path.stem)}">'
-                     f'<h2><a href="{html.escape(link)}">{html.escape(title)}</a></h2><small>{html.escape(status)}</small>{sections}</li>')
+                     f'<h2><a href="{html.escape(link)}">{html.escape(title)}</a></h2><small>{html.escape(status)}</small>{said}{sections}</li>')
     gpus = ", ".join(data.gpu_label(g) for g in sorted({c.gpu for c in chart_list}, key=data.gpu_label)) or "none yet"
     page = (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -353,7 +356,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
         + dashboard.headline_table(board, links)
         + f'<p class="run provenance">Data: {html.escape(provenance_line(chart_list))} · these pages executed on '
         f"{html.escape(str(parameters['device']))} at size {html.escape(str(parameters['size']))}.</p>"
-        + '<h2>The reports</h2><ul class="cards">\n' + "\n".join(items) + "\n</ul>" + dashboard.gpu_test_runs_card()
+        + '<h2>The reports</h2><ul class="cards">\n' + "\n".join(items) + "\n</ul>"
         + dashboard.grpo_family_card()
         + "</body></html>"
     )
