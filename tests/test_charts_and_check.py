@@ -207,6 +207,9 @@ def test_provider_is_a_colour_and_gpu_a_marker_and_dash_each_named_once_in_the_l
     assert len({k.line.color for k in providers}) == 3, "two providers' legend entries share a colour"
     assert len({k.line.color for k in gpus}) == 1, "a GPU's legend entry is coloured: a reader would take it for a provider"
     assert figure.layout.legend2.title.text.startswith("GPU") and figure.layout.legend.title.text.startswith("provider")
+    assert "open marker: published" in figure.layout.legend2.title.text
+    alone = scaling_chart(None, measured, x_label="BT", title="t")
+    assert "published" not in alone.layout.legend2.title.text, "the GPU legend explains markers of rows the chart does not draw"
     key_style = {k.name: (k.marker.symbol, k.line.dash) for k in gpus}
     for line in line_traces(figure):
         provider, rest = line.name.split(" · ")

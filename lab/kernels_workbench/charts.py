@@ -315,13 +315,13 @@ def _add_provider_key(figure: go.Figure, name: str, color: str, *, width: float 
                           rank=1 if base_provider(name) == "kernels_lib" else 1000), row=1, col=1)
 
 
-def _layout_legends(figure: go.Figure, right_axis: bool) -> None:
+def _layout_legends(figure: go.Figure, right_axis: bool, published: bool) -> None:
     """The provider legend under the panels, the GPU legend at their right (past a right-hand axis where one is
     drawn): two places, so that neither covers the other."""
     figure.update_layout(
         legend={"title": {"text": "provider (colour)"}, "orientation": "h", "x": 0, "xanchor": "left", "y": -0.22,
                 "yanchor": "top", "font": {"size": 11}},
-        legend2={"title": {"text": "GPU (marker, dash)<br>open marker: published"}, "orientation": "v",
+        legend2={"title": {"text": "GPU (marker, dash)" + ("<br>open marker: published" if published else "")}, "orientation": "v",
                  "x": 1.12 if right_axis else 1.02, "xanchor": "left", "y": 1, "yanchor": "top", "font": {"size": 11}},
     )
 
@@ -437,7 +437,7 @@ def scaling_chart(
         # a panel is narrower beside more panels (and the GPU legend at their right): fewer labels, none overlapping
         figure.update_xaxes(matches="x", **integer_ticks(xs_seen, max(3, 12 // max(1, len(panels)))))
     figure.update_layout(height=480, meta={"not_measured_panels": unmeasured}, **wrapped_title(title))
-    _layout_legends(figure, any(right_axis))
+    _layout_legends(figure, any(right_axis), any(k.name.endswith("(published)") for k in legend_keys(figure, "legend2")))
     return kernels_lib_on_top(figure)
 
 
