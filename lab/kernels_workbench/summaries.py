@@ -4,6 +4,9 @@ tables go to an appendix or a CSV."""
 
 from __future__ import annotations
 
+import math
+import re
+
 import pandas as pd
 
 from . import data
@@ -125,3 +128,100 @@ def agreement_conclusion(agreement: pd.DataFrame) -> str:
             + ", ".join(f"{p} {r['sum']} of {r['size']}" for p, r in per_provider.iterrows())
             + "). The published figures are therefore not reproduced closely enough to vouch for the harness, and the loss "
               "notebooks do not lean on them: each of their ratios compares providers measured together in one run on one GPU.")
+
+
+def _display_pattern():
+    """A regex of the provider keys :data:`.charts.DISPLAY_NAMES` renames, as whole words, not already renamed."""
+    from .charts import DISPLAY_NAMES
+
+    keys = sorted(DISPLAY_NAMES, key=len, reverse=True)
+    guards = "".join(f"(?!{re.escape(value[len(key):])})" for key, value in DISPLAY_NAMES.items() if value.startswith(key) and value != key)
+    return re.compile(r"(?<![\w\[])(" + "|".join(map(re.escape, keys)) + r")(?![\w\]])" + guards), DISPLAY_NAMES
+
+
+def display_names(text: str) -> str:
+    """``text`` with every provider key of :data:`.charts.DISPLAY_NAMES` (the baseline's "torch", "huggingface",
+    "baseline") as a whole word replaced by its display name; ``torch_lce`` or an already renamed name stays."""
+    pattern, names = _display_pattern()
+    return pattern.sub(lambda m: names[m.group(1)], str(text))
+
+
+def display_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its column and index names in :func:`display_names` (its values unchanged)."""
+    table = table.rename(columns=lambda c: display_names(c) if isinstance(c, str) else c)
+    return table.rename_axis(index=[display_names(n) if isinstance(n, str) else n for n in table.index.names])
+
+
+#: The columns of :func:`.check.check_against_reference` that are not a case's options.
+CHECK_COLUMNS = {"loss", "shape", "dtype", "baseline", "tolerance", "passed", "kernels_lib loss err", "kernels_lib grad err",
+                 "baseline loss err", "baseline grad err"}
+
+
+def options_text(checks: pd.DataFrame, exclude: tuple[str, ...] = ()) -> pd.Series:
+    """Per case of a check table, its options (the columns that are not errors, dtype, shape, loss or baseline) as
+    ``name=value`` joined by commas, only those the case sets; "defaults" where it sets none."""
+    columns = [c for c in checks.columns if c not in CHECK_COLUMNS and c not in exclude and not c.endswith(" err")]
+    def text(row):
+        set_ = [f"{c}={row[c]}" for c in columns if not (isinstance(row[c], float) and math.isnan(row[c])) and row[c] is not None]
+        return ", ".join(set_) or "defaults"
+    return checks.apply(text, axis=1) if len(checks) else pd.Series(dtype=object)
+
+
+def check_summary(checks: pd.DataFrame, by: list[str], keep: list[str] | None = None) -> pd.DataFrame:
+    """A check table of :func:`.check.check_against_reference` in one row per group of ``by`` (``"options"``: the
+    case's options, :func:`options_text`): its worst case relative to the tolerance (:func:`worst_cases` over
+    kernels_lib's loss and gradient errors) with its ``keep`` columns (by default the shape and the options) and the
+    baseline's errors, how many cases the group held and how many passed; the baseline under its display name."""
+    errors = ["kernels_lib loss err", "kernels_lib grad err"]
+    table = checks.assign(options=options_text(checks))
+    keep = [c for c in (keep if keep is not None else ["shape", "options"]) if c not in by and c in table.columns]
+    theirs = [c for c in ("baseline loss err", "baseline grad err") if c in table.columns]
+    summary = worst_cases(table, by, errors, keep=keep + theirs)
+    order = keep + errors + theirs + [c for c in ("tolerance", "cases", "passed") if c in summary.columns]
+    return display_columns(summary[order])
+
+
+def coverage_summary(coverage: pd.DataFrame) -> pd.DataFrame:
+    """:func:`.overview.coverage_rows` (one row per published chart and GPU) in one row per chart: the published
+    GPU and providers, the GPUs measured, how many of them, and the providers some GPU's run left out; the
+    providers under their display names."""
+    def joined(values):
+        names = sorted({display_names(p.strip()) for v in values for p in str(v).split(",") if p.strip() not in ("", "–")})
+        return ", ".join(names) or "–"
+    measured = coverage[coverage["measured on"] != "none yet"]
+    table = coverage.groupby("workload", sort=False).agg(**{"published on": ("published on", "first"),
+                                                            "published providers": ("published providers", joined)})
+    table["measured on"] = measured.groupby("workload", sort=False)["measured on"].agg(lambda g: ", ".join(g)).reindex(table.index).fillna("none yet")
+    table["GPUs"] = measured.groupby("workload", sort=False).size().reindex(table.index).fillna(0).astype(int)
+    table["not in some run"] = measured.groupby("workload", sort=False)["not in this run"].agg(joined).reindex(table.index).fillna("–")
+    return table
+
+
+def agreement_summary(agreement: pd.DataFrame) -> pd.DataFrame:
+    """:func:`.overview.agreement_table` (one row per chart, GPU, provider, mode and x) in one row per GPU, provider
+    (display name) and mode: how many points, how many agree, are slower or faster than the GPUs explain, and
+    the span of ratio / expected."""
+    rows = agreement.assign(provider=agreement.provider.map(display_names))
+    verdicts = {"agree": "agrees", "slower": "slower than the GPUs explain", "faster": "faster than the GPUs explain"}
+    table = rows.groupby(["gpu", "provider", "mode"]).agg(
+        charts=("workload", "nunique"), points=("verdict", "size"),
+        **{name: ("verdict", lambda v, said=said: int((v == said).sum())) for name, said in verdicts.items()},
+        lowest=("ratio / expected", "min"), highest=("ratio / expected", "max"))
+    return table.rename(columns={"lowest": "ratio / expected, lowest", "highest": "ratio / expected, highest"}).rename_axis(index=["GPU", "provider", "mode"])
+
+
+def comparison_sentences(tables: dict, subject: str = "kernels_lib's `full`") -> str:
+    """Two sentences over comparison tables (:func:`.comparison.comparison`; ``tables``: keys whose last item is
+    a GPU name, e.g. ``(loss, gpu)`` or ``gpu``): how far ``subject`` is from the fastest peer (named by display
+    name), the floor and the leanest peer's memory over every point, and at how many points it is the fastest."""
+    tables = {k: t for k, t in tables.items() if len(t)}
+    if not tables:
+        return "No GPU run is compared yet: the figures wait for one."
+    rows = pd.concat(tables.values(), ignore_index=True)
+    gpus = sorted({data.gpu_label(k[-1] if isinstance(k, tuple) else k) for k in tables})
+    peers = sorted({display_names(p) for p in rows.get("fastest peer", pd.Series(dtype=object)).dropna()})
+    timed = rows["× fastest peer"].dropna() if "× fastest peer" in rows else pd.Series(dtype=float)
+    first = (f"Over the {len(tables)} comparison tables ({', '.join(gpus)}; {len(rows)} points), {subject} takes "
+             f"{span(timed)} the fastest peer's time ({', '.join(peers) or 'no peer measured'}), "
+             f"{span(rows.get('× floor', []))} the floor and {span(rows.get('memory × leanest', []))} the leanest peer's memory.")
+    return first + (f" It is the fastest at {int((timed < 1).sum())} of the {len(timed)} points with a peer's time." if len(timed) else "")
