@@ -88,6 +88,9 @@ def test_check_summary_keeps_the_worst_case_per_group_and_counts():
     assert f"{BASELINE_NAME} grad err" in table.columns and "baseline loss err" not in table.columns
     assert list(table.columns[-3:]) == ["tolerance", "cases", "passed"]
     assert len(summaries.check_summary(checks, ["dtype", "options"])) == 4
+    assert summaries.check_summary(checks, ["reduction"]).loc["mean", "options"] == "defaults"
+    suites = summaries.check_summary(checks.assign(baseline=["a", "a", "b", "b"]), ["baseline", "dtype"])
+    assert suites.index.names == ["checked against", "dtype"] and "baseline loss err" in suites.columns
 
 
 def test_coverage_and_agreement_summaries_one_row_per_chart_and_per_provider_mode():

@@ -171,14 +171,18 @@ def check_summary(checks: pd.DataFrame, by: list[str], keep: list[str] | None = 
     """A check table of :func:`.check.check_against_reference` in one row per group of ``by`` (``"options"``: the
     case's options, :func:`options_text`): its worst case relative to the tolerance (:func:`worst_cases` over
     kernels_lib's loss and gradient errors) with its ``keep`` columns (by default the shape and the options) and the
-    baseline's errors, how many cases the group held and how many passed; the baseline under its display name."""
+    baseline's errors, how many cases the group held and how many passed. The spec's baseline is named by its
+    display name; where the table has a ``baseline`` column (a suite of several baselines), that column is shown
+    as "checked against" and the errors stay the baseline's."""
     errors = ["kernels_lib loss err", "kernels_lib grad err"]
-    table = checks.assign(options=options_text(checks))
+    table = checks.assign(options=options_text(checks, exclude=tuple(by)))
     keep = [c for c in (keep if keep is not None else ["shape", "options"]) if c not in by and c in table.columns]
     theirs = [c for c in ("baseline loss err", "baseline grad err") if c in table.columns]
     summary = worst_cases(table, by, errors, keep=keep + theirs)
-    order = keep + errors + theirs + [c for c in ("tolerance", "cases", "passed") if c in summary.columns]
-    return display_columns(summary[order])
+    summary = summary[keep + errors + theirs + [c for c in ("tolerance", "cases", "passed") if c in summary.columns]]
+    if "baseline" in checks.columns:
+        return summary.rename_axis(index=["checked against" if n == "baseline" else n for n in summary.index.names])
+    return display_columns(summary)
 
 
 def coverage_summary(coverage: pd.DataFrame) -> pd.DataFrame:
