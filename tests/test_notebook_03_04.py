@@ -48,7 +48,7 @@ def test_orpo_notebook_runs_checks_and_exports_figures():
     checks = pd.read_csv(results / "orpo_checks.csv")
     assert len(checks) == 2 * 3 * 3 and checks["passed"].all()
     assert "log1mexp" in html and "The naive form is infinite" in html
-    _says_headline_and_conclusion(html, "9. Conclusion")
+    _says_headline_and_conclusion(html, "10. Conclusion")
     by_t = _compared_per_gpu("fused_linear_orpo_loss", "orpo", results, html)
     assert 4096 in by_t, "the committed rows hold a T = 4096 run: its table is printed beside T = 1024's"
 
@@ -64,7 +64,7 @@ def test_kto_notebook_runs_checks_and_exports_figures():
     assert len(labels) == 12 and labels["passed"].all()
     assert set(labels["labels"]) == {"mixed", "all desirable", "all undesirable"}
     assert "Published H100" in html
-    _says_headline_and_conclusion(html, "9. Conclusion")
+    _says_headline_and_conclusion(html, "10. Conclusion")
     by_t = _compared_per_gpu("kto_loss", "kto", results, html)
     for gpu, run in by_t[512].items():  # the floor against the fastest time, at the largest B of each GPU's run
         assert f"On the {data.gpu_label(gpu)} at B = {int(run.x_value.max())}, the floor is " in html
@@ -77,7 +77,7 @@ def _compared_per_gpu(kernel_name: str, stem: str, results: Path, html: str) -> 
     ceilings = data.load_measured("ceilings", latest=False)
     compared = {data.gpu_label(gpu) for runs in by_t.values() for gpu in runs}
     assert {"H100 80GB", "H200"} <= compared, "the committed rows hold runs of both GPUs: each is compared"
-    conclusion = html[html.index("9. Conclusion"):html.index("Appendix")]
+    time_goes = html[html.index("9. Where the time goes"):html.index("10. Conclusion")]
     for t, runs in by_t.items():
         for gpu, run in runs.items():
             label = data.gpu_label(gpu)
@@ -93,7 +93,7 @@ def _compared_per_gpu(kernel_name: str, stem: str, results: Path, html: str) -> 
             for clause in preference.not_measured(run):  # e.g. the baseline out of memory at T = 4096
                 assert clause.replace("`full`", "<code>full</code>") in html
     for gpu in by_t[min(by_t)] if stem == "orpo" else by_t[512]:
-        assert f"At B = 8 on the {data.gpu_label(gpu)}, <code>full</code> against the floor: kernels_lib " in conclusion
+        assert f"At B = 8 on the {data.gpu_label(gpu)}, <code>full</code> against the floor: kernels_lib " in time_goes
     main = html[:html.index("Appendix")]
     assert not [word for word in TARGET_WORDS if word in main], "the report states our targets, not a comparison"
     return by_t
