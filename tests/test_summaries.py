@@ -89,6 +89,7 @@ def test_check_summary_keeps_the_worst_case_per_group_and_counts():
     assert list(table.columns[-3:]) == ["tolerance", "cases", "passed"]
     assert len(summaries.check_summary(checks, ["dtype", "options"])) == 4
     assert summaries.check_summary(checks, ["reduction"]).loc["mean", "options"] == "defaults"
+    assert summaries.options_text(checks.assign(chunk_size=[16.0, float("nan")] * 2)).iloc[0] == "reduction=mean, chunk_size=16"
     suites = summaries.check_summary(checks.assign(baseline=["a", "a", "b", "b"]), ["baseline", "dtype"])
     assert suites.index.names == ["checked against", "dtype"] and "baseline loss err" in suites.columns
 

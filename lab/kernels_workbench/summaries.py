@@ -162,7 +162,8 @@ def options_text(checks: pd.DataFrame, exclude: tuple[str, ...] = ()) -> pd.Seri
     ``name=value`` joined by commas, only those the case sets; "defaults" where it sets none."""
     columns = [c for c in checks.columns if c not in CHECK_COLUMNS and c not in exclude and not c.endswith(" err")]
     def text(row):
-        set_ = [f"{c}={row[c]}" for c in columns if not (isinstance(row[c], float) and math.isnan(row[c])) and row[c] is not None]
+        set_ = [f"{c}={int(row[c]) if isinstance(row[c], float) and row[c].is_integer() else row[c]}" for c in columns
+                if not (isinstance(row[c], float) and math.isnan(row[c])) and row[c] is not None]
         return ", ".join(set_) or "defaults"
     return checks.apply(text, axis=1) if len(checks) else pd.Series(dtype=object)
 
