@@ -15,7 +15,7 @@ same rule, the one place it is written being here:
 Past the entry the pipelines run with autocast disabled (the dtypes are chosen; torch's own
 autocast would otherwise recast the ``out=`` matmuls of the chunk loop), and the gradients come back
 in each leaf's own dtype: a float32 head gets a float32 ``dW``, accumulated across chunks in float32
-(:class:`~kernels_lib._flce.gradient_sums._GradientSums` keeps ``dW`` in the parameter's
+(:class:`~kernels_lib.chunks.gradient_sums.GradientSums` keeps ``dW`` in the parameter's
 dtype). The loss is float32 in every case.
 """
 

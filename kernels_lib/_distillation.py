@@ -7,7 +7,7 @@ buffers, then one Triton kernel (:mod:`kernels_lib.kernels.distill_chunk`) compu
 loss (the variable part, :class:`SoftLoss`: the generalized JSD or the cosine), optionally the hard
 loss (cross-entropy of the raw student logits against the target) and, when a gradient is wanted,
 overwrites the student buffer with ``dz``; then ``dx_c = dz W_s``, ``dW_s += dzᵀ x_c``,
-``db_s += Σ dz`` (:class:`~kernels_lib._flce.gradient_sums._GradientSums`, the cross-entropy's).
+``db_s += Σ dz`` (:class:`~kernels_lib.chunks.gradient_sums.GradientSums`, the cross-entropy's).
 
 The losses are sums over rows divided by a count known before the loop (the non-ignored rows), so
 each row's gradient factor is known in forward and all gradients are formed there: four matmuls
@@ -33,9 +33,9 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
-from ._flce.chunk_size import lean_chunk_size
-from ._flce.gradient_sums import _GradientSums
-from ._flce.operands import _Operands
+from .chunks.chunk_size import lean_chunk_size
+from .chunks.gradient_sums import GradientSums
+from .chunks.operands import Operands
 from ._sequence_logprobs import FusedSequenceLoss
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
@@ -48,7 +48,7 @@ MIN_TWO_HEAD_CHUNK_ROWS = 2048
 
 def two_head_chunk_size(n_rows: int, hidden: int) -> int:
     """Rows per chunk of the two-head losses by default: the lean budget of the student's ``hidden``
-    (:func:`~kernels_lib._flce.chunk_size.lean_chunk_size`) or :data:`MIN_TWO_HEAD_CHUNK_ROWS`, whichever is
+    (:func:`~kernels_lib.chunks.chunk_size.lean_chunk_size`) or :data:`MIN_TWO_HEAD_CHUNK_ROWS`, whichever is
     larger, at most ``n_rows``."""
     return max(1, min(n_rows, max(MIN_TWO_HEAD_CHUNK_ROWS, lean_chunk_size(n_rows, hidden))))
 
@@ -110,13 +110,13 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     # turned off for the chunk loop: inside that block every head would read as outside autocast.
     dtypes = compute_dtype_for(x), compute_dtype_for(teacher[0])
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: dtypes
-        ops = _Operands(x, weight, bias, rows_per_chunk, dtypes[0])
-        teacher_ops = _Operands(*teacher, rows_per_chunk, dtypes[1])
+        ops = Operands(x, weight, bias, rows_per_chunk, dtypes[0])
+        teacher_ops = Operands(*teacher, rows_per_chunk, dtypes[1])
         soft_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         hard_rows = torch.empty_like(soft_rows) if with_hard else None
         grads, scaled, unscale = None, None, 1.0
         if any(needs):
-            grads = _GradientSums(x, weight, bias, needs, opts.accurate, ops.compute_dtype)
+            grads = GradientSums(x, weight, bias, needs, opts.accurate, ops.compute_dtype)
             scaled = factors()
             unscale = grads.dz_unscale(lambda: scaled.abs().max())
             scaled = scaled / unscale if unscale != 1.0 else scaled

@@ -54,9 +54,9 @@ import torch
 
 from . import _validate as v
 from ._autocast import compute_dtype_for
-from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes
-from ._flce.matmuls import _logits_chunk
-from ._flce.operands import _Operands
+from .chunks.gradient_sums import GradientSums, scaled_to_dtypes
+from .chunks.matmuls import logits_chunk
+from .chunks.operands import Operands
 from ._vocab_parallel import VocabShard
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -97,12 +97,12 @@ def chunk_buffers(x, weight, bias, seq_len: int, rows_per_chunk: int, target2, n
     """What :func:`sequence_logprobs` fills chunk by chunk: the operands, each chunk's ``lse`` and log-probs
     (float32, one chunk long), the per-sequence sums and the gradient sums (None when no gradient is wanted)."""
     n_seqs = x.shape[0] // seq_len
-    ops = _Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
+    ops = Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
     lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
     logp2 = None if target2 is None else torch.empty_like(logp)
     sums = torch.empty(n_seqs, dtype=torch.float32, device=x.device)
     sums2 = None if target2 is None else torch.empty_like(sums)
-    grads = _GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
+    grads = GradientSums(x, weight, bias, needs, accurate, compute_dtype) if any(needs) else None
     return ops, lse, logp, logp2, sums, sums2, grads
 
 
@@ -192,7 +192,7 @@ def sequence_logprobs(
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
         dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
-        otherwise underflow float16; the note in :mod:`kernels_lib._flce.gradient_sums`).
+        otherwise underflow float16; the note in :mod:`kernels_lib.chunks.gradient_sums`).
     """
     if token_coefficients is not None and (coefficients is not None or target2 is not None):
         raise ValueError("token_coefficients replaces coefficients and takes no target2")
@@ -207,7 +207,7 @@ def sequence_logprobs(
             n = rows.stop - rows.start
             seqs = slice(rows.start // seq_len, rows.stop // seq_len)
             y2 = None if target2 is None else target2[rows]
-            logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+            logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
             launch_token_logprobs(
                 logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
                 target2=y2, logp2=None if y2 is None else logp2[:n],

@@ -34,7 +34,7 @@ read by :class:`_FusedLinearCrossEntropyFunction`); each route and stage is a fi
 
 * no gradient, a plain ``mean``/``sum`` (no smoothing, z-loss, softcap, statistics or class weights),
   compiled: the loss from the logits GEMM's epilogue, no logits buffer at all
-  (:func:`_loss_in_epilogue`, :mod:`kernels_lib._flce.epilogue`);
+  (:func:`_loss_in_epilogue`, :mod:`kernels_lib.chunks.epilogue`);
 * class-major: the plain loss with a gradient, one chunk of ``N ≤ H`` rows, ``dW`` in the inputs' dtype, on Hopper: forward writes the logits transposed into the weight
   gradient's own buffer, backward forms the gradients there (:func:`_class_major_route_takes`,
   :mod:`kernels_lib._flce.class_major`);
@@ -48,12 +48,12 @@ read by :class:`_FusedLinearCrossEntropyFunction`); each route and stage is a fi
   :mod:`kernels_lib._vocab_parallel`); without a process group nothing of it runs.
 
 The shared stages: the arguments' checks (:mod:`kernels_lib._flce.validate`), the rows per chunk
-(:mod:`kernels_lib._flce.chunk_size`: ``H`` rows, at least 2048, halved while the logits buffer would
+(:mod:`kernels_lib.chunks.chunk_size`: ``H`` rows, at least 2048, halved while the logits buffer would
 exceed a quarter of the free memory), the operands and the logits buffer
-(:mod:`kernels_lib._flce.operands`), the GEMM helpers (:mod:`kernels_lib._flce.matmuls`), the sums of
+(:mod:`kernels_lib.chunks.operands`), the GEMM helpers (:mod:`kernels_lib.chunks.matmuls`), the sums of
 ``dx``, ``dW``, ``db`` over the chunks with ``accurate`` and float16's scaled ``dz``
-(:mod:`kernels_lib._flce.gradient_sums`), and the Triton launchers every route calls
-(:mod:`kernels_lib._flce.triton_backend`).
+(:mod:`kernels_lib.chunks.gradient_sums`), and the Triton launchers every route calls
+(:mod:`kernels_lib.chunks.triton_backend`).
 
 On a machine without CUDA the matmuls run in float32 (the kernels then run in Triton's
 interpreter); on CUDA they run in the input dtype with float32 accumulation inside cuBLAS.
@@ -80,14 +80,14 @@ import torch
 from . import _validate as v
 from . import _vocab_parallel as vp
 from ._autocast import compute_dtype_for
-from ._flce import triton_backend as backend
-from ._flce.chunk_size import default_chunk_size, lean_chunk_size
+from .chunks import triton_backend as backend
+from .chunks.chunk_size import default_chunk_size, lean_chunk_size
 from ._flce.chunked import _backward_recompute, chunked_forward
 from ._flce.class_major import _class_major_gradients, _class_major_logits
-from ._flce.epilogue import _epilogue_loss
-from ._flce.gradient_sums import _GradientSums, scaled_to_dtypes, unit_scale
-from ._flce.matmuls import matmul_dtype
-from ._flce.operands import _Operands
+from .chunks.epilogue import epilogue_loss
+from .chunks.gradient_sums import GradientSums, scaled_to_dtypes, unit_scale
+from .chunks.matmuls import matmul_dtype
+from .chunks.operands import Operands
 from ._flce.options import REDUCTIONS, _Options
 from ._flce.reduction import _factor_tensor, _normalizer, _reduce
 from ._flce.validate import _validate_num_items, _validate_options, _validate_tensors
@@ -95,7 +95,7 @@ from ._runtime import INTERPRETED
 from ._target_totals import target_totals
 
 #: What the callers (the package, tests, notebooks, scripts) import from here: the API, the route choice's dials,
-#: and the chunk sizes and dtype helpers defined in :mod:`kernels_lib._flce`.
+#: and the chunk sizes and dtype helpers defined in :mod:`kernels_lib.chunks` (and ``REDUCTIONS``, in :mod:`kernels_lib._flce`).
 __all__ = [
     "CrossEntropyOutput",
     "EPILOGUE_GEMM_WHEN_INTERPRETED",
@@ -183,7 +183,7 @@ def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
     return x_c.dtype in (torch.bfloat16, torch.float16) and backend.tma_unsupported_reason(x_c, w) is None
 
 
-def _class_major_route_takes(ops: "_Operands", weight: torch.Tensor, needs, accurate: bool,
+def _class_major_route_takes(ops: "Operands", weight: torch.Tensor, needs, accurate: bool,
                              chunk_size: int | None) -> bool:
     """Whether a plain loss with a gradient takes the class-major route (:func:`_class_major_gradients`):
     one chunk of at most ``H`` rows (within ``ops.chunk_size``); ``dW`` wanted, ``x``, ``W`` and the matmuls
@@ -204,12 +204,12 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         normalizer, weight_sum = counts
         if _loss_in_epilogue(opts, needs, class_weight, shard):
             with torch.autocast(x.device.type, enabled=False):
-                loss = _epilogue_loss(x, weight, bias, target, opts, compute_dtype)
+                loss = epilogue_loss(x, weight, bias, target, opts, compute_dtype)
             z_loss = torch.zeros_like(loss)
             ctx.mark_non_differentiable(z_loss)
             return _reduce(loss, opts.reduction, normalizer, shape), _reduce(z_loss, opts.reduction, normalizer, shape)
         with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
-            ops = _Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
+            ops = Operands(x, weight, bias, opts.chunk_size, compute_dtype, opts.pre_scale)
             n_rows = x.shape[0]
             lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
             stats = torch.empty((n_rows, 3), dtype=torch.float32, device=x.device) if opts.with_stats else None
@@ -224,7 +224,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                                                              exponentials=STORE_EXPONENTIALS)
                 result = (storage, x_c, ops.w, target, lse, scale, factors)
             else:
-                grads = _GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
+                grads = GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 result = chunked_forward(ops, grads, target, lse, loss, z_loss, stats, top1, scale, opts, class_weight,
                                          weight_sum, shard, plain, store_exponentials=STORE_EXPONENTIALS,
                                          epilogue_takes=_epilogue_gemm_takes)

@@ -157,7 +157,7 @@ DX_ARM = flce_studies.DX_BLOCK_ROWS_ARM
 #: The A/B arms: kernels_lib's default with these module constants ({module: {constant: value}}) set for its calls.
 ARMS = {LOGITS_ARM: {flce_module.__name__: {"STORE_EXPONENTIALS": False}},
         WIDE_ARM: wide_class_major.arm(rows_per_hidden=2),
-        DX_ARM: {"kernels_lib._flce.matmuls": {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}}
+        DX_ARM: {"kernels_lib.chunks.matmuls": {"DX_BLOCK_ROWS": flce_studies.DX_BLOCK_ROWS_BEFORE}}}
 
 
 def _arm(name: str, **sweep) -> pd.DataFrame:
@@ -470,7 +470,7 @@ def past_floor(size: dict, device: torch.device, rounds_path: Path | None = None
     the three matmuls alone) beside kernels_lib's default, in the frontier's alternating rounds, no dial:
     what :func:`kernels_workbench.bench.analysis.past_floor_targets` judges. Beside them the arm
     :data:`DX_ARM` (the stored exponentials' ``dx`` in blocks of the rows of before, 2048), the A/B of
-    :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS`. Every row carries ``matmul_tflops``: the better of two bf16
+    :data:`kernels_lib.chunks.matmuls.DX_BLOCK_ROWS`. Every row carries ``matmul_tflops``: the better of two bf16
     8192³ products through cuBLAS, one before the rounds and one after (NaN on a CPU), the square-product rate
     of the same run that :func:`kernels_workbench.bench.analysis.past_floor_rates` sets the floor's rate beside."""
     def run():

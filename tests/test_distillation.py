@@ -188,7 +188,7 @@ def test_jsd_beta_range_and_module_forms():
 
 def test_two_head_chunk_size_rule():
     from kernels_lib._distillation import MIN_TWO_HEAD_CHUNK_ROWS
-    from kernels_lib._flce.chunk_size import lean_chunk_size
+    from kernels_lib.chunks.chunk_size import lean_chunk_size
 
     assert kernels_lib.distillation.two_head_chunk_size(8192, 2048) == MIN_TWO_HEAD_CHUNK_ROWS, "the floor of the default"
     assert kernels_lib.distillation.two_head_chunk_size(1024, 2048) == 1024, "never more rows than the input has"
@@ -211,7 +211,7 @@ def test_default_chunk_is_two_head_chunk_size(monkeypatch, fn):
         seen.append(rows_per_chunk)
         raise Stop
 
-    monkeypatch.setattr(_distillation, "_Operands", spy)
+    monkeypatch.setattr(_distillation, "Operands", spy)
     t = make(n=3000, hs=8, ht=8, v=16)
     args = (t["student_x"], t["student_weight"], t["teacher_x"], t["teacher_weight"])
     kwargs = {"target": t["target"]}

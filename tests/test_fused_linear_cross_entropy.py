@@ -29,7 +29,7 @@ from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 # holds the route choice and its dials; the routes launch their kernels through flce_backend (a spy on
 # a stage goes there) and the class-major route's slab size is its own.
 flce_module = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
-flce_backend = importlib.import_module("kernels_lib._flce.triton_backend")
+flce_backend = importlib.import_module("kernels_lib.chunks.triton_backend")
 flce_class_major = importlib.import_module("kernels_lib._flce.class_major")
 
 DEVICE = default_device()

@@ -18,7 +18,7 @@ errors at float32 roundoff). NaN never passes. Every case's errors are appended 
 ``$KERNELS_LIB_ROUTE_ERRORS`` (a CSV) when that variable is set: the GPU target keeps them beside its
 run (``data/measured/gpu_runs/gpu_route_errors.csv``).
 
-The default chunk depends on the device's free memory at the call (``_flce.chunk_size``), and dW's error
+The default chunk depends on the device's free memory at the call (``chunks.chunk_size``), and dW's error
 in the parameter dtype grows with the number of chunks. Under the GPU target the neighbouring workers
 decide how much is free, so each case sees :data:`FREE_GIB` free, whatever the neighbours hold: its
 chunking is the one an idle card gives, the same on every run; a failure names the chunk it ran with.
@@ -43,7 +43,7 @@ from two_heads import poisoned_allocations  # noqa: F401  (a fixture)
 
 flce = importlib.import_module("kernels_lib.fused_linear_cross_entropy")  # the route choice and its dials
 flce_chunked = importlib.import_module("kernels_lib._flce.chunked")  # the chunked route
-flce_operands = importlib.import_module("kernels_lib._flce.operands")  # the default chunk's choice
+flce_operands = importlib.import_module("kernels_lib.chunks.operands")  # the default chunk's choice
 
 # One worker takes them all (pytest-xdist's loadgroup): the float64 references of the published shapes
 # take up to ~50 GB of GPU memory each, and the other workers share the GPU. (pytest 9.2 with xdist 3.8
@@ -115,7 +115,7 @@ class _RouteSpy:
     def __init__(self, monkeypatch):
         self.taken = set()
         for module, name, label in ((flce, "_class_major_logits", "class-major"),
-                                    (flce_chunked, "_logits_with_loss", "epilogue GEMM")):
+                                    (flce_chunked, "logits_with_loss", "epilogue GEMM")):
             original = getattr(module, name)
 
             def spy(*args, _original=original, _label=label, **kwargs):

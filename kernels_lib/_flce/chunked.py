@@ -1,10 +1,10 @@
 """The chunked route of the fused linear cross-entropy: the logits ``chunk_size`` rows at a time.
 
 Per chunk the logits are formed into the reused ``chunk_size × V`` buffer (cuBLAS's matmul, or on
-Hopper for a plain loss the epilogue GEMM of :mod:`kernels_lib._flce.epilogue`), the chunk kernel
+Hopper for a plain loss the epilogue GEMM of :mod:`kernels_lib.chunks.epilogue`), the chunk kernel
 (:mod:`kernels_lib.kernels.cross_entropy_chunk`, or on one vocabulary shard
 :mod:`kernels_lib._flce.vocab_parallel`) gives each row's lse and loss and overwrites the buffer with
-``dz``, and :class:`~kernels_lib._flce.gradient_sums._GradientSums` adds the chunk's three products.
+``dz``, and :class:`~kernels_lib.chunks.gradient_sums.GradientSums` adds the chunk's three products.
 
 * ``mean``/``sum`` (:func:`chunked_forward`): the gradient is known in forward, so all of the above
   happens there (three matmuls, the floor); backward only multiplies them in place by ``grad_output``,
@@ -15,7 +15,7 @@ Hopper for a plain loss the epilogue GEMM of :mod:`kernels_lib._flce.epilogue`),
   (a fourth matmul), running the kernel without its first pass.
 * Without a gradient (``torch.no_grad()`` or no input requiring grad) only the loss is computed.
 
-Memory: the logits buffer (:mod:`kernels_lib._flce.chunk_size`) and, with ``mean``/``sum``, the
+Memory: the logits buffer (:mod:`kernels_lib.chunks.chunk_size`) and, with ``mean``/``sum``, the
 gradients formed in forward and held until backward (``dx``, ``dW``, ``db``: the size of the inputs).
 """
 
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from . import triton_backend as backend
-from .epilogue import _logits_with_loss
-from .gradient_sums import _GradientSums, to_dtypes
-from .matmuls import _logits_chunk
-from .operands import _Operands
+from ..chunks import triton_backend as backend
+from ..chunks.epilogue import logits_with_loss
+from ..chunks.gradient_sums import GradientSums, to_dtypes
+from ..chunks.matmuls import logits_chunk
+from ..chunks.operands import Operands
 from .vocab_parallel import _vocab_parallel_chunk
 
 
@@ -36,7 +36,7 @@ def _max_weight(class_weight: torch.Tensor | None):
     return 1.0 if class_weight is None else class_weight.abs().max()
 
 
-def chunked_forward(ops: _Operands, grads: _GradientSums | None, target, lse, loss, z_loss, stats, top1,
+def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss, z_loss, stats, top1,
                     scale: torch.Tensor, opts, class_weight, weight_sum, shard, plain: bool, *,
                     store_exponentials: bool, epilogue_takes):
     """Forward of the chunked route, chunk by chunk: each row's ``lse`` and ``loss`` (and ``z_loss``,
@@ -48,7 +48,7 @@ def chunked_forward(ops: _Operands, grads: _GradientSums | None, target, lse, lo
     ``grads.result()`` (None without ``grads``)."""
     fuse_grad = grads is not None
     # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
-    # (see :mod:`kernels_lib._flce.gradient_sums`); class weights multiply a row's factor by up to max |w|.
+    # (see :mod:`kernels_lib.chunks.gradient_sums`); class weights multiply a row's factor by up to max |w|.
     if fuse_grad:
         unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
         scale = scale / unscale
@@ -65,16 +65,16 @@ def chunked_forward(ops: _Operands, grads: _GradientSums | None, target, lse, lo
             epilogue = plain and epilogue_takes(x_c, ops.w)
         if epilogue and exponentials:
             # The GEMM stores the shifted exponentials: no pass over them, the factors on x and dx.
-            e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
-                                           exponentials=True)
+            e, factors = logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts,
+                                          exponentials=True)
             grads.add_exponentials(e, factors, scale, x_c, ops.w, rows)
             continue
         if epilogue:
             # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
-            logits, _ = _logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
+            logits, _ = logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
             chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
         else:
-            logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+            logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
             chunk(
                 logits,
                 target[rows],
@@ -107,8 +107,8 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
 
     scale, entropy_scale = row_factors(grad_output), None if grad_entropy is None else row_factors(grad_entropy)
     with torch.autocast(x.device.type, enabled=False):
-        ops = _Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
-        grads = _GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
+        ops = Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
+        grads = GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
 
         def peak():  # float16: the largest |grad_output · pre · w| (and |grad_entropy · pre|) to [1, 2)
             peak = scale.abs().max() * _max_weight(class_weight)

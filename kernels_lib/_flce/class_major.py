@@ -3,7 +3,7 @@ r"""The class-major route of the fused linear cross-entropy: the logits inside t
 For a plain loss with a gradient in one chunk of ``N ≤ H`` rows (``dW`` in the inputs' dtype: the
 published N = 4096 at H = 4096; the choice is
 :func:`kernels_lib.fused_linear_cross_entropy._class_major_route_takes`),
-forward's epilogue GEMM (:mod:`kernels_lib._flce.epilogue`) writes the logits transposed into the
+forward's epilogue GEMM (:mod:`kernels_lib.chunks.epilogue`) writes the logits transposed into the
 weight gradient's own buffer and gives the loss (:func:`_class_major_logits`); backward forms ``dz``
 there in place with the upstream gradient in its factor (:mod:`kernels_lib.kernels.class_major_gradient`),
 then ``dx`` and ``dW``, ``dW`` slab by slab over the logits already read (:func:`_class_major_gradients`).
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from . import triton_backend as backend
-from .epilogue import _logits_with_loss
-from .matmuls import _scaled_product_into
-from .operands import _Operands
+from ..chunks import triton_backend as backend
+from ..chunks.epilogue import logits_with_loss
+from ..chunks.matmuls import scaled_product_into
+from ..chunks.operands import Operands
 from .options import _Options
 
 
@@ -36,7 +36,7 @@ from .options import _Options
 CLASS_MAJOR_SLAB_ROWS = 8448
 
 
-def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options, *, exponentials: bool):
+def _class_major_logits(ops: "Operands", target, lse, loss, opts: _Options, *, exponentials: bool):
     r"""Forward of the class-major route: the logits inside the weight gradient's buffer, the loss.
 
     ``dW`` (``V × H``) will take the first ``V·H`` elements of a buffer of ``V·max(N, H) + S·H`` (``S`` =
@@ -52,8 +52,8 @@ def _class_major_logits(ops: "_Operands", target, lse, loss, opts: _Options, *, 
     x_c = ops.operand(slice(0, n_rows))
     storage = torch.empty(n_cols * max(n_rows, hidden) + min(CLASS_MAJOR_SLAB_ROWS, n_cols) * hidden,
                           dtype=ops.w.dtype, device=x_c.device)
-    _, factors = _logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
-                                   exponentials=exponentials)
+    _, factors = logits_with_loss(_class_major_view(storage, n_cols, n_rows).t(), x_c, ops, target, lse, loss, opts,
+                                  exponentials=exponentials)
     return storage, x_c, factors
 
 
@@ -75,7 +75,7 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
     three matmuls; for ``N > H`` the buffer is the logits' ``V·N`` + ``S·H``, and ``dW`` reuses it.
     ``dW`` is the first ``V·H`` elements of ``storage``; ``db`` in ``dtypes[2]``.
 
-    With ``factors`` (:func:`_logits_with_loss`) the buffer holds the shifted exponentials
+    With ``factors`` (:func:`logits_with_loss`) the buffer holds the shifted exponentials
     :math:`\tilde e^\top` instead, and no kernel touches it: ``dz = diag(r) ẽ``, ``r = factor · factors``,
     so ``dx = diag(r) (ẽ W)``, ``db = ẽᵀ r`` and the slabs read ``diag(r) x``."""
     n_rows, hidden = x_c.shape
@@ -92,7 +92,7 @@ def _class_major_gradients(storage, x_c, w, target, lse, factor, ignore_index: i
         dx = torch.mm(z_t.t(), w)
     elif need_x:
         dx = torch.empty((n_rows, hidden), dtype=w.dtype, device=w.device)
-        _scaled_product_into(dx, z_t.t(), w, factors, factor)
+        scaled_product_into(dx, z_t.t(), w, factors, factor)
     db = None
     if need_b:
         db = z_t.sum(1, dtype=torch.float32) if factors is None else torch.mv(z_t, (factors * factor).to(z_t.dtype))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import _vocab_parallel as vp
-from . import triton_backend as backend
+from ..chunks import triton_backend as backend
 
 
 def _vocab_parallel_chunk(shard: vp.VocabShard):

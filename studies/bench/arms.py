@@ -1,7 +1,7 @@
 """An A/B arm: kernels_lib's default with some module constants set for the calls inside, put back after.
 
 A route or a block size that is not yet the default lives behind a module constant (the fused CE's
-``STORE_EXPONENTIALS`` and ``CLASS_MAJOR_ROWS_PER_HIDDEN``, ``_flce.matmuls.DX_BLOCK_ROWS``, the sequence
+``STORE_EXPONENTIALS`` and ``CLASS_MAJOR_ROWS_PER_HIDDEN``, ``chunks.matmuls.DX_BLOCK_ROWS``, the sequence
 losses' ``STORE_EXPONENTIALS``), so that the measured arm runs exactly the code a user would get once the
 constant's default changes. The A/B scripts (``studies/flce_frontier.py``'s arms,
 :mod:`.sequence_exponentials_ab`) set them through :func:`constants_set`, as a test's monkeypatch would.

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 import torch
 
-from kernels_lib._flce.matmuls import _addmm_into
+from kernels_lib.chunks.matmuls import addmm_into
 from kernels_lib.fused_linear_cross_entropy import default_chunk_size, matmul_dtype
 from kernels_lib.kernels.cross_entropy_chunk import launch_cross_entropy_chunk
 from kernels_lib.kernels.logits_logsumexp import launch_logits_logsumexp, logits_logsumexp
@@ -79,7 +79,7 @@ WIDE_CLASS_MAJOR_ARM = "kernels_lib[class_major_rows_per_hidden=2]"
 #: The arm's name in the runs made while the default was 2: the chunked route.
 WIDE_CLASS_MAJOR_ARM_BEFORE = "kernels_lib[class_major_rows_per_hidden=1]"
 #: The other arm of the ``dx`` block A/B (``studies/flce_frontier.py --parts past_floor``): the default with
-#: :data:`kernels_lib._flce.matmuls.DX_BLOCK_ROWS` at its value of before, each float32 ``dx`` product
+#: :data:`kernels_lib.chunks.matmuls.DX_BLOCK_ROWS` at its value of before, each float32 ``dx`` product
 #: twice the rows (and bytes) of today's.
 DX_BLOCK_ROWS_BEFORE = 2048
 DX_BLOCK_ROWS_ARM = f"kernels_lib[dx_block_rows={DX_BLOCK_ROWS_BEFORE}]"
@@ -290,7 +290,7 @@ def stage_times(sizes: dict, dtype: torch.dtype, device, *, chunk_size: int | No
     stages = [
         *first,
         ("dx_c = dz W", dx_matmul, 2.0 * chunk * h * v),
-        ("dW += dzᵀ x_c", lambda: _addmm_into(acc, buffer.t(), x_c, max_temp_numel=buffer.numel()), 2.0 * chunk * h * v),
+        ("dW += dzᵀ x_c", lambda: addmm_into(acc, buffer.t(), x_c, max_temp_numel=buffer.numel()), 2.0 * chunk * h * v),
     ]
     n_chunks = math.ceil(n / chunk)
     rows = []

@@ -3,7 +3,7 @@ r"""The A/B of the stored exponentials' ``dx``: the Gluon kernel against the cuB
 :func:`scaled_product_ab` times, per chunk of ``C`` rows, three ways to form
 :math:`\mathrm{out} = \mathrm{diag}(u g)\,(\tilde E W)` (``C × V`` times ``V × H``, rounded once):
 
-- **baseline**: :func:`kernels_lib._flce.matmuls._scaled_product_into`, the chunked route's path today:
+- **baseline**: :func:`kernels_lib.chunks.matmuls.scaled_product_into`, the chunked route's path today:
   cuBLAS's float32 product, ``DX_BLOCK_ROWS`` rows at a time (recorded in the ``dx_block_rows``
   column: it has been 1024 and 2048), then a Triton kernel scaling the rows and rounding;
 - **cuBLAS bare**: ``torch.mm(E, W, out=)`` into a buffer of the input dtype, no factors: the floor, what
@@ -27,13 +27,13 @@ import math
 import pandas as pd
 import torch
 
-from kernels_lib._flce import matmuls
+from kernels_lib.chunks import matmuls
 from studies.kernels import gluon_scaled_product as gluon_product
 from kernels_workbench.check import relative_error
 from kernels_workbench.bench.environment import provenance
 from kernels_workbench.bench.timing import time_callable
 
-BASELINE = "baseline _scaled_product_into"
+BASELINE = "baseline scaled_product_into"
 CUBLAS = "cuBLAS bare torch.mm (no factors)"
 
 
@@ -90,7 +90,7 @@ def scaled_product_ab(chunks=(1024, 2048, 4096), H: int = 4096, V: int = 128256,
         outputs = {}  # candidate -> (its output buffer, the call, its reference)
         failed: dict[str, tuple[str, dict | None]] = {}
         baseline_out = torch.empty(n_rows, H, dtype=dtype, device=device)
-        outputs[BASELINE] = (baseline_out, lambda: matmuls._scaled_product_into(baseline_out, e, w, factors, scale),
+        outputs[BASELINE] = (baseline_out, lambda: matmuls.scaled_product_into(baseline_out, e, w, factors, scale),
                              ref, None)
         cublas_out = torch.empty(n_rows, H, dtype=dtype, device=device)
         outputs[CUBLAS] = (cublas_out, lambda: torch.mm(e, w, out=cublas_out), ref_product, None)

@@ -14,7 +14,7 @@ device (the reduction's scale), the chunk's input gradient
 
 with the sum accumulated in float32 by the tensor cores (``wgmma``), the factor :math:`u_i g` applied to
 the float32 accumulator, and :math:`\mathrm{rnd}` **one** rounding to ``out``'s dtype (bf16, fp16, or
-none for float32). It is :func:`~kernels_lib._flce.matmuls._scaled_product_into` in one kernel.
+none for float32). It is :func:`~kernels_lib.chunks.matmuls.scaled_product_into` in one kernel.
 
 Why Gluon
 ---------

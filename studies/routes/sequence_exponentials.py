@@ -2,10 +2,10 @@ r"""The stored-exponentials route of the sequence losses (DPO, ORPO, CPO, SimPO,
 :func:`kernels_lib._sequence_logprobs.sequence_logprobs` that takes it, put in place for an A/B arm's calls.
 
 A chunk's logits come from the fused cross-entropy's epilogue GEMM, which gives each row's lse and target
-logit as it goes and stores the shifted exponentials ``ẽ`` (:func:`kernels_lib._flce.epilogue._logits_with_loss`),
+logit as it goes and stores the shifted exponentials ``ẽ`` (:func:`kernels_lib.chunks.epilogue.logits_with_loss`),
 so the stats pass and the gradient pass over the ``chunk × V`` buffer both go. A token's log-prob is
 ``−(lse − c_y)``, and with ``dz = w (onehot(y) − p) = −w · diag(u) ẽ`` the weights join the row factors ``u``
-on ``x`` and ``dx`` (:meth:`~kernels_lib._flce.gradient_sums._GradientSums.add_exponentials`), as the fused
+on ``x`` and ``dx`` (:meth:`~kernels_lib.chunks.gradient_sums.GradientSums.add_exponentials`), as the fused
 cross-entropy's default route does at its matmul floor. Taken where that route would be: one target, no
 entropy, no vocabulary shard, a gradient wanted, 16-bit operands other than float16 that the epilogue GEMM
 takes (Hopper; in Triton's interpreter when
@@ -29,8 +29,8 @@ from typing import NamedTuple
 import torch
 
 from kernels_lib._autocast import compute_dtype_for
-from kernels_lib._flce.epilogue import _epilogue_loss, _logits_with_loss
-from kernels_lib._flce.matmuls import _logits_chunk
+from kernels_lib.chunks.epilogue import epilogue_loss, logits_with_loss
+from kernels_lib.chunks.matmuls import logits_chunk
 from kernels_lib._sequence_logprobs import (Coefficients, TokenCoefficients, chunk_buffers, chunk_weights,
                                             keep_chunk_logprobs, two_pass_gradient)
 from kernels_lib._vocab_parallel import VocabShard
@@ -52,7 +52,7 @@ TAKE_NO_GRAD = True
 
 
 class _IgnoreIndex(NamedTuple):
-    """What :func:`~kernels_lib._flce.epilogue._logits_with_loss` and ``_epilogue_loss`` read of the fused
+    """What :func:`~kernels_lib.chunks.epilogue.logits_with_loss` and ``epilogue_loss`` read of the fused
     CE's options."""
 
     ignore_index: int
@@ -117,7 +117,7 @@ def sequence_logprobs(
         ``(dx, dW, db)`` (None where not needed) or None when nothing is needed; in the inputs'
         dtypes, or float32 where the head runs in float16: there each chunk's ``dz`` is formed at a power-of-two
         scale that brings its largest weight to [1, 2), undone in float32 (``w ≈ β/(n·T)·p`` would
-        otherwise underflow float16; the note in :mod:`kernels_lib._flce.gradient_sums`).
+        otherwise underflow float16; the note in :mod:`kernels_lib.chunks.gradient_sums`).
     """
     if token_coefficients is not None and (coefficients is not None or target2 is not None):
         raise ValueError("token_coefficients replaces coefficients and takes no target2")
@@ -131,7 +131,7 @@ def sequence_logprobs(
         route = _route_applies(target2, token_entropy, shard)
         epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
         if route and TAKE_NO_GRAD and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
-            every_logp = -_epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
+            every_logp = -epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
             if token_logps is not None:
                 token_logps.copy_(every_logp)
             return every_logp.view(n_seqs, seq_len).sum(1), None, None
@@ -147,11 +147,11 @@ def sequence_logprobs(
                 exponentials = route and TAKE_GRAD and _exponentials_route(x_c, ops.w, grads)
             if exponentials:
                 # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
-                e, factors = _logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
-                                               exponentials=True)
+                e, factors = logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
+                                              exponentials=True)
                 logp[:n].neg_()  # lse − c_y (0 at ignored rows) → the log-prob
             else:
-                logits = _logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+                logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
                 launch_token_logprobs(
                     logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
                     target2=y2, logp2=None if y2 is None else logp2[:n],

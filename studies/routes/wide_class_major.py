@@ -5,7 +5,7 @@ in one chunk of ``N ≤ H`` rows: forward writes the logits transposed into the 
 and defers the gradients to backward. With ``chunk_size`` left to the default, this study's predicate
 (:func:`route_takes`) also gives it one chunk of up to ``k·H`` rows where the ``V × N`` logits fit the
 default chunk's share of free memory
-(:data:`~kernels_lib._flce.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H``
+(:data:`~kernels_lib.chunks.chunk_size.DEFAULT_CHUNK_FREE_FRACTION`): the buffer then holds ``V·N + S·H``
 elements instead of ``(V + S)·H``, and forward defers the gradients as at ``N ≤ H`` instead of forming
 them chunk by chunk. The library's class-major code already sizes its buffer by ``max(N, H)``; only the
 predicate differs.
@@ -25,7 +25,7 @@ import importlib
 
 import torch
 
-from kernels_lib._flce.chunk_size import _within_free_share
+from kernels_lib.chunks.chunk_size import within_free_share
 
 #: The fused cross-entropy's module (the package's attribute of that name is the function).
 FLCE = importlib.import_module("kernels_lib.fused_linear_cross_entropy")
@@ -40,7 +40,7 @@ def route_takes(rows_per_hidden: int):
         n_rows, hidden = ops.x.shape
         fits = n_rows <= min(ops.chunk_size, hidden)
         if not fits and chunk_size is None and hidden < n_rows <= rows_per_hidden * hidden:
-            fits = _within_free_share(n_rows, ops.w.shape[0], ops.w.element_size(), ops.free_bytes)
+            fits = within_free_share(n_rows, ops.w.shape[0], ops.w.element_size(), ops.free_bytes)
         return (needs[1] and fits and not accurate
                 and ops.x.dtype == weight.dtype == ops.w.dtype != torch.float16
                 and FLCE._epilogue_gemm_takes(ops.operand(slice(0, 1)), ops.w))

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from kernels_lib._flce import matmuls
+from kernels_lib.chunks import matmuls
 from kernels_workbench import data
 from studies.bench import flce_studies
 from studies.bench.arms import constants_set
@@ -26,7 +26,7 @@ def test_an_arm_sets_its_constants_for_the_calls_inside_and_puts_them_back():
         with constants_set(settings):
             raise RuntimeError("inside")
     assert (matmuls.DX_BLOCK_ROWS, flce_module.STORE_EXPONENTIALS) == (rows, store)
-    with pytest.raises(AttributeError, match="kernels_lib._flce.matmuls has no constant DX_BLOCK_ROW to set"):
+    with pytest.raises(AttributeError, match="kernels_lib.chunks.matmuls has no constant DX_BLOCK_ROW to set"):
         with constants_set({flce_module.__name__: {"STORE_EXPONENTIALS": not store}, matmuls.__name__: {"DX_BLOCK_ROW": 1}}):
             pass
     assert flce_module.STORE_EXPONENTIALS == store

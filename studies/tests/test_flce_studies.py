@@ -216,7 +216,7 @@ def _check_past_floor(script, out: Path, torch_lce: set) -> None:
     dial = {flce.variant_name({"chunk_size": c, "accurate": False}) for c in script.SIZES["small"]["chunks"]}
     past = pd.read_csv(out / script.FILES["past_floor"])
     assert {"kernels_lib", "torch", flce.FLOOR, script.DX_ARM} | torch_lce <= set(past.kernel_provider) and not set(past.kernel_provider) & dial
-    from kernels_lib._flce import matmuls
+    from kernels_lib.chunks import matmuls
 
     assert matmuls.DX_BLOCK_ROWS != flce_studies.DX_BLOCK_ROWS_BEFORE  # the arm's constant put back after its sweep
     judged = study_analysis.past_floor_targets(past)

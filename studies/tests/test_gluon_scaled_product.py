@@ -9,7 +9,7 @@ runs at tiny sizes, with the Gluon rows saying why they were skipped.
 
 On the H200 (marker ``gpu``): its ``diag(r) (E W)`` against float64 from the very (rounded) inputs,
 within 1.05× the baseline's own error (cuBLAS's float32 product, then one rounding:
-``kernels_lib._flce.matmuls._scaled_product_into``) on the same inputs, at odd shapes (C = 1, 777,
+``kernels_lib.chunks.matmuls.scaled_product_into``) on the same inputs, at odd shapes (C = 1, 777,
 V = 50257 with E's rows padded to a 16-byte stride, H = 2056), factors negative and zero, ``out``
 poisoned with NaN, ``out`` a row slice of a larger tensor whose other rows stay untouched, NaN kept to
 its row.
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib._flce import matmuls
+from kernels_lib.chunks import matmuls
 from studies.kernels import gluon_scaled_product as g
 from studies.bench import gluon_scaled_product_ab as ab
 from kernels_workbench.check import relative_error
@@ -51,7 +51,7 @@ print("RESULT" + json.dumps(out))
 
 COMPILE_CASES = [dict(dtype=dtype, out_dtype=dtype, config=config)
                  for dtype in ("bfloat16", "float16") for config in g.CONFIGS]
-# fp16 inputs whose dx stays float32 until grad_output is applied (kernels_lib._flce.gradient_sums)
+# fp16 inputs whose dx stays float32 until grad_output is applied (kernels_lib.chunks.gradient_sums)
 COMPILE_CASES.append(dict(dtype="float16", out_dtype="float32", config=g.CONFIGS[0]))
 
 
@@ -196,7 +196,7 @@ def _operands(n_rows, hidden, vocab, dtype, seed, pad_rows=False):
 def _check_against_baseline(out, e, w, factors, scale, margin=1.05):
     _, ref = ab.float64_references(e, w, factors, scale)
     baseline = torch.empty_like(out)
-    matmuls._scaled_product_into(baseline, e.contiguous(), w, factors, scale)
+    matmuls.scaled_product_into(baseline, e.contiguous(), w, factors, scale)
     mine, theirs = relative_error(out, ref), relative_error(baseline, ref)
     assert math.isfinite(mine), "the Gluon kernel left NaN (an unwritten or wrongly read element)"
     assert mine <= margin * theirs + 1e-6, (mine, theirs)
@@ -231,7 +231,7 @@ def test_each_variant_matches_float64(variant):
 
 @pytest.mark.gpu
 def test_float32_out_rounds_nothing():
-    """fp16 inputs whose dx stays float32 (kernels_lib._flce.gradient_sums): the only error is the tensor
+    """fp16 inputs whose dx stays float32 (kernels_lib.chunks.gradient_sums): the only error is the tensor
     cores' float32 accumulation over K = V, as in cuBLAS's float32 product scaled in float32, at a shape
     where cuBLAS runs one chain over K per tile as the kernel does (on the H200 at C = 2048, H = 4096,
     V = 32768 both had 3.85e-5). With few output tiles cuBLAS splits K and adds the parts: at

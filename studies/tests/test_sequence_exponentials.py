@@ -24,7 +24,7 @@ import test_fused_linear_grpo as grpo
 import test_fused_linear_kto as kto
 import test_fused_linear_orpo as orpo
 from kernels_lib import _sequence_logprobs as library
-from kernels_lib._flce import epilogue
+from kernels_lib.chunks import epilogue
 from studies.routes import sequence_exponentials as seq
 
 #: The library's own function, kept before any test puts the route in its callers' place.
@@ -50,15 +50,15 @@ def _take_route(monkeypatch, parts=seq.PARTS):
 
     def spy(*args, **kwargs):
         taken.append(kwargs.get("exponentials", False))
-        return epilogue._logits_with_loss(*args, **kwargs)
+        return epilogue.logits_with_loss(*args, **kwargs)
 
     def spy_no_grad(*args, **kwargs):
         NO_GRAD_CALLS.append(args[0].shape)
-        return epilogue._epilogue_loss(*args, **kwargs)
+        return epilogue.epilogue_loss(*args, **kwargs)
 
     NO_GRAD_CALLS.clear()
-    monkeypatch.setattr(seq, "_logits_with_loss", spy)
-    monkeypatch.setattr(seq, "_epilogue_loss", spy_no_grad)
+    monkeypatch.setattr(seq, "logits_with_loss", spy)
+    monkeypatch.setattr(seq, "epilogue_loss", spy_no_grad)
     return taken
 
 

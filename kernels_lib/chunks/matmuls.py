@@ -1,10 +1,10 @@
 """The GEMM helpers of the fused linear cross-entropy: the logits chunk, in-place products, mixed dtypes.
 
-Every matmul of the routes goes through these: :func:`_logits_chunk` forms ``pre · (x_c W^T + b)`` into
-the reused buffer (the factor on the matmul's alpha/beta, no extra pass); :func:`_matmul_into` and
-:func:`_addmm_into` write ``dx`` and accumulate ``dW``/``db`` in place, in the accumulator's dtype,
+Every matmul of the routes goes through these: :func:`logits_chunk` forms ``pre · (x_c W^T + b)`` into
+the reused buffer (the factor on the matmul's alpha/beta, no extra pass); :func:`matmul_into` and
+:func:`addmm_into` write ``dx`` and accumulate ``dW``/``db`` in place, in the accumulator's dtype,
 without a temporary where cuBLAS can read and write it directly (a float32 sum from half operands);
-:func:`_scaled_product_into` is the stored exponentials' ``dx``, ``diag(r) (ẽ W)`` rounded once, in
+:func:`scaled_product_into` is the stored exponentials' ``dx``, ``diag(r) (ẽ W)`` rounded once, in
 blocks of :data:`DX_BLOCK_ROWS` rows.
 
 On a machine without CUDA the matmuls run in float32 (:func:`matmul_dtype`; the kernels then run in
@@ -24,7 +24,7 @@ def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if INTERPRETED else dtype
 
 
-def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``out = a @ b``, written in place when the dtypes agree (else through a temporary)."""
     if out.dtype == a.dtype:
         torch.matmul(a, b, out=out)
@@ -32,7 +32,7 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         out.copy_(a @ b)
 
 
-#: Rows of ``dx`` formed per float32 product on the stored-exponentials routes (:func:`_scaled_product_into`):
+#: Rows of ``dx`` formed per float32 product on the stored-exponentials routes (:func:`scaled_product_into`):
 #: at ``H = 4096`` a 16 MiB temporary, against ``N × H × 4`` bytes for the whole product at once. The
 #: temporary is alive at ``full``'s peak (the chunk's exponentials, ``dx`` and ``dW`` beside it), so halving
 #: it keeps that peak at or under torch's ``F.linear_cross_entropy``'s
@@ -41,8 +41,8 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 DX_BLOCK_ROWS = 1024
 
 
-def _scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, factors: torch.Tensor,
-                         scale: torch.Tensor) -> None:
+def scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, factors: torch.Tensor,
+                        scale: torch.Tensor) -> None:
     r"""``out = diag(factors · scale) (e W)``, rounded once to ``out``'s dtype: the stored exponentials'
     ``dx`` (:mod:`kernels_lib.kernels.shifted_exponentials`).
 
@@ -58,12 +58,12 @@ def _scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, fa
             product = torch.mm(e[rows], w, out_dtype=torch.float32)
             backend.launch_scale_rows(product, factors[rows], scale, out=out[rows])
         return
-    _matmul_into(out, e, w)
+    matmul_into(out, e, w)
     backend.launch_scale_rows(out, factors, scale, out=out)
 
 
-def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0,
-                first: bool = False) -> None:
+def addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_numel: int, alpha: float = 1.0,
+               first: bool = False) -> None:
     """``acc += alpha · (a @ b)`` in ``acc``'s dtype; with ``first``, ``acc = alpha · (a @ b)`` (its old
     contents, uninitialized memory included, are not read: ``beta = 0``).
 
@@ -88,7 +88,7 @@ def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, max_temp_nu
             acc[start : start + step].add_(product, alpha=alpha)
 
 
-def _logits_chunk(buffer: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, pre: float = 1.0):
+def logits_chunk(buffer: torch.Tensor, x_c: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, pre: float = 1.0):
     """``pre · (x_c W^T + b)`` written into the first ``len(x_c)`` rows of ``buffer`` (the factor
     rides on the matmul's alpha/beta: no extra pass); returns that view."""
     out = buffer[: x_c.shape[0]]

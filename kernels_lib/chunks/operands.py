@@ -1,8 +1,8 @@
 """The operands of the fused linear cross-entropy: the inputs cast once, the chunks, the logits buffer.
 
-:class:`_Operands` rounds ``W`` and ``b`` to the head's dtype once per call (the autocast dtype for
+:class:`Operands` rounds ``W`` and ``b`` to the head's dtype once per call (the autocast dtype for
 float32 inputs, then float32 when interpreted), each chunk of ``x`` as it comes, picks the chunk size
-(:mod:`kernels_lib._flce.chunk_size`) and allocates the one ``chunk_size × V`` logits buffer every
+(:mod:`kernels_lib.chunks.chunk_size`) and allocates the one ``chunk_size × V`` logits buffer every
 chunk reuses, at the first chunk (a route that forms no chunks, the class-major one, allocates none).
 Its memory is that buffer and the cast copies of ``W`` and ``b`` where the dtype changes.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from .chunk_size import default_chunk_size, free_device_bytes
-from .matmuls import _logits_chunk, matmul_dtype
+from .matmuls import logits_chunk, matmul_dtype
 
 
-def _chunks(n_rows: int, chunk_size: int):
+def chunk_slices(n_rows: int, chunk_size: int):
     return (slice(start, min(start + chunk_size, n_rows)) for start in range(0, n_rows, chunk_size))
 
 
-class _Operands:
+class Operands:
     """The inputs cast once to the matmul dtype, the chunking, and the reused logits buffer.
 
     ``compute_dtype`` (default: x's) is the dtype the head runs in, e.g. the autocast dtype for
@@ -49,11 +49,11 @@ class _Operands:
         ``chunk_size × V`` buffer, the logits not yet formed."""
         if self.buffer is None:
             self.buffer = torch.empty((self.chunk_size, self.w.shape[0]), dtype=self.w.dtype, device=self.x.device)
-        for rows in _chunks(self.x.shape[0], self.chunk_size):
+        for rows in chunk_slices(self.x.shape[0], self.chunk_size):
             x_c = self.operand(rows)
             yield rows, x_c, self.buffer[: x_c.shape[0]]
 
     def __iter__(self):
         """Yield ``(rows, x_c, logits_c)`` chunk by chunk, the logits formed by cuBLAS into the buffer."""
         for rows, x_c, buffer in self.chunks():
-            yield rows, x_c, _logits_chunk(buffer, x_c, self.w, self.b, self.pre)
+            yield rows, x_c, logits_chunk(buffer, x_c, self.w, self.b, self.pre)

@@ -1,6 +1,6 @@
 """The gradient sums of the fused linear cross-entropy: ``dx`` per chunk, ``dW`` and ``db`` over the chunks.
 
-:class:`_GradientSums` takes each chunk's ``dz`` (or its stored exponentials and row factors) and adds
+:class:`GradientSums` takes each chunk's ``dz`` (or its stored exponentials and row factors) and adds
 its three products: ``dx_c = dz W``, ``dW += dz^T x_c``, ``db += Σ dz``, the first chunk writing
 rather than adding (no zeroing pass). :func:`scaled_to_dtypes` hands gradients formed in forward out
 of backward, times ``grad_output`` read on the device. The chunked route, the distillation and the
@@ -37,7 +37,7 @@ import math
 import torch
 
 from . import triton_backend as backend
-from .matmuls import _addmm_into, _matmul_into, _scaled_product_into
+from .matmuls import addmm_into, matmul_into, scaled_product_into
 
 
 def unit_scale(peak: float) -> float:
@@ -48,7 +48,7 @@ def unit_scale(peak: float) -> float:
     return 2.0 ** -math.floor(math.log2(peak))
 
 
-class _GradientSums:
+class GradientSums:
     """``dx`` per chunk, ``dW`` and ``db`` summed over chunks, from each chunk's ``dz`` (the first chunk
     writes them, the others add: every row lies in exactly one chunk, so at least one chunk comes).
 
@@ -83,11 +83,11 @@ class _GradientSums:
         """Add the contribution of one chunk whose buffer holds ``dz / unscale``:
         ``dx[rows] = unscale · dz W``, ``dW += unscale · dzᵀ x_c``, ``db += unscale · Σ dz``."""
         if self.dx is not None:
-            _matmul_into(self.dx[rows], dz, w)
+            matmul_into(self.dx[rows], dz, w)
             if unscale != 1.0:
                 self.dx[rows].mul_(unscale)
         if self.dw is not None:
-            _addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel(), alpha=unscale, first=self.first)
+            addmm_into(self.dw, dz.t(), x_c, max_temp_numel=dz.numel(), alpha=unscale, first=self.first)
         if self.db is not None:
             column_sums = dz.sum(0, dtype=torch.float32)
             if self.first:
@@ -99,17 +99,17 @@ class _GradientSums:
     def add_exponentials(self, e: torch.Tensor, factors: torch.Tensor, scale: torch.Tensor, x_c: torch.Tensor,
                          w: torch.Tensor, rows: slice) -> None:
         """Add the contribution of one chunk whose buffer holds the shifted exponentials ``ẽ``, with
-        ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`~kernels_lib._flce.epilogue._logits_with_loss`):
+        ``dz = diag(r) ẽ``, ``r = scale · factors`` (:func:`~kernels_lib.chunks.epilogue.logits_with_loss`):
         ``dx[rows] = diag(r) (ẽ W)``, ``dW += ẽᵀ (diag(r) x_c)``, ``db += ẽᵀ r``; the factors never touch
         the ``N × V`` buffer."""
         if self.dx is not None:
-            _scaled_product_into(self.dx[rows], e, w, factors, scale)
+            scaled_product_into(self.dx[rows], e, w, factors, scale)
         if self.dw is not None:
-            _addmm_into(self.dw, e.t(), backend.launch_scale_rows(x_c, factors, scale), max_temp_numel=e.numel(),
-                        first=self.first)
+            addmm_into(self.dw, e.t(), backend.launch_scale_rows(x_c, factors, scale), max_temp_numel=e.numel(),
+                       first=self.first)
         if self.db is not None:
-            _addmm_into(self.db.view(1, -1), (factors * scale).to(e.dtype).view(1, -1), e, max_temp_numel=e.numel(),
-                        first=self.first)
+            addmm_into(self.db.view(1, -1), (factors * scale).to(e.dtype).view(1, -1), e, max_temp_numel=e.numel(),
+                       first=self.first)
         self.first = False
 
     def result(self):

@@ -1,8 +1,8 @@
 """The Triton backend of the fused linear cross-entropy: the launchers every route calls, by stage.
 
 The routes (:mod:`kernels_lib._flce.chunked`, :mod:`~kernels_lib._flce.class_major`,
-:mod:`~kernels_lib._flce.epilogue`, :mod:`~kernels_lib._flce.vocab_parallel`) and the shared stages
-(:mod:`~kernels_lib._flce.matmuls`, :mod:`~kernels_lib._flce.gradient_sums`) launch no kernel by
+:mod:`~kernels_lib.chunks.epilogue`, :mod:`~kernels_lib._flce.vocab_parallel`) and the shared stages
+(:mod:`~kernels_lib.chunks.matmuls`, :mod:`~kernels_lib.chunks.gradient_sums`) launch no kernel by
 itself: each calls ``backend.<launcher>`` of this module, read at the call. The kernels live one per
 stage in :mod:`kernels_lib.kernels`, each file with its launcher, what it computes and what it costs;
 this module only names the ones the cross-entropy takes:

@@ -5,9 +5,9 @@ predicates are :mod:`kernels_lib.fused_linear_cross_entropy`'s) the Triton GEMM 
 :mod:`kernels_lib.kernels.logits_logsumexp` forms each row's lse in its epilogue, from the logits as
 stored, and the target's logit beside it:
 
-* without a gradient (:func:`_epilogue_loss`) that is the loss, and the logits never exist: no buffer,
+* without a gradient (:func:`epilogue_loss`) that is the loss, and the logits never exist: no buffer,
   one pass over ``W``;
-* for a gradient chunk (:func:`_logits_with_loss`, Hopper, 16-bit operands TMA can take) the GEMM also
+* for a gradient chunk (:func:`logits_with_loss`, Hopper, 16-bit operands TMA can take) the GEMM also
   stores the logits by TMA, and the chunk kernel runs its second pass alone: one read and one write of
   the chunk instead of two reads and a write: the GEMM's time within a few percent of cuBLAS's logits,
   the second pass shorter than the two (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``).
@@ -22,7 +22,10 @@ stored, and the target's logit beside it:
   (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``).
 
 The chunked route (:mod:`kernels_lib._flce.chunked`) and the class-major one
-(:mod:`kernels_lib._flce.class_major`) both form their logits here.
+(:mod:`kernels_lib._flce.class_major`) both form their logits here. Of the loss's options both functions
+read only ``opts.ignore_index`` and ``opts.pre_scale`` (the factor on the logits), so any object with
+those two attributes serves (the fused cross-entropy's options, or a study's): the stage does not
+depend on the cross-entropy's option type.
 """
 
 from __future__ import annotations
@@ -30,12 +33,11 @@ from __future__ import annotations
 import torch
 
 from . import triton_backend as backend
-from .operands import _Operands
-from .options import _Options
+from .operands import Operands
 
 
-def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, opts: _Options,
-                      exponentials: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logits_with_loss(buffer, x_c, ops: "Operands", target_c, lse_c, loss_c, opts,
+                     exponentials: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Form a chunk's logits into ``buffer`` with the epilogue GEMM, which gives each row's lse (copied
     into ``lse_c``) and target logit as it goes; ``loss_c = lse - c_y`` (0 at ignored rows). Returns
     ``(buffer, None)``; with ``exponentials`` the buffer holds the shifted exponentials ``ẽ`` instead
@@ -53,7 +55,7 @@ def _logits_with_loss(buffer, x_c, ops: "_Operands", target_c, lse_c, loss_c, op
     return buffer, factors
 
 
-def _epilogue_loss(x, weight, bias, target, opts: _Options, compute_dtype) -> torch.Tensor:
+def epilogue_loss(x, weight, bias, target, opts, compute_dtype) -> torch.Tensor:
     """Per row ``lse - c_y`` (0 at ignored rows), float32, from the logits GEMM's epilogue: no logits
     buffer, one pass over ``W``. The operands are rounded to ``compute_dtype`` first, as the matmul would."""
     x, weight = x.to(compute_dtype), weight.to(compute_dtype)

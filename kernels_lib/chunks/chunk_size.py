@@ -43,12 +43,12 @@ def default_chunk_size(n_rows: int, hidden: int, n_cols: int | None = None, item
     exceed :data:`DEFAULT_CHUNK_FREE_FRACTION` of ``free_bytes`` (when both are given); at most ``n_rows``."""
     rows = min(MAX_DEFAULT_CHUNK_ROWS, max(MIN_DEFAULT_CHUNK_ROWS, hidden, n_rows // 32)) // 128 * 128
     if n_cols is not None:
-        while rows > 128 and not _within_free_share(rows, n_cols, itemsize, free_bytes):
+        while rows > 128 and not within_free_share(rows, n_cols, itemsize, free_bytes):
             rows = max(128, rows // 2 // 128 * 128)
     return max(1, min(n_rows, rows))
 
 
-def _within_free_share(rows: int, n_cols: int, itemsize: int, free_bytes: int | None) -> bool:
+def within_free_share(rows: int, n_cols: int, itemsize: int, free_bytes: int | None) -> bool:
     """Whether a ``rows × n_cols`` logits buffer of ``itemsize``-byte elements stays within
     :data:`DEFAULT_CHUNK_FREE_FRACTION` of ``free_bytes`` (always, when that is unknown: None)."""
     return free_bytes is None or rows * n_cols * itemsize <= DEFAULT_CHUNK_FREE_FRACTION * free_bytes
