@@ -68,3 +68,15 @@ def test_a_published_x_the_run_did_not_time_takes_the_runs_configuration():
     run = _run({"kernels_lib": {4096: 20.0}})
     table = one_floor.floor(run, _ceilings(), xs=[4096, 16384])
     assert table.loc[16384, "ms"] == pytest.approx(4 * table.loc[4096, "ms"], rel=1e-3)
+
+
+def test_the_matmul_time_is_the_one_floors_and_a_runs_own_matmul_rate_counts():
+    sizes = {"BT": 8192, "H": 4096, "V": 128256}
+    flops = get_spec(flce.KERNEL_NAME).flops(sizes, "full")
+    assert one_floor.matmul_ms(flce.KERNEL_NAME, sizes, "full", 500.0) == pytest.approx(flops / 500e12 * 1e3)
+    assert math.isnan(one_floor.matmul_ms(flce.KERNEL_NAME, sizes, "full", math.nan))
+    assert one_floor.matmul_ms("kl_div", {"N": 1, "V": 2}, "full", 500.0) == 0.0
+    run = _run({"kernels_lib": {8192: 40.0}}).assign(matmul_tflops=400.0)  # the rate the run wrote beside its rows
+    assert one_floor.run_rates(run, _ceilings()) == {"copy": 3000.0, "matmul": 400.0}
+    assert one_floor.run_rates(run, _ceilings(commit="other")) == {"matmul": 400.0}, "another run's copy is not this run's"
+    assert one_floor.floor_ms(run, _ceilings()).loc[8192] == pytest.approx(flops / 400e12 * 1e3)

@@ -984,12 +984,19 @@ def test_loss_types_script_and_table(tmp_path):
     config = rows[rows.loss_type == "cispo"].extra_benchmark_config_str.iloc[0]
     assert '"loss_type": "cispo"' in config and '"epsilon_high": 5.0' in config
     rows["matmul_tflops"] = 100.0  # the CPU measures no ceiling: a rate to check the floor's arithmetic
-    table = bench.loss_type_table(rows)
+    run_ceilings = pd.DataFrame([{"kernel_name": "copy", "gpu_name": rows.gpu_name.iloc[0], "kernels_lib_commit": rows.kernels_lib_commit.iloc[0],
+                                  "timestamp": rows.timestamp.iloc[0], "y_value_50": 1e3}])  # the run's copy bandwidth, GB/s
+    assert bench.loss_type_table(rows, run_ceilings.iloc[:0])["floor ms"].isna().all(), "no copy bandwidth of the run: not measured"
+    table = bench.loss_type_table(rows, run_ceilings)
     assert list(table.index) == ["grpo", "cispo"]
     ours = rows[(rows.loss_type == "grpo") & (rows.kernel_provider == "kernels_lib")].y_value_50.item()
     theirs = rows[(rows.loss_type == "grpo") & (rows.kernel_provider == "trl")].y_value_50.item()
     assert table.loc["grpo", "kernels_lib / trl"] == pytest.approx(ours / theirs)
-    floor = bench.flops({"B": 2, "T": 3, "H": 8, "V": 31}, "full") / 100e12 * 1e3
+    from kernels_workbench import floor as one_floor  # the one floor: the longer of the matmuls and the minimal bytes
+
+    sizes = {"B": 2, "T": 3, "H": 8, "V": 31}
+    floor = max(bench.flops(sizes, "full") / 100e12 * 1e3, bench.bytes_moved(sizes, torch.float32, "full") / 1e12 * 1e3)
+    assert floor == one_floor.floor_at(bench.KERNEL_NAMES["token"], sizes, torch.float32, "full", {"matmul": 100.0, "copy": 1e3})[0]
     assert table.loc["grpo", "floor ms"] == pytest.approx(floor) and table.loc["grpo", "kernels_lib / floor"] == pytest.approx(ours / floor)
     other = rows.assign(kernels_lib_commit="another")
     with pytest.raises(ValueError, match="one run"):

@@ -48,6 +48,26 @@ def test_headline_leaves_a_far_peer_out_in_a_clause():
     assert "(2 charts)" in said and "0.10" not in said, "the far peer's ratio is not in the sentence's numbers"
 
 
+def test_headline_without_a_floor_column_has_no_floor_clause():
+    """A comparison with no floor at all (a whole training step) says time and memory only, as ``of`` names it."""
+    table = _table([0.9, 1.1], [1.0, 1.04], [1.0, 1.0]).drop(columns="× floor")
+    said = narrative.headline("The training step", {"NVIDIA H200": [table, table]}, of="step", unmeasured="not measured")
+    assert said == ("The training step, kernels_lib's step: on the H200 (2 charts), 0.90–1.10× the fastest peer's time and "
+                    "1.00–1.04× the leanest peer's memory."), said
+    assert narrative.headline("The training step", {}, unmeasured="not measured on a GPU yet") == "The training step: not measured on a GPU yet."
+
+
+def test_the_training_step_headline_reads_each_gpus_newest_run_per_model():
+    rows = pd.DataFrame([{"run_id": run, "model": "m", "provider": p, "checkpointing": False, "tokens": 8192, "step_ms_50": ms,
+                          "peak_gib": gib, "note": None, "gpu_name": "NVIDIA H200", "device": "cuda", "kernels_lib_commit": commit,
+                          "timestamp": f"2026-01-0{run} 00:00:00"}
+                         for run, commit, scale in ((1, "aaaaaaa", 10.0), (2, "bbbbbbb", 1.0))
+                         for p, ms, gib in (("kernels_lib", 90.0 * scale, 10.0), ("huggingface", 100.0, 20.0), ("liger", 120.0, 12.0))])
+    said = ts.headline(rows)
+    assert "0.90× the fastest peer's time and 0.83× the leanest peer's memory" in said, said  # run 2 only: 90/100, 10/12
+    assert "bbbbbbb" not in said and "bbbbbbb" in ts.provenance_lines(rows)
+
+
 def test_headline_without_gpu_rows_says_so():
     assert narrative.headline("KTO", {}) == "KTO: not measured on a GPU yet, so the published rows alone are drawn."
 

@@ -4,13 +4,19 @@ sentence without a commit hash or a date. Built from the committed data/measured
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
 
+import nbformat
+import pandas as pd
 import pytest
 
 from kernels_workbench import comparison, dashboard, data
+from kernels_workbench import report as report_module
+from kernels_workbench import tensor_parallel as tp
+from kernels_workbench import training_step as ts
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
@@ -75,8 +81,8 @@ def test_every_floor_ratio_of_the_index_is_the_notebooks_floor(ceilings, heads):
 
 
 def test_the_notebooks_open_with_the_one_headline_and_no_floor_formula():
-    """Each loss notebook's headline cell calls comparison.report_headline; no notebook divides FLOPs by a rate."""
-    for report in comparison.HEADLINES:
+    """Each loss notebook's headline cell (and 05's, 09's) calls comparison.report_headline; no notebook divides FLOPs by a rate."""
+    for report in comparison.headline_reports():
         cells = json.loads((NOTEBOOKS / f"{report}.ipynb").read_text())["cells"]
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
         assert any(f'comparison.report_headline("{report}"' in c for c in code), f"{report}: its headline is not comparison.report_headline"
@@ -98,3 +104,60 @@ def test_grpo_liger_is_far_from_its_published_figure_and_out_of_the_fastest(ceil
     said = comparison.report_headline("06_preference_dpo_cpo_simpo_grpo", ceilings)
     assert "Liger left out: far from its published figure" in said or not any(
         comparison.far_from_published(r, comparison.published_for(r)) for *_, r in runs)
+
+
+@pytest.mark.parametrize("report", comparison.OWN_HEADLINES)
+def test_the_training_step_and_tensor_parallel_headlines_are_one_sentence_without_a_commit_or_a_date(report, ceilings):
+    """05 and 09 open through the same narrative.headline: one sentence, the fastest and leanest peers, no hash, no date."""
+    said = comparison.report_headline(report, ceilings)
+    assert _one_sentence(said), f"{report}: not one sentence: {said}"
+    assert not HASH.search(said), f"{report}: a commit hash in the headline: {HASH.search(said).group()}"
+    assert not DATE.search(said), f"{report}: a date in the headline: {DATE.search(said).group()}"
+    assert "fastest peer's time" in said and "leanest peer's memory" in said, said
+    assert ("the floor" in said) == (report == "09_tensor_parallel"), "a whole training step has no floor; a rank's share has one"
+
+
+def _own_tables(report: str, ceilings) -> dict:
+    """GPU → the comparison tables behind 05's or 09's headline (by x), as the notebook's headline reads them."""
+    if report == "05_training_step":
+        return {gpu: pd.concat(frames) for gpu, frames in ts.headline_tables(ts.measured_rows()).items()}
+    return tp.headline_tables(tp.load_runs_per_gpu(), ceilings)
+
+
+@pytest.mark.parametrize("report", comparison.OWN_HEADLINES)
+def test_the_index_reads_05s_and_09s_numbers_from_their_headlines_tables(report, ceilings, heads):
+    """Per chart and GPU of 05 and 09 on the index, its time × the fastest peer and memory × the leanest peer are
+    among the values the headline's range covers on that GPU, at the chart's x."""
+    mine, tables = heads[heads.report == report], _own_tables(report, ceilings)
+    # 05: the sweep of training_step.csv (the run beside torch's F.linear_cross_entropy is its own); 09: the tensor-parallel chart
+    mine = mine[mine.chart.str.startswith("tensor-parallel ") if report == "09_tensor_parallel"
+                else ~mine.chart.str.startswith(f"training step, {dashboard.TORCH_LCE_LABEL}")]
+    assert len(mine) and tables, f"{report}: nothing measured in data/measured"
+    for _, row in mine.iterrows():
+        table = tables[row.gpu]
+        at = table.loc[[row.x]] if row.x in table.index else table.iloc[:0]
+        assert len(at), f"{row.chart} on {row.gpu}: the headline has no figure at {row.x_name} = {row.x}"
+        for index_column, table_column in (("time ratio", "× fastest peer"), ("memory ratio", "memory × leanest")):
+            if pd.notna(row[index_column]):
+                said = {dashboard.ratio_text(v) for v in at[table_column]}
+                assert dashboard.ratio_text(row[index_column]) in said, f"{row.chart} on {row.gpu}: {index_column} not the headline's"
+
+
+def test_the_index_cards_of_05_and_09_say_the_notebooks_sentence(tmp_path, ceilings):
+    """The index's card of each report with a headline prints comparison.report_headline, the sentence its notebook opens with."""
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    reports = []
+    for report in comparison.OWN_HEADLINES:
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {report}")]), executed / f"{report}.ipynb")
+        reports.append((tmp_path / f"{report}.html", 1.0, ""))
+    page = report_module.write_index(tmp_path, reports, report_module.notebook_parameters("cpu")).read_text(encoding="utf-8")
+    for report in comparison.OWN_HEADLINES:
+        card = page[page.index(f'data-report="{report}"'):]
+        card = card[:card.index("</li>")]
+        assert f'<p class="headline">{html.escape(comparison.report_headline(report, ceilings))}</p>' in card, report
+
+
+def test_no_commit_in_the_tensor_parallel_conclusion(ceilings):
+    said = tp.conclusion(tp.load_runs_per_gpu(), ceilings)
+    assert not HASH.search(said) and not DATE.search(said), said

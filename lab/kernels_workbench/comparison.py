@@ -166,9 +166,29 @@ def chart_runs(kernel_names) -> list[tuple[str, str, str, pd.DataFrame]]:
     return out
 
 
+#: The reports whose headline is not a published loss chart's (:data:`HEADLINES`) but their own data's, through the
+#: same :func:`.narrative.headline`: notebook 05's training step (:func:`.training_step.headline`) and notebook 09's
+#: tensor-parallel chart (:func:`.tensor_parallel.headline`).
+OWN_HEADLINES = ("05_training_step", "09_tensor_parallel")
+
+
+def headline_reports() -> list[str]:
+    """Every report that opens with :func:`report_headline` (and whose card on the index says it), in notebook order."""
+    return sorted([*HEADLINES, *OWN_HEADLINES])
+
+
 def report_headline(report: str, ceilings: pd.DataFrame) -> str:
-    """The headline sentence of ``report`` (:data:`HEADLINES`): :func:`.narrative.headline` of the
-    :func:`comparison` of every chart run of its losses (:func:`chart_runs`), per GPU."""
+    """The headline sentence of ``report`` (:func:`headline_reports`): :func:`.narrative.headline` of the
+    :func:`comparison` of every chart run of its losses (:data:`HEADLINES`, :func:`chart_runs`), per GPU; for
+    :data:`OWN_HEADLINES`, of the training step's or the tensor-parallel launch's own comparison tables."""
+    if report == "05_training_step":
+        from . import training_step
+
+        return training_step.headline(training_step.measured_rows())
+    if report == "09_tensor_parallel":
+        from . import tensor_parallel
+
+        return tensor_parallel.headline(tensor_parallel.load_runs_per_gpu(), ceilings)
     what, kernel_names = HEADLINES[report]
     per_gpu: dict[str, list[pd.DataFrame]] = {}
     for kernel_name, _, gpu, run in chart_runs(kernel_names):
@@ -182,6 +202,14 @@ def report_headline(report: str, ceilings: pd.DataFrame) -> str:
 
 def report_provenance(report: str) -> str:
     """One :func:`.narrative.provenance_line` per run behind :func:`report_headline` (markdown bullets)."""
+    if report == "05_training_step":
+        from . import training_step
+
+        return training_step.provenance_lines(training_step.measured_rows())
+    if report == "09_tensor_parallel":
+        from . import tensor_parallel
+
+        return tensor_parallel.provenance_lines(tensor_parallel.load_runs_per_gpu())
     lines = dict.fromkeys(f"- {title}: {provenance_line(run)}" for _, title, _, run in chart_runs(HEADLINES[report][1]))
     return "\n".join(lines) or "No GPU run yet."
 

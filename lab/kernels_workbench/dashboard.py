@@ -141,7 +141,7 @@ def charts(gpu_name: str | None = None) -> list[Chart]:
             result.append(Chart(kernel_name, title, x_name, run, "kernels_lib", None, commit, gpu))
     result += tensor_parallel_charts(gpu_name)
     result += training_step_charts(gpu_name)
-    result += training_step_charts(gpu_name, data.measured_file(TRAINING_STEP_TORCH_LCE), "beside torch's F.linear_cross_entropy, ")
+    result += training_step_charts(gpu_name, data.measured_file(TRAINING_STEP_TORCH_LCE), TORCH_LCE_LABEL)
     return result
 
 
@@ -170,6 +170,8 @@ def tensor_parallel_charts(gpu_name: str | None = None) -> list[Chart]:
 #: The training step's run beside torch's ``F.linear_cross_entropy`` (``torch_lce`` with Hugging Face
 #: and kernels_lib only, kept apart from the sweep with every peer; notebook 05).
 TRAINING_STEP_TORCH_LCE = "gpu_runs/training_step_torch_lce.csv"  # inside data/measured/
+#: How its charts' titles go on: ``training step, beside torch's F.linear_cross_entropy, <model>, …``.
+TORCH_LCE_LABEL = "beside torch's F.linear_cross_entropy, "
 
 
 def training_step_charts(gpu_name: str | None = None, path: Path | None = None, label: str = "") -> list[Chart]:
@@ -324,11 +326,13 @@ def headlines(board: pd.DataFrame) -> pd.DataFrame:
     """Per (chart, GPU) of a :func:`dashboard`, the comparisons a reader asks first, at the chart's
     headline x and within its run: kernels_lib's ``full`` time over the **fastest** peer's (the peer with
     the least time there), its memory over the **leanest** peer's (the least memory), and its time over
-    the floor; each with the key of the dashboard row it is read from. NaN (and no peer) where the run
+    the floor; each with the key of the dashboard row it is read from. kernels_lib's own other configurations
+    (the tensor-parallel chart's TP = 1) are no peer here, as in the notebooks' comparisons. NaN (and no peer) where the run
     measured none."""
     out = []
     for (chart, gpu), rows in board.groupby(["chart", "gpu"], sort=False):
         ratios = rows[rows.kind == "ratio"]
+        ratios = ratios[~ratios.peer.str.startswith("kernels_lib")]  # kernels_lib at TP = 1 is its own baseline, not a peer
         timed = ratios[ratios["time ratio"].notna() & (ratios["peer note"] != comparison.FAR)]  # a far peer is not the fastest
         sized = ratios[ratios["memory ratio"].notna()]
         fastest = timed.loc[timed["peer ms"].idxmin()] if len(timed) else None
@@ -525,8 +529,8 @@ GRPO_LOSS_TYPES = "gpu_runs/fused_linear_grpo_loss_types.csv"  # inside data/mea
 def grpo_family_card(path: Path | str | None = None, gpu_name: str | None = None) -> str:
     """The index's card *GRPO family*: per GPU of the file (only ``gpu_name`` when given) the newest run of
     ``scripts/grpo_loss_types.py`` (every loss type of TRL 1.16 at the published GRPO workload), per loss
-    type kernels_lib's ``full`` time, its ratio to the matmul floor and to each peer's time, and its memory
-    over Liger's, all within that run (:func:`.bench.fused_linear_grpo.loss_type_table`); *not measured*
+    type kernels_lib's ``full`` time, its ratio to the floor (:func:`.floor.floor_at` at the run's own rates) and to
+    each peer's time, and its memory over Liger's, all within that run (:func:`.bench.fused_linear_grpo.loss_type_table`); *not measured*
     where the file has no such run."""
     head = '<div class="card grpo-family" data-card="grpo-family"><h2>GRPO family: every loss type of TRL 1.16</h2>'
     path = data.measured_file(GRPO_LOSS_TYPES) if path is None else Path(path)
@@ -557,9 +561,14 @@ def _grpo_family_table(gpu: str, run: pd.DataFrame) -> str:
                  *(ratio_text(row[c]) for c in peer_columns), ratio_text(memory)]
         body.append(f'<tr data-loss-type="{html.escape(str(loss_type))}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     sizes = json.loads(run.extra_benchmark_config_str.iloc[0])
+    rates = one_floor.run_rates(run, data.load_measured("ceilings", latest=False))  # the rates loss_type_table's floor used
+    said = " and ".join(f"{what} at {rates[kind]:.0f} {unit}" for kind, what, unit in
+                        (("matmul", "the four matmuls of <code>full</code>", "TFLOP/s"), ("copy", "its minimal bytes", "GB/s"))
+                        if kind in rates)
+    floor = (f"the floor: the longer of {said}, measured in the same run" if len(rates) == 2
+             else f"the floor {NOT_MEASURED}: the run measured {'only ' + said if said else 'no ceiling'}")
     caption = (f"{html.escape(data.run_label(run))}; B = {int(run.x_value.iloc[0])}, T = {sizes['T']}, H = {sizes['H']}, "
-               f"V = {sizes['V']}, {html.escape(sizes['dtype'].replace('torch.', ''))}; the floor: the four matmuls of "
-               f"<code>full</code> at {float(run.matmul_tflops.iloc[0]):.0f} TFLOP/s, measured in the same run. Below 1: "
+               f"V = {sizes['V']}, {html.escape(sizes['dtype'].replace('torch.', ''))}; {floor}. Below 1: "
                "kernels_lib is faster or smaller.")
     return (f'<div class="gpu-run" data-gpu="{html.escape(gpu)}"><h4>{html.escape(data.gpu_label(gpu))}</h4><p class="run">{caption}</p>'
             f'<table class="grpo-family"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')

@@ -10,8 +10,9 @@ index) calls :func:`floor`. Per x of one run (one ``kernels_lib_commit`` on one 
 (b) its minimal bytes (:meth:`~.bench.spec.LossSpec.min_bytes`) at the copy bandwidth that run measured
     (``ceilings.csv``, ``copy``).
 
-A ceiling the run did not measure is never taken from another run: the floor then reads "not measured"
-(NaN). A loss without matmuls (the divergences on logits) has (b) alone.
+A run that wrote the matmul rate it measured beside its own rows (``matmul_tflops``: ``scripts/grpo_loss_types.py``)
+has that rate as its matmul ceiling. A ceiling the run did not measure is never taken from another run: the floor
+then reads "not measured" (NaN). A loss without matmuls (the divergences on logits) has (b) alone.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ COLUMNS = ["ms", "bound", "matmul ms", "bytes ms"]
 
 def run_rates(run: pd.DataFrame, ceilings: pd.DataFrame) -> dict[str, float]:
     """The ``copy`` (GB/s) and ``matmul`` (TFLOP/s) ceilings measured in the run of ``run``'s own rows (its
-    commit on its GPU), never another run's; a ceiling that run did not measure is absent."""
+    commit on its GPU), never another run's; the matmul rate the run wrote beside its rows (``matmul_tflops``)
+    where it did; a ceiling that run did not measure is absent."""
     if not len(run):
         return {}
-    return own_rates(ceilings, str(run.gpu_name.iloc[0]), data.run_commit(run))
+    rates = own_rates(ceilings, str(run.gpu_name.iloc[0]), data.run_commit(run)) if ceilings is not None else {}
+    if "matmul_tflops" in run and run.matmul_tflops.notna().any():
+        rates["matmul"] = float(run.matmul_tflops.dropna().iloc[0])
+    return rates
 
 
 def own_rates(ceilings: pd.DataFrame, gpu_name: str, commit: str | None) -> dict[str, float]:
@@ -64,19 +69,24 @@ def _sizes(spec, config: dict, x_name: str, x) -> dict:
     return {**preset.get("sizes", {}), **given, x_name: int(x)}
 
 
+def matmul_ms(kernel_name: str, sizes: dict, mode: str, tflops: float, options: dict | None = None) -> float:
+    """The loss's matmul FLOPs (:meth:`~.bench.spec.LossSpec.flops`) of one call at ``sizes`` at ``tflops``, in ms:
+    the matmul candidate of :func:`floor_at` (0 for a loss without matmuls; NaN without a rate)."""
+    flops = get_spec(kernel_name).flops(sizes, mode, options)
+    if flops is None:
+        return 0.0
+    return flops / (tflops * 1e12) * 1e3 if tflops is not None and math.isfinite(tflops) and tflops > 0 else math.nan
+
+
 def floor_at(kernel_name: str, sizes: dict, dtype: torch.dtype, mode: str, rates: dict, own_ms: float = math.nan,
              options: dict | None = None) -> tuple[float, str | None, float, float]:
     """The floor of one call at ``sizes``: ``(ms, bound, matmul ms, bytes ms)`` from ``rates`` (:func:`run_rates`
     of one run) and ``own_ms``, the loss's own matmuls' time where that run timed them (module docstring).
     NaN (bound None) where a needed ceiling is absent from ``rates``."""
     spec = get_spec(kernel_name)
-    flops = spec.flops(sizes, mode, options)
-    if flops is None:
-        matmul = 0.0
-    elif pd.notna(own_ms):
+    matmul = matmul_ms(kernel_name, sizes, mode, rates.get("matmul", math.nan), options)
+    if matmul and pd.notna(own_ms):  # the loss's own matmuls, timed in the run
         matmul = float(own_ms)
-    else:
-        matmul = flops / (rates["matmul"] * 1e12) * 1e3 if "matmul" in rates else math.nan
     moved = spec.min_bytes(sizes, dtype, mode) / (rates["copy"] * 1e9) * 1e3 if "copy" in rates else math.nan
     if math.isnan(matmul) or math.isnan(moved):
         return math.nan, None, matmul, moved

@@ -56,12 +56,15 @@ def ratios(rows: pd.DataFrame, ours: str, peer: str, metric: str = "speed", mode
 _FAR = " (far from its published figure)"
 
 
-def headline(what: str, tables: dict[str, pd.DataFrame | list[pd.DataFrame]], *, ours: str = "kernels_lib") -> str:
+def headline(what: str, tables: dict[str, pd.DataFrame | list[pd.DataFrame]], *, ours: str = "kernels_lib",
+             of: str = "`full`", unmeasured: str = "not measured on a GPU yet, so the published rows alone are drawn") -> str:
     """The one sentence a reader can quote: ``what`` (the loss), then per GPU (``tables``: GPU → its run's
     :func:`.comparison.comparison`, or a list of them, one per loss or configuration) the range over x of
-    ``ours``' ``full`` time × the fastest peer's, memory × the leanest peer's and time × the floor. No commit,
-    no date: the run is said beside the data (:func:`provenance_line`). A peer the tables mark far from its
-    published figure is out of "fastest" already; a short clause says which."""
+    ``ours``' ``of`` (``full``: forward and backward; notebook 05: the training step) time × the fastest peer's,
+    memory × the leanest peer's and time × the floor; a comparison without a floor at all (no ``× floor``
+    column: a whole training step) has no floor clause. No commit, no date: the run is said beside the data
+    (:func:`provenance_line`). A peer the tables mark far from its published figure is out of "fastest"
+    already; a short clause says which. Without GPU rows: ``what: unmeasured.``"""
     parts = []
     for gpu, given in tables.items():
         frames = [t for t in (given if isinstance(given, list | tuple) else [given]) if len(t)]
@@ -75,13 +78,16 @@ def headline(what: str, tables: dict[str, pd.DataFrame | list[pd.DataFrame]], *,
             fastest += f" ({', '.join(map(name, far))} left out: far from {'its' if len(far) == 1 else 'their'} published figure)"
         memory = span(table["memory × leanest"]) if "memory × leanest" in table else "not measured"
         memory = "no peer's memory measured" if memory == "not measured" else f"{memory} the leanest peer's memory"
-        floor = span(table["× floor"]) if "× floor" in table else "not measured"
-        floor = "the floor not measured" if floor == "not measured" else f"{floor} the floor"
         where = x_span(table.index, str(table.index.name or "x")) if len(frames) == 1 else f"{len(frames)} charts"
+        if "× floor" not in table:  # no floor defined for what is compared
+            parts.append(f"on the {data.gpu_label(gpu)} ({where}), {fastest} and {memory}")
+            continue
+        floor = span(table["× floor"])
+        floor = "the floor not measured" if floor == "not measured" else f"{floor} the floor"
         parts.append(f"on the {data.gpu_label(gpu)} ({where}), {fastest}, {memory} and {floor}")
     if not parts:
-        return f"{what}: not measured on a GPU yet, so the published rows alone are drawn."
-    return f"{what}, {name(ours)}'s `full`: " + "; ".join(parts) + "."
+        return f"{what}: {unmeasured}."
+    return f"{what}, {name(ours)}'s {of}: " + "; ".join(parts) + "."
 
 
 def provenance_line(run: pd.DataFrame) -> str:

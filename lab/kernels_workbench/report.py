@@ -336,7 +336,7 @@ def write_index(out: Path, reports: list[tuple[Path, float, str]], parameters: d
             by_title.setdefault(chart.title, []).append(chart)
         sections = "".join(chart_section(group, board[board.chart == title].reset_index(drop=True)) for title, group in by_title.items())
         said = (f'<p class="headline">{html.escape(comparison.report_headline(path.stem, ceilings))}</p>'
-                if path.stem in comparison.HEADLINES else "")  # the notebook's own opening sentence
+                if path.stem in comparison.headline_reports() else "")  # the notebook's own opening sentence
         items.append(f'<li class="card{" failed" if failure else ""}" data-report="{html.escape(path.stem)}">'
                      f'<h2><a href="{html.escape(link)}">{html.escape(title)}</a></h2><small>{html.escape(status)}</small>{said}{sections}</li>')
     gpus = ", ".join(data.gpu_label(g) for g in sorted({c.gpu for c in chart_list}, key=data.gpu_label)) or "none yet"

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kernels_lib import cross_entropy, fused_linear_cross_entropy, reference
-from . import comparison, data
+from . import comparison, data, narrative
 from .narrative import span as _span
 
 V, H = 1031, 16
@@ -444,7 +444,7 @@ def conclusion(runs_by_gpu: dict[str, pd.DataFrame] | pd.DataFrame, ceilings: pd
     """The scaling in a sentence per GPU (``runs_by_gpu``: GPU → :func:`load_runs`, or rows of one GPU): at each TP
     measured beyond 1, kernels_lib's ``full`` time over the fastest peer's at that TP and its memory over the
     leanest peer's (:func:`tp_comparison`), its scaling efficiency and the peers', its per-GPU memory against
-    TP = 1's, and the run's provenance (markdown); "not measured" without rows."""
+    TP = 1's (markdown); "not measured" without rows. No commit or date: :func:`provenance_lines` says the runs."""
     if isinstance(runs_by_gpu, pd.DataFrame):
         runs_by_gpu = {str(g): r for g, r in runs_by_gpu.groupby("gpu_name", sort=False)} if len(runs_by_gpu) else {}
     flce = {g: r[r.kernel_name == "fused_linear_cross_entropy"] for g, r in runs_by_gpu.items() if len(r)}
@@ -471,7 +471,42 @@ def conclusion(runs_by_gpu: dict[str, pd.DataFrame] | pd.DataFrame, ceilings: pd
             parts.append(said)
         where = f"On the {data.gpu_label(gpu)}, "
         if not parts:
-            sentences.append(where + f"the run measured TP = 1 only: no scaling to state (the {data.run_label(runs)}).")
+            sentences.append(where + "the run measured TP = 1 only: no scaling to state.")
             continue
-        sentences.append(where + "; ".join(parts) + f" (the {data.run_label(runs)}).")
+        sentences.append(where + "; ".join(parts) + ".")
     return " ".join(sentences)
+
+
+def _flce(runs_by_gpu: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Per GPU, the fused linear cross-entropy rows of its :func:`load_runs` (GPUs without them left out)."""
+    flce = {g: r[r.kernel_name == "fused_linear_cross_entropy"] for g, r in runs_by_gpu.items() if len(r)}
+    return {g: r for g, r in flce.items() if len(r)}
+
+
+def headline_tables(runs_by_gpu: dict[str, pd.DataFrame], ceilings: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per GPU (``runs_by_gpu``: :func:`load_runs_per_gpu`), :func:`comparison_at_tp` of its fused linear
+    cross-entropy at the largest TP its launch measured (kernels_lib against the peers at that TP, the floor of
+    one rank's share): the tensor-parallel chart the index shows, indexed by ``N``, for :func:`.narrative.headline`."""
+    out = {}
+    for gpu, flce in _flce(runs_by_gpu).items():
+        table = comparison_at_tp(flce, ceilings, max(tp_sizes(flce)))
+        if len(table):
+            out[gpu] = table
+    return out
+
+
+def headline(runs_by_gpu: dict[str, pd.DataFrame], ceilings: pd.DataFrame) -> str:
+    """Notebook 09's opening sentence (and its card's on the index): :func:`.narrative.headline` of
+    :func:`headline_tables`; the TP named where every GPU's launch reached the same one. No commit, no date."""
+    largest = {max(tp_sizes(flce)) for flce in _flce(runs_by_gpu).values()}
+    at = f"at TP = {largest.pop()}" if len(largest) == 1 else "at each GPU's largest TP"
+    return narrative.headline(f"Vocabulary-parallel fused linear cross-entropy {at} (the peers at the same TP)",
+                              headline_tables(runs_by_gpu, ceilings), unmeasured="not measured on GPUs yet")
+
+
+def provenance_lines(runs_by_gpu: dict[str, pd.DataFrame]) -> str:
+    """One :func:`.narrative.provenance_line` per GPU and workload of the launches behind :func:`headline` and
+    :func:`conclusion` (markdown bullets)."""
+    lines = [f"- `{name}`: {narrative.provenance_line(part)}" for runs in runs_by_gpu.values() if len(runs)
+             for name, part in runs.groupby("kernel_name", sort=False)]
+    return "\n".join(lines) or "No GPU launch yet."

@@ -32,6 +32,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -850,6 +851,43 @@ def gpu_summary_lines(steps: pd.DataFrame, largest: pd.DataFrame | None = None, 
                 text += " (at least, where the sweep stopped before an OOM)"
         lines.append(text + ".")
     return "\n".join(lines)
+
+
+def measured_rows(path: Path | str | None = None) -> pd.DataFrame:
+    """The rows of ``data/measured/training_step.csv`` (``path``: another file of its columns); empty, with
+    :data:`COLUMNS`, where there is no such file."""
+    path = data.measured_path("training_step") if path is None else Path(path)
+    return data.read_table(path) if path.exists() else pd.DataFrame(columns=COLUMNS)
+
+
+#: What notebook 05's headline names (:func:`headline`): the step, and the peers of ``training_step.csv``.
+HEADLINE_WHAT = "The training step (the peers: Hugging Face, Liger and TRL)"
+
+
+def headline_tables(rows: pd.DataFrame, provider: str = "kernels_lib") -> dict[str, list[pd.DataFrame]]:
+    """Per GPU of :func:`step_comparison` (its newest run of each model), one table per model and checkpointing,
+    indexed by ``tokens``: ``× fastest peer`` and ``memory × leanest``, the columns :func:`.narrative.headline`
+    reads (a whole step has no floor column, so the sentence has no floor clause)."""
+    steps = step_comparison(rows, provider)
+    out: dict[str, list[pd.DataFrame]] = {}
+    for (gpu, _, _), group in steps.groupby(["gpu_name", "model", "checkpointing"], sort=False):
+        out.setdefault(str(gpu), []).append(group.set_index("tokens")[["× fastest peer", "memory × leanest"]])
+    return {gpu: out[gpu] for gpu in sorted(out, key=lambda g: (data.gpu_label(g), g))}
+
+
+def headline(rows: pd.DataFrame, provider: str = "kernels_lib") -> str:
+    """Notebook 05's opening sentence (and its card's on the index): :func:`.narrative.headline` of
+    :func:`headline_tables`, ``provider``'s step time × the fastest peer's and peak memory × the leanest peer's,
+    per GPU; no commit, no date (:func:`provenance_lines` says the runs)."""
+    return narrative.headline(HEADLINE_WHAT, headline_tables(rows, provider), ours=provider, of="step",
+                              unmeasured="not measured on a GPU yet")
+
+
+def provenance_lines(rows: pd.DataFrame) -> str:
+    """One :func:`.narrative.provenance_line` per GPU and model of the runs behind :func:`headline` (markdown bullets)."""
+    lines = [f"- {model}: {narrative.provenance_line(run)}" for gpu, latest in newest_runs_per_gpu(rows).items()
+             for model, run in latest.groupby("model", sort=False)]
+    return "\n".join(lines) or "No GPU run yet."
 
 
 def torch_lce_lines(latest: pd.DataFrame, gpu: str) -> str:

@@ -291,11 +291,6 @@ def bytes_moved(sizes: dict, dtype: torch.dtype, mode: str) -> int:
     return reads + (n * h + v * h) * item if mode in ("backward", "full") else reads
 
 
-def matmul_floor_ms(sizes: dict, mode: str, tflops: float) -> float:
-    """The time the matmuls alone take at ``tflops`` (the measured matmul ceiling), in ms."""
-    return flops(sizes, mode) / (tflops * 1e12) * 1e3
-
-
 SPEC = LossSpec(
     kernel_name=KERNEL_NAME,
     providers=PROVIDERS,

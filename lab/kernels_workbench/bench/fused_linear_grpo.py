@@ -206,14 +206,19 @@ SPECS = (SPEC_TOKEN, SPEC_SEQUENCE)
 SPEC = SPEC_TOKEN
 
 
-def loss_type_table(rows: pd.DataFrame) -> pd.DataFrame:
+def loss_type_table(rows: pd.DataFrame, ceilings: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per loss type from one run of ``scripts/grpo_loss_types.py``
     (``data/measured/gpu_runs/fused_linear_grpo_loss_types.csv``): each provider's ``full`` median (ms), its
     memory (MB, peak minus inputs, where measured), kernels_lib's time over each peer's and each provider's
-    over the floor: :func:`flops` of ``full`` at the ``matmul_tflops`` measured in the same run.
+    over the floor of ``full``: :func:`kernels_workbench.floor.floor_at` at the run's own rates
+    (:func:`kernels_workbench.floor.run_rates`: the ``matmul_tflops`` it measured, the copy bandwidth of its
+    commit on its GPU in ``ceilings``, by default ``data/measured/ceilings.csv``), ``floor bound`` saying which
+    is longer; NaN ("not measured") where the run has no such rate.
 
     A provider missing from the run (Liger off CUDA) has no column; a loss type it failed on, NaN.
     Raises ``ValueError`` (:func:`..data.run_label`) when ``rows`` mix runs."""
+    from .. import floor as one_floor  # the one floor (it reads the specs' registry, which imports this module)
+
     data.run_label(rows)
     full = rows[rows.kernel_operation_mode == "full"]
     order = [t for t in LOSS_TYPES if t in set(full.loss_type)]
@@ -228,10 +233,13 @@ def loss_type_table(rows: pd.DataFrame) -> pd.DataFrame:
             table[f"{provider} MB"] = memory[provider]
     for provider in providers[1:]:
         table[f"kernels_lib / {provider}"] = speed["kernels_lib"] / speed[provider]
-    sizes = json.loads(full.extra_benchmark_config_str.iloc[0])
-    x = int(full.x_value.iloc[0])
-    floor_ms = flops({**sizes, "B": x}, "full") / (float(full.matmul_tflops.iloc[0]) * 1e12) * 1e3
-    table["floor ms"] = floor_ms
+    config = json.loads(full.extra_benchmark_config_str.iloc[0])
+    sizes = {**{k: v for k, v in config.items() if k[:1].isupper() and isinstance(v, int)}, "B": int(full.x_value.iloc[0])}
+    dtype = getattr(torch, str(config.get("dtype", "torch.bfloat16")).replace("torch.", ""))
+    ceilings = data.load_measured("ceilings", latest=False) if ceilings is None else ceilings
+    floor_ms, bound, _, _ = one_floor.floor_at(KERNEL_NAMES["token"], sizes, dtype, "full", one_floor.run_rates(rows, ceilings),
+                                               options={k: v for k, v in config.items() if k == "input_grad"})
+    table["floor ms"], table["floor bound"] = floor_ms, bound
     for provider in providers:
         table[f"{provider} / floor"] = speed[provider] / floor_ms
     return table
