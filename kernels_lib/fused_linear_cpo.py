@@ -78,11 +78,18 @@ class CPOOutput(NamedTuple):
 
 
 class _Options(NamedTuple):
+    """The checked options of one call (:func:`_options`), read by name: the pair loss's, then the pipeline's."""
+
     beta: float
     loss_type: str
     label_smoothing: float
     simpo_gamma: float
     alpha: float
+    cpo_alpha: float = 0.0
+    ignore_index: int = -100
+    chunk_size: int | None = None
+    accurate: bool = False
+    needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
 
 def _rewards(logps: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -103,9 +110,9 @@ def cpo_pair_losses(chosen: torch.Tensor, rejected: torch.Tensor, opts: _Options
     return (logits - 1 / (2 * beta)) ** 2  # ipo
 
 
-def _run(x, weight, bias, target, nll_target, counts, opts: _Options, flags):
+def _run(x, weight, bias, target, nll_target, counts, opts: _Options):
     """The forward of :class:`FusedSequenceLoss`: values and gradients by pairs, then the loss."""
-    cpo_alpha, ignore_index, chunk_size, accurate, needs = flags
+    cpo_alpha = opts.cpo_alpha
 
     def pair_loss(chosen, rejected, _pairs):
         return cpo_pair_losses(chosen, rejected, opts)
@@ -113,7 +120,7 @@ def _run(x, weight, bias, target, nll_target, counts, opts: _Options, flags):
     chosen, rejected, nll, grads = paired_logprobs(
         x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss),
         average=opts.loss_type in AVERAGED_LOSS_TYPES, nll_weight=cpo_alpha, nll_target=nll_target,
-        ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate, needs=needs,
+        ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, accurate=opts.accurate, needs=opts.needs,
     )
     loss = cpo_pair_losses(chosen, rejected, opts).mean()
     if nll is None:
@@ -148,7 +155,8 @@ def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ig
         v.require_real(name, value)
     v.require_int("ignore_index", ignore_index)
     v.require_chunk_options(chunk_size, accurate)
-    return _Options(float(beta), loss_type, float(label_smoothing), float(simpo_gamma), float(alpha))
+    return _Options(float(beta), loss_type, float(label_smoothing), float(simpo_gamma), float(alpha), float(cpo_alpha),
+                    ignore_index, chunk_size, accurate)
 
 
 def fused_linear_cpo(
@@ -210,11 +218,10 @@ def fused_linear_cpo(
         checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
     counts = checks[0].counts
     grad_on = torch.is_grad_enabled()
-    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-    flags = (float(cpo_alpha), ignore_index, chunk_size, accurate, needs)
+    opts = opts._replace(needs=tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, nll_target, counts, opts, flags)
+        return _run(x_, w_, b_, target, nll_target, counts, opts)
 
     out = CPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
     for check in checks:  # the targets' checks, read now that the call's kernels are queued

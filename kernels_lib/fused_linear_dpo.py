@@ -102,12 +102,19 @@ class DPOOutput(NamedTuple):
 
 
 class _Options(NamedTuple):
+    """The checked options of one call (:func:`_options`), read by name: the pair loss's, then the pipeline's."""
+
     beta: float
     loss_types: tuple[str, ...]
     loss_weights: tuple[float, ...]
     label_smoothing: float
     discopop_tau: float
     f_divergence_type: str
+    ignore_index: int = -100
+    average_log_prob: bool = False
+    chunk_size: int | None = None
+    accurate: bool = False
+    needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
 
 def _scores(logratios: torch.Tensor, f_divergence_type: str) -> torch.Tensor:
@@ -166,9 +173,8 @@ def dpo_pair_losses(chosen_logratios, rejected_logratios, chosen_counts, rejecte
     return total
 
 
-def _run(x, weight, bias, target, counts, ref, opts: _Options, flags):
+def _run(x, weight, bias, target, counts, ref, opts: _Options):
     """The forward of :class:`FusedSequenceLoss`: policy values and gradients by pairs, then the loss."""
-    ignore_index, average, chunk_size, accurate, needs = flags
     n = x.shape[0] // 2
     ref_chosen, ref_rejected = ref[:n], ref[n:]
     counts_chosen, counts_rejected = counts[:n], counts[n:]
@@ -180,9 +186,9 @@ def _run(x, weight, bias, target, counts, ref, opts: _Options, flags):
 
     sft_weight = sum(w for t, w in zip(opts.loss_types, opts.loss_weights) if t == "sft")
     chosen, rejected, nll, grads = paired_logprobs(
-        x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss), average=average,
-        nll_weight=sft_weight, nll_target=None, ignore_index=ignore_index, chunk_size=chunk_size,
-        accurate=accurate, needs=needs,
+        x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss), average=opts.average_log_prob,
+        nll_weight=sft_weight, nll_target=None, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
+        accurate=opts.accurate, needs=opts.needs,
     )
     loss = pair_loss(chosen, rejected, slice(None)).mean()
     if nll is not None:
@@ -253,7 +259,8 @@ def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_div
             " the length would count twice"
         )
     v.require_chunk_options(chunk_size, accurate)
-    return _Options(float(beta), types, weights, float(label_smoothing), float(discopop_tau), f_divergence_type)
+    return _Options(float(beta), types, weights, float(label_smoothing), float(discopop_tau), f_divergence_type,
+                    ignore_index, average_log_prob, chunk_size, accurate)
 
 
 def fused_linear_dpo(
@@ -333,11 +340,10 @@ def fused_linear_dpo(
         ref = reference_sums(ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size)
         ref = ref / counts if average_log_prob else ref
     grad_on = torch.is_grad_enabled()
-    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-    flags = (ignore_index, average_log_prob, chunk_size, accurate, needs)
+    opts = opts._replace(needs=tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
 
     def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, counts, ref, opts, flags)
+        return _run(x_, w_, b_, target, counts, ref, opts)
 
     out = DPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
     check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued

@@ -112,9 +112,9 @@ Deterministic: no atomics, fixed reduction orders (as ORPO and KTO).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -129,6 +129,47 @@ CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 #: The loss types divided by ``num_items_in_batch`` (grpo_trainer.py 3168–3174).
 NUM_ITEMS_NORMALIZED = ("dapo", "cispo", "vespo")
 SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class _GRPOOptions:
+    """The non-tensor options of one call (the arguments of :func:`fused_linear_grpo` of the same names),
+    read by name wherever the loss's formulas need them. Frozen: a call's options cannot change between
+    its forward and the closures that read them chunk by chunk. As the caller gave them until
+    :meth:`resolved`, whose copy holds the real numbers as floats (the formulas' arithmetic is then the
+    same whatever number type was passed) and which gradients are wanted."""
+
+    beta: float = 0.0
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    loss_type: str = "grpo"
+    max_completion_length: int | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    use_bias_correction_kl: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    top_entropy_quantile: float = 1.0
+    temperature: float = 1.0
+    ignore_index: int = -100
+    return_entropy: bool = False
+    return_per_token: bool = False
+    chunk_size: int | None = None
+    accurate: bool = False
+    needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
+
+    def resolved(self, needs: tuple[bool, bool, bool]) -> "_GRPOOptions":
+        """The validated options as the formulas take them: the real numbers as floats, and ``needs``."""
+        floats = {k: float(getattr(self, k)) for k in _REAL_OPTIONS}
+        floats.update({k: None if getattr(self, k) is None else float(getattr(self, k)) for k in _OPTIONAL_REAL_OPTIONS})
+        return dataclasses.replace(self, **floats, needs=needs)
 
 
 class GRPOOutput(NamedTuple):
@@ -182,7 +223,7 @@ def _per_token_kl(logp, ref):
 
 
 def _clip_bounds(opts):
-    return 1 - opts["epsilon_low"], 1 + opts["epsilon_high"]
+    return 1 - opts.epsilon_low, 1 + opts.epsilon_high
 
 
 def _sampling_ratio(logp, old, sampler, mask, opts):
@@ -195,11 +236,11 @@ def _sampling_ratio(logp, old, sampler, mask, opts):
     if sampler is None:
         return None
     diff = torch.nan_to_num(((logp if old is None else old) - sampler) * mask, nan=0.0)
-    mode = opts["vllm_importance_sampling_mode"]
+    mode = opts.vllm_importance_sampling_mode
     if mode.startswith("sequence"):
         diff = diff.sum(-1, keepdim=True)
     ratio = torch.exp(diff)
-    low, high = opts["vllm_importance_sampling_clip_min"], opts["vllm_importance_sampling_clip_max"]
+    low, high = opts.vllm_importance_sampling_clip_min, opts.vllm_importance_sampling_clip_max
     if mode.endswith("truncate"):
         return torch.clamp(ratio, min=low, max=high)
     outside = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
@@ -217,33 +258,33 @@ def _gamma_weights(advantages, logp, old, mask, ratio, opts):
         seq = seq + torch.clamp(torch.log(ratio), lower, 20.0).sum(-1, keepdim=True)
     log_w = torch.clamp(seq, lower, 20.0)
     nonneg = advantages >= 0
-    k = torch.where(nonneg, opts["vespo_k_pos"], opts["vespo_k_neg"])
-    lam = torch.where(nonneg, opts["vespo_lambda_pos"], opts["vespo_lambda_neg"]).clamp(min=1e-4)
+    k = torch.where(nonneg, opts.vespo_k_pos, opts.vespo_k_neg)
+    lam = torch.where(nonneg, opts.vespo_lambda_pos, opts.vespo_lambda_neg).clamp(min=1e-4)
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _sapo_temperatures(advantages, opts):
     """TRL line 3122: ``sapo_temperature_pos`` where ``A > 0``, else ``sapo_temperature_neg``."""
-    return torch.where(advantages > 0, opts["sapo_temperature_pos"], opts["sapo_temperature_neg"])
+    return torch.where(advantages > 0, opts.sapo_temperature_pos, opts.sapo_temperature_neg)
 
 
 def _per_token_loss(logp, old, ref, sampler, advantages, mask, opts):
     """TRL lines 3083–3150: ``(per_token_loss, kl, metrics)`` (kl None without a reference; metrics
     the loss type's tensors by :class:`GRPOOutput` name, before their means)."""
-    coef_1 = torch.exp(_log_importance_weights(logp, old, mask, opts["importance_sampling_level"]))
+    coef_1 = torch.exp(_log_importance_weights(logp, old, mask, opts.importance_sampling_level))
     kl = None if ref is None else _per_token_kl(logp, ref)
-    if kl is not None and opts["use_bias_correction_kl"]:
+    if kl is not None and opts.use_bias_correction_kl:
         kl = kl * coef_1  # line 3104–3105, before delta clamps coef_1
     ratio = _sampling_ratio(logp, old, sampler, mask, opts)
-    loss_type, metrics = opts["loss_type"], {}
+    loss_type, metrics = opts.loss_type, {}
     if loss_type == "cispo":  # 3109–3111
-        per_token_loss = -torch.clamp(coef_1, max=opts["epsilon_high"]) * advantages * logp
-        metrics["cispo_clip_ratio"] = ((coef_1 > opts["epsilon_high"]) & (advantages > 0)).to(mask.dtype)
+        per_token_loss = -torch.clamp(coef_1, max=opts.epsilon_high) * advantages * logp
+        metrics["cispo_clip_ratio"] = ((coef_1 > opts.epsilon_high) & (advantages > 0)).to(mask.dtype)
     elif loss_type in CLIPPED:  # 3112–3120
         low, high = _clip_bounds(opts)
         coef_2 = torch.clamp(coef_1, low, high)
-        if opts["delta"] is not None:
-            coef_1 = torch.clamp(coef_1, max=opts["delta"])
+        if opts.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=opts.delta)
         per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
         metrics["coef_1"] = coef_1  # the clip ratios (3272–3283) read the delta-clamped ratio
     elif loss_type == "sapo":  # 3121–3124
@@ -255,20 +296,20 @@ def _per_token_loss(logp, old, ref, sampler, advantages, mask, opts):
         metrics["vespo_phi_seq_mean"] = phi
     if ratio is not None and loss_type != "vespo":  # 3146–3147
         per_token_loss = per_token_loss * ratio
-    if opts["beta"] != 0.0:  # 3149–3150
-        per_token_loss = per_token_loss + opts["beta"] * kl
+    if opts.beta != 0.0:  # 3149–3150
+        per_token_loss = per_token_loss + opts.beta * kl
     return per_token_loss, kl, metrics
 
 
 def _normalized(per_token_loss, mask, opts, normalizer):
     """TRL lines 3153–3183, the normalizations."""
-    loss_type = opts["loss_type"]
+    loss_type = opts.loss_type
     if loss_type in ("grpo", "sapo"):
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if loss_type == "bnpo":
         return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
-        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * opts["max_completion_length"])
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * opts.max_completion_length)
     if loss_type == "luspo":
         return (per_token_loss * mask).sum(-1).mean()
     return (per_token_loss * mask).sum() / normalizer
@@ -299,18 +340,19 @@ def _nan_extreme(x, fn):
 
 
 def clip_metrics(coef_1, advantages, mask, opts):
-    """TRL lines 3272–3283: low/high/region clip ratios (means), low min and high max over sequences."""
+    """TRL lines 3272–3283: low/high/region clip ratios (means), low min and high max over sequences, by
+    their :class:`GRPOOutput` names."""
     low, high = _clip_bounds(opts)
     is_low = ((coef_1 < low) & (advantages < 0)).to(mask.dtype)
     is_high = ((coef_1 > high) & (advantages > 0)).to(mask.dtype)
     is_region = ((is_low > 0) | (is_high > 0)).to(mask.dtype)
-    return (
-        _global_masked_mean(is_low, mask),
-        _nan_extreme(_masked_seq_mean(is_low, mask), torch.min),
-        _global_masked_mean(is_high, mask),
-        _nan_extreme(_masked_seq_mean(is_high, mask), torch.max),
-        _global_masked_mean(is_region, mask),
-    )
+    return {
+        "clip_ratio_low_mean": _global_masked_mean(is_low, mask),
+        "clip_ratio_low_min": _nan_extreme(_masked_seq_mean(is_low, mask), torch.min),
+        "clip_ratio_high_mean": _global_masked_mean(is_high, mask),
+        "clip_ratio_high_max": _nan_extreme(_masked_seq_mean(is_high, mask), torch.max),
+        "clip_ratio_region_mean": _global_masked_mean(is_region, mask),
+    }
 
 
 # --------------------------------------------------------------------------- the gradient weights
@@ -322,7 +364,7 @@ def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
     ``d_rho`` collects ``∂L/∂ρ`` per element of the ratio's broadcast ``(S, T)`` (a sequence-level ratio
     is summed over its tokens, then spread by ``∂ρ_k/∂ℓ_kt = m_kt / n_k``), ``w`` the direct ``∂L/∂ℓ``."""
     lam = mask * scale
-    level, loss_type = opts["importance_sampling_level"], opts["loss_type"]
+    level, loss_type = opts.importance_sampling_level, opts.loss_type
     n = mask.sum(-1, keepdim=True).clamp(min=1.0)
     coef_1 = torch.exp(_log_importance_weights(logp, old, mask, level))
     ratio = _sampling_ratio(logp, old, sampler, mask, opts)
@@ -330,7 +372,7 @@ def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
     w = torch.zeros_like(logp)
     d_rho = None
     if loss_type == "cispo":  # ∂(-c̄ A ℓ)/∂ℓ, c̄ = min(c, ε_high) detached
-        w = w + lam_policy * (-torch.clamp(coef_1, max=opts["epsilon_high"]) * advantages)
+        w = w + lam_policy * (-torch.clamp(coef_1, max=opts.epsilon_high) * advantages)
     elif loss_type == "vespo":  # ∂(-φ A ℓ)/∂ℓ, φ detached
         w = w + lam_policy * (-_gamma_weights(advantages, logp, old, mask, ratio, opts) * advantages)
     elif loss_type == "sapo":  # ∂/∂ρ of -σ(τ(c-1)) 4/τ A: -4 A c σ(1-σ)
@@ -338,7 +380,7 @@ def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
         d_rho = lam_policy * (-4.0 * advantages * coef_1 * sig * (1 - sig))
     else:
         low, high = _clip_bounds(opts)
-        delta = opts["delta"]
+        delta = opts.delta
         capped = coef_1 if delta is None else torch.clamp(coef_1, max=delta)
         t1 = capped * advantages
         t2 = torch.clamp(coef_1, low, high) * advantages
@@ -349,11 +391,11 @@ def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
             s1 = s1 * (coef_1 <= delta)
         s2 = torch.where(t2 > t1, 0.0, torch.where(tie, 0.5, 1.0)) * ((coef_1 >= low) & (coef_1 <= high))
         d_rho = lam_policy * (-(s1 + s2) * advantages * coef_1)
-    if opts["beta"] != 0.0:
-        d_kl = -lam * opts["beta"] * torch.expm1(ref - logp)  # ∂KL/∂ℓ = 1 - e^{ref - ℓ}
-        if opts["use_bias_correction_kl"]:  # β KL c: c ∂KL/∂ℓ, and β KL c through ρ
+    if opts.beta != 0.0:
+        d_kl = -lam * opts.beta * torch.expm1(ref - logp)  # ∂KL/∂ℓ = 1 - e^{ref - ℓ}
+        if opts.use_bias_correction_kl:  # β KL c: c ∂KL/∂ℓ, and β KL c through ρ
             w = w + d_kl * coef_1
-            bias_term = lam * opts["beta"] * _per_token_kl(logp, ref) * coef_1
+            bias_term = lam * opts.beta * _per_token_kl(logp, ref) * coef_1
             d_rho = bias_term if d_rho is None else d_rho + bias_term
         else:
             w = w + d_kl
@@ -368,13 +410,13 @@ def _token_weights(logp, old, ref, sampler, advantages, mask, scale, opts):
 def _sequence_scale(mask, opts, normalizer):
     """``g_k`` ``(B, 1)``: the factor of sequence k's masked per-token losses in the loss."""
     n_seqs = mask.shape[0]
-    loss_type = opts["loss_type"]
+    loss_type = opts.loss_type
     if loss_type in ("grpo", "sapo"):
         return 1.0 / (n_seqs * mask.sum(-1, keepdim=True).clamp(min=1.0))
     if loss_type == "bnpo":
         scale = 1.0 / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
-        scale = torch.full((), 1.0 / (n_seqs * opts["max_completion_length"]), device=mask.device)
+        scale = torch.full((), 1.0 / (n_seqs * opts.max_completion_length), device=mask.device)
     elif loss_type == "luspo":
         scale = torch.full((), 1.0 / n_seqs, device=mask.device)
     else:
@@ -399,9 +441,43 @@ def _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, te
     return out.view(n_seqs, seq_len)
 
 
-def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalizer, opts):
+#: The prefix of the per-token values' names among the auxiliary outputs (:func:`_aux_names`), before a
+#: field of :class:`GRPOPerToken`.
+PER_TOKEN = "per_token."
+
+
+def _aux_names(opts: _GRPOOptions, has_reference: bool, has_sampler: bool) -> tuple[str, ...]:
+    """The names of the call's auxiliary outputs, in the order :class:`FusedSequenceLoss` returns them after
+    the loss: :class:`GRPOOutput`'s fields the loss type logs, then ``per_token.<field>`` for the present
+    fields of :class:`GRPOPerToken`. Known on the host before the call, so :func:`_run` and the caller
+    pair each tensor with its name from this one list (an autograd Function returns tensors alone)."""
+    names = ["per_token_logps"]
+    if opts.loss_type in CLIPPED:
+        names += ["clip_ratio_low_mean", "clip_ratio_low_min", "clip_ratio_high_mean", "clip_ratio_high_max",
+                  "clip_ratio_region_mean"]
+    if has_reference:
+        names.append("kl")
+    if opts.return_entropy:
+        names.append("entropy")
+    if opts.loss_type == "cispo":
+        names.append("cispo_clip_ratio")
+    if opts.loss_type == "vespo":
+        names.append("vespo_phi_seq_mean")
+    if opts.return_per_token:
+        fields = ["importance_ratio"]
+        if opts.loss_type in CLIPPED:
+            fields += ["is_low_clipped", "is_high_clipped", "is_region_clipped"]
+        elif opts.loss_type == "cispo":
+            fields.append("is_high_clipped")
+        fields += (["entropy"] if opts.return_entropy else []) + (["sampling_ratio"] if has_sampler else [])
+        names += [PER_TOKEN + field for field in fields]
+    return tuple(names)
+
+
+def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalizer, opts: _GRPOOptions):
     """The forward of :class:`FusedSequenceLoss`: per-token log-probs, weights and gradients chunk by
-    chunk, then the loss and the metrics from the ``(B, T)`` log-probs."""
+    chunk, then the loss and the metrics from the ``(B, T)`` log-probs; the metrics in the order of
+    :func:`_aux_names`."""
     n_seqs, seq_len = target.shape
     scale = _sequence_scale(mask, opts, normalizer)
 
@@ -415,69 +491,66 @@ def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalize
 
     rows = x.reshape(-1, x.shape[-1])
     logps = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
-    entropy = torch.empty_like(logps) if opts["return_entropy"] else None
+    entropy = torch.empty_like(logps) if opts.return_entropy else None
     _, _, grads = sequence_logprobs(
-        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts["ignore_index"],
-        rows_per_chunk=chunk_rows(opts["chunk_size"], seq_len, rows.shape[0], weight.shape[1]),
-        needs=opts["needs"], accurate=opts["accurate"], logit_scale=1.0 / opts["temperature"],
-        token_coefficients=token_coefficients if any(opts["needs"]) else None,
+        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
+        rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
+        needs=opts.needs, accurate=opts.accurate, logit_scale=1.0 / opts.temperature,
+        token_coefficients=token_coefficients if any(opts.needs) else None,
         token_logps=logps, token_entropy=entropy,
     )
     logps = logps.view(n_seqs, seq_len)
     per_token_loss, kl, metrics = _per_token_loss(logps, old, ref, sampler, advantages, mask, opts)
     loss = _normalized(per_token_loss, mask, opts, normalizer)
-    aux = [logps]
+    aux = {"per_token_logps": logps}
     if "coef_1" in metrics:
-        aux.extend(clip_metrics(metrics["coef_1"], advantages, mask, opts))
+        aux.update(clip_metrics(metrics["coef_1"], advantages, mask, opts))
     if kl is not None:
-        aux.append(_global_masked_mean(kl, mask))
+        aux["kl"] = _global_masked_mean(kl, mask)
     if entropy is not None:
-        aux.append(_global_masked_mean(entropy.view(n_seqs, seq_len), mask))
+        aux["entropy"] = _global_masked_mean(entropy.view(n_seqs, seq_len), mask)
     for name in ("cispo_clip_ratio", "vespo_phi_seq_mean"):  # TRL 3284–3289
         if name in metrics:
-            aux.append(_global_masked_mean(metrics[name], mask))
-    if opts["return_per_token"]:
-        aux.extend(_per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts))
+            aux[name] = _global_masked_mean(metrics[name], mask)
+    if opts.return_per_token:
+        values = _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts)
+        aux.update((PER_TOKEN + field, value) for field, value in values.items())
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
-    return loss, tuple(aux), grads
+    return loss, tuple(aux[name] for name in _aux_names(opts, ref is not None, sampler is not None)), grads
 
 
-def _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts) -> list:
-    """The present fields of :class:`GRPOPerToken`, in order (the ratio, the flags where the loss type
+def _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts) -> dict:
+    """The present fields of :class:`GRPOPerToken` by name (the ratio, the flags where the loss type
     has them, the entropy, the sampling ratio), each ``(B, T)``."""
     shape = logps.shape
     active = mask != 0
-    ratio = torch.exp(_log_importance_weights(logps, old, mask, opts["importance_sampling_level"]))
-    values = [ratio.expand(shape).contiguous()]
+    ratio = torch.exp(_log_importance_weights(logps, old, mask, opts.importance_sampling_level))
+    values = {"importance_ratio": ratio.expand(shape).contiguous()}
     if "coef_1" in metrics:  # the delta-capped ratio, as TRL's clip ratios read it
         low, high = _clip_bounds(opts)
         coef = metrics["coef_1"]
         is_low = ((coef < low) & (advantages < 0)).expand(shape) & active
         is_high = ((coef > high) & (advantages > 0)).expand(shape) & active
-        values += [is_low, is_high, is_low | is_high]
+        values.update(is_low_clipped=is_low, is_high_clipped=is_high, is_region_clipped=is_low | is_high)
     elif "cispo_clip_ratio" in metrics:
-        values.append((metrics["cispo_clip_ratio"] > 0).expand(shape) & active)
+        values["is_high_clipped"] = (metrics["cispo_clip_ratio"] > 0).expand(shape) & active
     if entropy is not None:
-        values.append(entropy.view(shape))
+        values["entropy"] = entropy.view(shape)
     sampling = _sampling_ratio(logps, old, sampler, mask, opts)
     if sampling is not None:
-        values.append(sampling.expand(shape).contiguous())
+        values["sampling_ratio"] = sampling.expand(shape).contiguous()
     return values
 
 
-def _assemble_per_token(values: list, loss_type: str, entropy: bool, sampler: bool) -> GRPOPerToken:
-    """:class:`GRPOPerToken` from :func:`_per_token_values`' list (None where a field is absent)."""
-    values = list(values)
-    ratio = values.pop(0)
-    flags = [None] * 3
-    if loss_type in CLIPPED:
-        flags = [values.pop(0) for _ in range(3)]
-    elif loss_type == "cispo":
-        flags[1] = values.pop(0)
-    ent = values.pop(0) if entropy else None
-    sampling = values.pop(0) if sampler else None
-    return GRPOPerToken(ratio, *flags, ent, sampling)
+def _outputs(loss: torch.Tensor, aux: tuple, names: tuple[str, ...], return_per_token: bool) -> GRPOOutput:
+    """:class:`GRPOOutput` from the loss and the auxiliary outputs named by :func:`_aux_names` (None where a
+    metric or a per-token field is absent)."""
+    named = dict(zip(names, aux, strict=True))
+    per_token = None
+    if return_per_token:
+        per_token = GRPOPerToken(**{field: named.get(PER_TOKEN + field) for field in GRPOPerToken._fields})
+    return GRPOOutput(loss=loss, **{field: named.get(field) for field in GRPOOutput._fields[1:-1]}, per_token=per_token)
 
 
 # --------------------------------------------------------------------------- checks
@@ -534,9 +607,9 @@ def _require_positive(name, value) -> None:
 
 def _validate_sampling_options(opts, has_sampler: bool) -> None:
     """TRL's checks of the vLLM correction (grpo_config.py 1152–1170, grpo_trainer.py 936–941)."""
-    mode = opts["vllm_importance_sampling_mode"]
+    mode = opts.vllm_importance_sampling_mode
     v.require_choice("vllm_importance_sampling_mode", mode, SAMPLING_MODES)
-    low, high = opts["vllm_importance_sampling_clip_min"], opts["vllm_importance_sampling_clip_max"]
+    low, high = opts.vllm_importance_sampling_clip_min, opts.vllm_importance_sampling_clip_max
     for name, value in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -550,7 +623,7 @@ def _validate_sampling_options(opts, has_sampler: bool) -> None:
             f"vllm_importance_sampling_mode={mode!r} clamps the ratio: give vllm_importance_sampling_clip_min "
             "or vllm_importance_sampling_clip_max (both are None)"
         )
-    if has_sampler and opts["loss_type"] == "vespo" and mode.startswith("sequence"):
+    if has_sampler and opts.loss_type == "vespo" and mode.startswith("sequence"):
         raise ValueError(
             f"loss_type='vespo' takes the token-level sampling ratios: vllm_importance_sampling_mode must be "
             f"'token_truncate' or 'token_mask'; got {mode!r}"
@@ -558,29 +631,29 @@ def _validate_sampling_options(opts, has_sampler: bool) -> None:
 
 
 def _validate_options(opts, has_reference: bool, num_items_in_batch, has_sampler: bool = False) -> None:
-    v.require_real("beta", opts["beta"])
-    v.require_real("epsilon_low", opts["epsilon_low"])
-    v.require_real("epsilon_high", opts["epsilon_high"])
-    v.require_choice("importance_sampling_level", opts["importance_sampling_level"], LEVELS)
-    v.require_choice("loss_type", opts["loss_type"], LOSS_TYPES)
-    delta = opts["delta"]
+    v.require_real("beta", opts.beta)
+    v.require_real("epsilon_low", opts.epsilon_low)
+    v.require_real("epsilon_high", opts.epsilon_high)
+    v.require_choice("importance_sampling_level", opts.importance_sampling_level, LEVELS)
+    v.require_choice("loss_type", opts.loss_type, LOSS_TYPES)
+    delta = opts.delta
     if delta is not None:
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
             raise TypeError(f"delta must be None or a finite real number; got {delta!r}")
         if delta <= 0:
             raise ValueError(f"delta must be > 0 (TRL recommends > 1 + epsilon_high); got {delta!r}")
-        if opts["loss_type"] not in CLIPPED:
+        if opts.loss_type not in CLIPPED:
             raise ValueError(
                 f"delta caps the ratio of the clipped loss types {', '.join(map(repr, CLIPPED))}; "
-                f"loss_type={opts['loss_type']!r} has no such term (TRL ignores delta there): give delta=None"
+                f"loss_type={opts.loss_type!r} has no such term (TRL ignores delta there): give delta=None"
             )
-    _require_positive("sapo_temperature_pos", opts["sapo_temperature_pos"])
-    _require_positive("sapo_temperature_neg", opts["sapo_temperature_neg"])
+    _require_positive("sapo_temperature_pos", opts.sapo_temperature_pos)
+    _require_positive("sapo_temperature_neg", opts.sapo_temperature_neg)
     for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
-        v.require_real(name, opts[name])
-    v.require_bool("use_bias_correction_kl", opts["use_bias_correction_kl"])
+        v.require_real(name, getattr(opts, name))
+    v.require_bool("use_bias_correction_kl", opts.use_bias_correction_kl)
     _validate_sampling_options(opts, has_sampler)
-    quantile = opts["top_entropy_quantile"]
+    quantile = opts.top_entropy_quantile
     v.require_real("top_entropy_quantile", quantile)
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {quantile!r}")
@@ -591,25 +664,25 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch, has_sampler
             "need every chunk's entropies, so it cannot be formed chunk by chunk; only top_entropy_quantile=1.0 "
             "(no entropy mask) is supported"
         )
-    v.require_real("temperature", opts["temperature"])
-    if opts["temperature"] <= 0:
-        raise ValueError(f"temperature must be > 0; got {opts['temperature']}")
-    v.require_int("ignore_index", opts["ignore_index"])
-    v.require_chunk_options(opts["chunk_size"], opts["accurate"])
-    v.require_bool("return_entropy", opts["return_entropy"])
-    v.require_bool("return_per_token", opts.get("return_per_token", False))
-    length = opts["max_completion_length"]
+    v.require_real("temperature", opts.temperature)
+    if opts.temperature <= 0:
+        raise ValueError(f"temperature must be > 0; got {opts.temperature}")
+    v.require_int("ignore_index", opts.ignore_index)
+    v.require_chunk_options(opts.chunk_size, opts.accurate)
+    v.require_bool("return_entropy", opts.return_entropy)
+    v.require_bool("return_per_token", opts.return_per_token)
+    length = opts.max_completion_length
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"max_completion_length must be None or a positive int; got {length!r}")
-    if opts["loss_type"] == "dr_grpo" and length is None:
+    if opts.loss_type == "dr_grpo" and length is None:
         raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length: give max_completion_length")
-    if opts["beta"] != 0.0 and not has_reference:
-        raise ValueError(f"beta={opts['beta']} needs the reference: ref_logps, or ref_x and ref_weight")
+    if opts.beta != 0.0 and not has_reference:
+        raise ValueError(f"beta={opts.beta} needs the reference: ref_logps, or ref_x and ref_weight")
     if num_items_in_batch is not None:
-        if opts["loss_type"] not in NUM_ITEMS_NORMALIZED:
+        if opts.loss_type not in NUM_ITEMS_NORMALIZED:
             raise ValueError(
                 f"num_items_in_batch is the normalizer of loss_type 'dapo', 'cispo' or 'vespo'; "
-                f"got loss_type={opts['loss_type']!r}"
+                f"got loss_type={opts.loss_type!r}"
             )
         if isinstance(num_items_in_batch, torch.Tensor):
             if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
@@ -761,7 +834,7 @@ def fused_linear_grpo(
         x, weight, target, bias, advantages, old_logps, ref_logps, sampler_logps, completion_mask,
         (ref_x, ref_weight, ref_bias),
     )
-    opts = dict(
+    opts = _GRPOOptions(
         beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         importance_sampling_level=importance_sampling_level, loss_type=loss_type,
         max_completion_length=max_completion_length, sapo_temperature_pos=sapo_temperature_pos,
@@ -778,8 +851,8 @@ def fused_linear_grpo(
     if isinstance(num_items_in_batch, torch.Tensor):
         tensors["num_items_in_batch"] = num_items_in_batch
     v.require_same_device(tensors)
-    opts.update({k: float(opts[k]) for k in _REAL_OPTIONS})
-    opts.update({k: None if opts[k] is None else float(opts[k]) for k in _OPTIONAL_REAL_OPTIONS})
+    grad_on = torch.is_grad_enabled()
+    opts = opts.resolved(tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
     valid, check = _check_targets(target, weight.shape[0], ignore_index)
     mask = valid.to(torch.float32)
     if completion_mask is not None:
@@ -787,7 +860,7 @@ def fused_linear_grpo(
     if ref_logps is not None:
         ref = ref_logps.detach().to(torch.float32)
     elif ref_x is not None:
-        ref = _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, opts["temperature"], chunk_size)
+        ref = _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, opts.temperature, chunk_size)
     else:
         ref = None
     old = None if old_logps is None else old_logps.detach().to(torch.float32)
@@ -798,21 +871,13 @@ def fused_linear_grpo(
         normalizer = mask.sum().clamp(min=1.0)
     else:
         normalizer = v.device_scalar(num_items_in_batch, x.device)
-    grad_on = torch.is_grad_enabled()
-    opts["needs"] = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
 
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, mask, adv, old, ref, sampler, normalizer, opts)
 
-    loss, logps, *rest = FusedSequenceLoss.apply(x, weight, bias, run)
+    loss, *aux = FusedSequenceLoss.apply(x, weight, bias, run)
     check.raise_if_bad()  # the targets' range, read now that the call's kernels are queued
-    clips, rest = (rest[:5], rest[5:]) if loss_type in CLIPPED else ([None] * 5, rest)
-    kl = rest.pop(0) if ref is not None else None
-    entropy = rest.pop(0) if return_entropy else None
-    cispo = rest.pop(0) if loss_type == "cispo" else None
-    vespo = rest.pop(0) if loss_type == "vespo" else None
-    per_token = _assemble_per_token(rest, loss_type, return_entropy, sampler is not None) if return_per_token else None
-    return GRPOOutput(loss, logps, *clips, kl, entropy, cispo, vespo, per_token)
+    return _outputs(loss, aux, _aux_names(opts, ref is not None, sampler is not None), return_per_token)
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
@@ -860,7 +925,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             top_entropy_quantile=top_entropy_quantile, temperature=temperature, ignore_index=ignore_index,
             return_entropy=return_entropy, return_per_token=return_per_token, chunk_size=chunk_size, accurate=accurate,
         )
-        _validate_options(self.options, has_reference=True, num_items_in_batch=None)
+        _validate_options(_GRPOOptions(**self.options), has_reference=True, num_items_in_batch=None)
 
     def forward(self, x, weight, target, bias=None, **tensors) -> GRPOOutput:
         return fused_linear_grpo(x, weight, target, bias, **tensors, **self.options)

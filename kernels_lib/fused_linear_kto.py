@@ -54,6 +54,7 @@ fixed reduction orders). Measured at the published sizes, three runs each:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -73,26 +74,46 @@ class KTOOutput(NamedTuple):
     rejected_logps: torch.Tensor  #: the same for the undesirable examples
 
 
+@dataclasses.dataclass(frozen=True)
+class _KTOOptions:
+    """The non-tensor options of one call (the arguments of :func:`fused_linear_kto` of the same names), read by
+    name. As the caller gave them until :meth:`resolved`, whose copy holds the real numbers as floats and which
+    gradients are wanted; frozen, so the chunks' closure reads the options the call was checked with."""
+
+    beta: float = 0.1
+    ignore_index: int = -100
+    average_log_prob: bool = False
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    chunk_size: int | None = None
+    accurate: bool = False
+    needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
+
+    def resolved(self, needs: tuple[bool, bool, bool]) -> "_KTOOptions":
+        return dataclasses.replace(self, beta=float(self.beta), desirable_weight=float(self.desirable_weight),
+                                   undesirable_weight=float(self.undesirable_weight), needs=needs)
+
+
 def _sequence_logps(sums, counts, average: bool):
     return sums / counts if average else sums
 
 
-def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opts, shard=None):
+def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opts: _KTOOptions, shard=None):
     """The reference log-probs ``(B,)``: given, or the reference head run without gradient."""
-    ignore_index, average, chunk_size = opts
     if ref_logps is not None:
         return ref_logps.detach().to(torch.float32)
     sums = reference_sums(
-        ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size, shard=shard
+        ref_x, ref_weight, ref_bias, target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, shard=shard
     )
-    return _sequence_logps(sums, counts, average)
+    return _sequence_logps(sums, counts, opts.average_log_prob)
 
 
-def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts, shard=None):
+def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts: _KTOOptions, shard=None):
     """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss.
     ``check``: the targets' :class:`~kernels_lib._sequence_logprobs.TargetCheck`, whose extra count (the
     True labels, copied before the call's kernels) sizes the split outputs without a sync."""
-    beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate, needs = opts
+    beta, average = opts.beta, opts.average_log_prob
+    desirable_weight, undesirable_weight = opts.desirable_weight, opts.undesirable_weight
     n_seqs, seq_len = target.shape
     desirable = labels.to(torch.float32)
     # d loss_k / d r_k = beta * sigma(u) sigma(-u) * sign_weight_k / B.
@@ -105,9 +126,9 @@ def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts, shard=No
 
     rows = x.reshape(-1, x.shape[-1])
     sums, _, grads = sequence_logprobs(
-        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-        rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], weight.shape[1]),
-        coefficients=coefficients, needs=needs, accurate=accurate, shard=shard,
+        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
+        rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
+        coefficients=coefficients, needs=opts.needs, accurate=opts.accurate, shard=shard,
     )
     logps = _sequence_logps(sums, counts, average)
     r = logps - ref
@@ -127,7 +148,7 @@ def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts, shard=No
     return per_example.mean(), aux, grads
 
 
-def _validate(x, weight, target, labels, kl, bias, options) -> dict:
+def _validate(x, weight, target, labels, kl, bias, options: _KTOOptions) -> dict:
     """Check the policy's tensors and the options; returns the tensors by name (for the device check)."""
     v.require_linear_loss_inputs(x, weight, target, x_ndim=3)
     v.require_tensor("preference_labels", labels)
@@ -146,13 +167,12 @@ def _validate(x, weight, target, labels, kl, bias, options) -> dict:
         tensors["kl"] = kl
     elif kl is not None:
         v.require_real("kl", kl)
-    beta, ignore_index, average, desirable_weight, undesirable_weight, chunk_size, accurate = options
-    v.require_real("beta", beta)
-    v.require_int("ignore_index", ignore_index)
-    v.require_bool("average_log_prob", average)
-    for name, value in (("desirable_weight", desirable_weight), ("undesirable_weight", undesirable_weight)):
-        v.require_real(name, value)
-    v.require_chunk_options(chunk_size, accurate)
+    v.require_real("beta", options.beta)
+    v.require_int("ignore_index", options.ignore_index)
+    v.require_bool("average_log_prob", options.average_log_prob)
+    for name in ("desirable_weight", "undesirable_weight"):
+        v.require_real(name, getattr(options, name))
+    v.require_chunk_options(options.chunk_size, options.accurate)
     return tensors
 
 
@@ -225,7 +245,7 @@ def fused_linear_kto(
             both or neither of ``ref_logps`` and the reference model. With a process group: on every
             rank, as ``fused_linear_cross_entropy`` says.
     """
-    options = (beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
+    options = _KTOOptions(beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
     heads = {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}
     group = vp.find_group(process_group, heads)
     grad_on = torch.is_grad_enabled()
@@ -244,7 +264,7 @@ def fused_linear_kto(
 
         def call_options():
             wants = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-            return (*options, bias is None, ref_logps is None, ref_bias is None, x.dtype, wants)
+            return (options, bias is None, ref_logps is None, ref_bias is None, x.dtype, wants)
 
         shard = vp.establish(
             group, weight, check, rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target},
@@ -254,15 +274,9 @@ def fused_linear_kto(
     # With a process group every rank passed the check above on the same targets: this decides alike.
     check = check_targets("target", target, n_cols, ignore_index, extra=(preference_labels.sum(),))
     counts = check.counts
-    ref = _reference_logps(
-        target, counts, ref_x, ref_weight, ref_bias, ref_logps, (ignore_index, average_log_prob, chunk_size), shard
-    )
+    ref = _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, options, shard)
     kl = v.device_scalar(0.0 if kl is None else kl, x.device)
-    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-    opts = (
-        float(beta), ignore_index, average_log_prob, float(desirable_weight), float(undesirable_weight),
-        chunk_size, accurate, needs,
-    )
+    opts = options.resolved(tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
 
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, preference_labels, check, kl, ref, counts, opts, shard)

@@ -62,6 +62,7 @@ fixed reduction orders). Measured at the published sizes, three runs each:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -105,13 +106,25 @@ def _pair_weights(chosen, rejected, beta: float):
     return d_chosen, d_rejected
 
 
-def _run(x, weight, bias, target, nll_target, counts, opts, shard=None):
+@dataclasses.dataclass(frozen=True)
+class _ORPOOptions:
+    """The non-tensor options of one call (the arguments of :func:`fused_linear_orpo` of the same names), read by
+    name, ``beta`` a float; and which gradients are wanted. Frozen: the chunks' closure reads what was checked."""
+
+    beta: float
+    ignore_index: int
+    chunk_size: int | None
+    accurate: bool
+    needs: tuple[bool, bool, bool]  #: whether dx, dW, db are wanted
+
+
+def _run(x, weight, bias, target, nll_target, counts, opts: _ORPOOptions, shard=None):
     """The forward of :class:`FusedSequenceLoss`: sums chunk by chunk, weights, gradients, then the loss."""
-    beta, ignore_index, chunk_size, accurate, needs = opts
+    beta = opts.beta
     chosen, rejected, nll, grads = paired_logprobs(
         x, weight, bias, target, counts, pair_grad=lambda c, r, _pairs: _pair_weights(c, r, beta), average=True,
-        nll_weight=1.0, nll_target=nll_target, ignore_index=ignore_index, chunk_size=chunk_size,
-        accurate=accurate, needs=needs, shard=shard,
+        nll_weight=1.0, nll_target=nll_target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
+        accurate=opts.accurate, needs=opts.needs, shard=shard,
     )
     o = log_odds(chosen, rejected)
     ratio = F.logsigmoid(o)
@@ -209,7 +222,7 @@ def fused_linear_orpo(
         checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
     counts = checks[0].counts
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-    opts = (float(beta), ignore_index, chunk_size, accurate, needs)
+    opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, needs)
 
     def run(x_, w_, b_):
         return _run(x_, w_, b_, target, nll_target, counts, opts, shard)
