@@ -132,9 +132,7 @@ def _supported_class(model) -> str:
     what = f"{type(model).__name__} (model_type={model_type!r})"
     if name is None:
         raise ValueError(f"kernels_lib.hf does not support {what}; supported: {', '.join(SUPPORTED)}")
-    head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):
-        raise ValueError(f"kernels_lib.hf: {what} has no nn.Linear LM head (get_output_embeddings() is {head!r})")
+    _resolve_head(model.get_output_embeddings(), at_call=False)  # checked again at each call: wrapping may come later
     if model.base_model is model:
         raise ValueError(f"kernels_lib.hf: {what} has no backbone {model.base_model_prefix!r} (model.base_model)")
     if SUPPORTED[name] and not hasattr(model.config, "final_logit_softcapping"):
@@ -256,6 +254,175 @@ def _loss_forward(
     return CausalLMOutputWithPast(loss=loss, logits=logits, **_passthrough(outputs))
 
 
+# ------------------------------------------------------------------- the head at call time (plain, LoRA, refused)
+
+
+def _peft():
+    """peft's classes the head and model checks need, or None when peft is not imported (then no model carries them)."""
+    if "peft" not in sys.modules:
+        return None
+    import peft
+    from peft.tuners import lora
+    from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    return types.SimpleNamespace(
+        PeftModel=peft.PeftModel, BaseTuner=BaseTuner, BaseTunerLayer=BaseTunerLayer, LoraLinear=lora.Linear,
+        ModulesToSaveWrapper=ModulesToSaveWrapper,
+    )
+
+
+def _causal_lm(model):
+    """The ``*ForCausalLM`` inside a peft wrapper (``PeftModel`` and its task classes, or a tuner such as ``LoraModel``);
+    ``model`` itself otherwise. Its forward is the one peft's forward ends in, so the patch goes there."""
+    peft = _peft()
+    if peft is not None:
+        if isinstance(model, peft.PeftModel):
+            return model.get_base_model()
+        if isinstance(model, peft.BaseTuner):
+            return model.model
+    return model
+
+
+@dataclasses.dataclass
+class _LoraTerm:
+    """One active, unmerged LoRA adapter of the head: its logits are ``scaling · B(A(dropout(h)))`` (+ ``scaling · b_B``)."""
+
+    name: str
+    lora_A: torch.nn.Linear
+    lora_B: torch.nn.Linear
+    dropout: torch.nn.Module
+    scaling: float
+
+
+#: Origins of forward hooks that gather or place the head's parameters and leave its output alone: FSDP2's
+#: (which run, the loss being the head's forward there) and DeepSpeed ZeRO-3's (whose gather the loss does itself).
+_PARAMETER_HOOK_ORIGINS = ("torch.distributed.", "deepspeed.")
+
+
+def _hook_name(hook) -> tuple[str, str]:
+    """A hook's origin module and name (through ``functools.partial``)."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    function = getattr(hook, "__func__", hook)
+    return getattr(function, "__module__", "") or "", getattr(function, "__qualname__", None) or repr(hook)
+
+
+def _check_forward_unwrapped(module, where: str) -> None:
+    """Refuse, naming it, whatever would make ``module(x)`` differ from the operation kernels_lib computes from its
+    parameters: a forward hook or pre-hook (other than FSDP2's or ZeRO-3's parameter gathering), or a replaced
+    ``forward`` (other than Accelerate's device placement of parameters that are in memory)."""
+    for kind, hooks in (("forward pre-hook", module._forward_pre_hooks), ("forward hook", module._forward_hooks)):
+        for hook in hooks.values():
+            origin, name = _hook_name(hook)
+            if not origin.startswith(_PARAMETER_HOOK_ORIGINS):
+                raise ValueError(
+                    f"kernels_lib.hf: {where} has a {kind} {origin}.{name}, which may change what it computes; the "
+                    f"fused loss reads its parameters without running its forward, so it cannot honour the hook. "
+                    f"Remove the hook or call kernels_lib.hf.unpatch(model)"
+                )
+    if "forward" in module.__dict__:
+        accelerate = getattr(module, "_hf_hook", None)
+        hooks = getattr(accelerate, "hooks", None) or ([accelerate] if accelerate is not None else [])
+        placing = all(type(hook).__name__ == "AlignDevicesHook" and not getattr(hook, "offload", False) for hook in hooks)
+        if not (hooks and placing):
+            replaced = accelerate if accelerate is not None else module.__dict__["forward"]
+            raise ValueError(
+                f"kernels_lib.hf: {where}'s forward is replaced ({replaced!r}); the fused loss reads its parameters "
+                f"without running its forward, so it cannot honour that (Accelerate's device placement without "
+                f"offloading is the one replacement accepted)"
+            )
+
+
+def _check_linear(module, where: str) -> None:
+    if not isinstance(module, torch.nn.Linear) or type(module).forward is not torch.nn.Linear.forward:
+        raise ValueError(
+            f"kernels_lib.hf: {where} is {type(module).__module__}.{type(module).__qualname__}, not an nn.Linear "
+            f"(or a peft LoRA layer on one); kernels_lib cannot compute its forward from its parameters"
+        )
+    _check_forward_unwrapped(module, where)
+
+
+def _resolve_head(head, *, at_call: bool = True) -> tuple[torch.nn.Linear, list[_LoraTerm]]:
+    """The ``nn.Linear`` whose ``weight``/``bias`` the head's forward multiplies by and the LoRA terms it adds, read
+    now (adapters enabled, disabled, merged, switched: the state of this call), or a ValueError naming what kernels_lib
+    cannot compute without running the head's forward. ``at_call``: a disabled LoRA layer holding merged adapters is
+    unmerged first, as its own forward does."""
+    where = f"the LM head ({type(head).__name__})"
+    peft = _peft()
+    if peft is None or not isinstance(head, (peft.BaseTunerLayer, peft.ModulesToSaveWrapper)):
+        _check_linear(head, where)
+        return head, []
+    _check_forward_unwrapped(head, where)
+    if isinstance(head, peft.ModulesToSaveWrapper):  # modules_to_save=["lm_head"]: a trainable copy per adapter
+        active = head.active_adapters
+        if len(active) > 1:
+            raise ValueError(f"kernels_lib.hf: {where} has several active adapters {active}; set one")
+        copies = head.modules_to_save
+        if head.disable_adapters or not active or active[0] not in copies:
+            return _resolve_head(head.original_module, at_call=at_call)
+        return _resolve_head(copies[active[0]], at_call=at_call)
+    if type(head) is not peft.LoraLinear:
+        raise ValueError(
+            f"kernels_lib.hf: {where} carries a peft adapter of type {type(head).__module__}.{type(head).__qualname__}; "
+            f"kernels_lib handles LoRA on an nn.Linear head (peft.tuners.lora.Linear) only: leave lm_head out of "
+            f"the adapter's target_modules, or call kernels_lib.hf.unpatch(model)"
+        )
+    base = head.base_layer
+    _check_linear(base, f"{where}'s base_layer")
+    if head.disable_adapters:
+        if head.merged and at_call:
+            head.unmerge()
+        return base, []
+    if head.merged:  # merged adapters are in base.weight; peft's forward then adds no other
+        return base, []
+    if getattr(head, "fan_in_fan_out", False):
+        raise ValueError(f"kernels_lib.hf: {where} has fan_in_fan_out=True, which an nn.Linear base never has")
+    terms = []
+    for name in head.active_adapters:
+        if name not in head.lora_A:
+            continue
+        variant = getattr(head, "lora_variant", {}).get(name)
+        if variant is not None or head.use_dora.get(name, False):
+            kind = "DoRA (use_dora=True)" if head.use_dora.get(name, False) else type(variant).__name__
+            raise ValueError(
+                f"kernels_lib.hf: adapter {name!r} on {where} is a LoRA variant, {kind}, which kernels_lib does not "
+                f"compute; plain LoRA only on the head (or leave lm_head out of target_modules)"
+            )
+        lora_A, lora_B, dropout = head.lora_A[name], head.lora_B[name], head.lora_dropout[name]
+        _check_linear(lora_A, f"lora_A[{name!r}] of {where}")
+        _check_linear(lora_B, f"lora_B[{name!r}] of {where}")
+        if type(dropout) not in (torch.nn.Dropout, torch.nn.Identity):
+            raise ValueError(f"kernels_lib.hf: lora_dropout[{name!r}] of {where} is {type(dropout).__name__}")
+        _check_forward_unwrapped(dropout, f"lora_dropout[{name!r}] of {where}")
+        scaling = head.scaling[name]
+        if isinstance(scaling, torch.Tensor):
+            scaling = scaling.item()
+        terms.append(_LoraTerm(name, lora_A, lora_B, dropout, scaling))
+    return base, terms
+
+
+def _with_lora(terms: list[_LoraTerm], weight, bias, hidden):
+    r"""The loss's operands with the LoRA terms folded in exactly: ``[h, s·A·drop(h), …]`` against ``[W, B, …]``.
+
+    ``W h + Σ s B A drop(h)`` is the product of the head's weight concatenated with each ``B`` (``V × (H + Σ r)``) and
+    the hidden states concatenated with each ``s · A · drop(h)`` (``N × (H + Σ r)``), so the fused loss's gradients
+    reach ``W`` (when trainable) and, through autograd, every ``A`` and ``B``, with each adapter's own dropout mask.
+    """
+    if not terms:
+        return weight, bias, hidden
+    weights, hiddens = [weight], [hidden]
+    for term in terms:
+        a = term.lora_A.weight
+        low = F.linear(term.dropout(hidden.to(a.device, a.dtype)), a, term.lora_A.bias) * term.scaling
+        hiddens.append(low.to(hidden.device, hidden.dtype))
+        weights.append(term.lora_B.weight.to(weight.device, weight.dtype))
+        if term.lora_B.bias is not None:  # lora_bias=True
+            extra = (term.lora_B.bias * term.scaling).to(weight.device, weight.dtype)
+            bias = extra if bias is None else bias + extra
+    return torch.cat(weights, dim=1), bias, torch.cat(hiddens, dim=-1)
+
+
 # ------------------------------------------------------------------- the head's full parameters (FSDP2, ZeRO-3)
 
 
@@ -326,7 +493,18 @@ def _with_full_head(head, compute, *inputs):
       as a tensor-parallel ``ColwiseParallel`` one, is vocabulary-parallel for
       :func:`~kernels_lib.fused_linear_cross_entropy`).
     """
+    linear, terms = _resolve_head(head)
     fsdp_module = _fsdp_module_class()
+    if terms:
+        fsdp = fsdp_module is not None and (isinstance(head, fsdp_module) or isinstance(linear, fsdp_module))
+        if fsdp or any(hasattr(parameter, "ds_id") for parameter in head.parameters()):
+            raise ValueError(
+                "kernels_lib.hf: LoRA on an LM head that FSDP2 shards as a unit of its own, or that DeepSpeed ZeRO-3 "
+                "partitions, is not supported; shard the head with its parent module, or leave lm_head out of the "
+                "adapter's target_modules"
+            )
+        return compute(*_with_lora(terms, linear.weight, linear.bias, inputs[0]), *inputs[1:])
+    head = linear
     if fsdp_module is not None and isinstance(head, fsdp_module):
         had_own = "forward" in head.__dict__
         own = head.__dict__.get("forward")
@@ -395,8 +573,9 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
     """
     if keep_logits is not None and not isinstance(keep_logits, bool):
         raise TypeError(f"keep_logits must be True, False or None; got {keep_logits!r}")
-    softcaps = SUPPORTED[_supported_class(model)]
-    _install(model).loss = _LossOptions(chunk_size, accurate, keep_logits, softcaps)
+    causal_lm = _causal_lm(model)
+    softcaps = SUPPORTED[_supported_class(causal_lm)]
+    _install(causal_lm).loss = _LossOptions(chunk_size, accurate, keep_logits, softcaps)
     return model
 
 
@@ -405,18 +584,19 @@ def unpatch(model):
 
     A model that is not patched is returned as is.
     """
-    state = model.__dict__.pop(_STATE, None)
+    causal_lm = _causal_lm(model)
+    state = causal_lm.__dict__.pop(_STATE, None)
     if state is not None:
         if state.previous_forward is None:
-            del model.forward
+            del causal_lm.forward
         else:
-            model.forward = state.previous_forward
+            causal_lm.forward = state.previous_forward
     return model
 
 
 def is_patched(model) -> bool:
     """Whether :func:`patch` or :func:`add_fused_lm_head` of this module is installed on ``model``."""
-    return _STATE in model.__dict__
+    return _STATE in _causal_lm(model).__dict__
 
 
 # ------------------------------------------------------------------------- public: TRL's fused-head protocol
@@ -541,6 +721,7 @@ def add_fused_lm_head(
     unknown = [name for name in outputs if name not in FUSED_HEAD_OUTPUTS]
     if unknown:
         raise ValueError(f"outputs must be among {', '.join(FUSED_HEAD_OUTPUTS)}; got {', '.join(unknown)}")
+    model = _causal_lm(model)
     _supported_class(model)
     text_config = model.config.get_text_config()
     _install(model).head = _HeadOptions(
