@@ -92,7 +92,7 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     Args:
         student, teacher: ``(x, weight, bias)`` with ``x`` 2-D ``(N, H)``; the teacher's detached.
         target: ``(N,)`` class indices in ``[0, V)`` or ``ignore_index`` (any other refused by the caller's
-            :func:`check_targets` once the call is queued; the stage reads column 0 for it), or None.
+            :func:`~kernels_lib._validate.check_targets` once the call is queued; the stage reads column 0 for it), or None.
         with_hard: compute the hard loss (needs ``target``).
         factors: a function ``() -> float32 (2,)`` device tensor ``(f_h, f_s)``: the gradient factors
             of every counted row (loss weight × reduction × ``soft.chain``); called when ``any(needs)``.
@@ -164,13 +164,6 @@ def kept_rows(target: torch.Tensor | None, n_rows: int, ignore_index: int, devic
     if target is None:
         return torch.full((), float(n_rows), dtype=torch.float32, device=device)
     return (target != ignore_index).sum().to(torch.float32)
-
-
-def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> v.RangeCheck:
-    """The range check of ``target`` (values outside ``[0, n_cols)`` other than ``ignore_index``), counted
-    on the device and read on the host only by the returned check's ``raise_if_bad``, which the caller
-    runs once the call's kernels are queued (:class:`~kernels_lib._validate.RangeCheck`: no stall)."""
-    return v.RangeCheck.of(target, n_cols, ignore_index)
 
 
 def validate_heads(student_x, student_weight, teacher_x, teacher_weight, target, student_bias, teacher_bias,

@@ -109,8 +109,8 @@ def paired_logprobs(
 
     Args:
         x, target: ``(2n, T, H)`` and ``(2n, T)``, chosen then rejected (``target`` checked by the caller's
-            :class:`~kernels_lib._sequence_logprobs.TargetCheck`, read once the call is queued).
-        counts: ``(2n,)`` float32 valid tokens per sequence (:func:`~kernels_lib._sequence_logprobs.check_targets`).
+            :class:`~kernels_lib._validate.TargetCheck`, read once the call is queued).
+        counts: ``(2n,)`` float32 valid tokens per sequence (:func:`~kernels_lib._validate.check_targets`).
         pair_grad: ``∂f_i/∂ℓ`` of the loss's per-pair term (see :func:`autograd_pair_grad`); called
             once per chunk, only when a gradient is wanted.
         average: ``ℓ`` is the average over valid tokens (else the sum).

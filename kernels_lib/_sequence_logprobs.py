@@ -171,7 +171,7 @@ def sequence_logprobs(
         x: ``(S·T, H)`` rows, sequence after sequence (``T = seq_len`` rows each).
         weight, bias: the head ``(V, H)`` and optional ``(V,)``.
         target, target2: ``(S·T,)`` class indices in ``[0, V)`` or ``ignore_index`` (any other refused by the
-            caller's :class:`TargetCheck` once the call is queued; the kernels read nothing for it).
+            caller's :class:`~kernels_lib._validate.TargetCheck` once the call is queued; the kernels read nothing for it).
         rows_per_chunk: a multiple of ``seq_len`` (see :func:`chunk_rows`); chunks never split a
             sequence, nor anything the caller's ``coefficients`` needs together.
         coefficients: turns a chunk's sums into the per-sequence weights ``w`` (and ``w2``);
@@ -224,56 +224,6 @@ def sequence_logprobs(
         if shard is not None and grads is not None and grads.dx is not None:
             shard.sum_(grads.dx)
     return sums, sums2, None if grads is None else grads.result()
-
-
-class TargetCheck:
-    """The checks of one sequence loss's ``target`` ``(S, T)``, counted on the device and read on the host
-    only by :meth:`raise_if_bad`, which the caller runs once the call's kernels are queued
-    (:class:`~kernels_lib._validate.HostCounts`: the GPU never waits for the host).
-
-    Refuses values outside ``[0, V)`` other than ``ignore_index``, and sequences with no valid token
-    (their average log-prob would be 0/0; with ``every_sequence=False`` only a ``target`` with no valid
-    token at all), naming ``name``. The kernels read only in-range targets' entries, so the work done
-    on a refused ``target`` is discarded, never out of bounds."""
-
-    def __init__(
-        self, name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True,
-        extra: tuple[torch.Tensor, ...] = (),
-    ):
-        self.name, self.target, self.n_cols, self.ignore_index = name, target, n_cols, ignore_index
-        self.every_sequence = every_sequence
-        valid, bad = v.out_of_range_targets(target, n_cols, ignore_index)
-        counts = valid.sum(-1)
-        empty = counts == 0 if every_sequence else (counts.sum() == 0).view(1)
-        self.counts = counts.to(torch.float32)  #: valid tokens per sequence, float32 on the target's device
-        # One copy for the checks and the caller's ``extra`` integer scalars (read by :meth:`extra_counts`).
-        self.host = v.HostCounts(torch.stack([bad.sum(), empty.sum(), *(e.reshape(()).to(torch.int64) for e in extra)]))
-
-    def extra_counts(self) -> list[int]:
-        """The ``extra`` scalars as Python ints (waits for the checks' copy alone, never for the call's kernels)."""
-        return self.host.read()[2:]
-
-    def raise_if_bad(self) -> None:
-        n_bad, n_empty = self.host.read()[:2]
-        if n_bad:
-            v.raise_out_of_range(self.name, self.target, self.n_cols, self.ignore_index)
-        if n_empty and self.every_sequence:
-            first = torch.nonzero(self.counts == 0)[0, 0].item()
-            raise ValueError(
-                f"{self.name} has {n_empty} sequence(s) with no valid token (every position is ignore_index="
-                f"{self.ignore_index}; e.g. sequence {first}): its log-prob is undefined; drop it from the batch"
-            )
-        if n_empty:
-            raise ValueError(f"{self.name} has no valid token (all ignore_index={self.ignore_index}): its mean would be 0/0")
-
-
-def check_targets(
-    name: str, target: torch.Tensor, n_cols: int, ignore_index: int, every_sequence: bool = True,
-    extra: tuple[torch.Tensor, ...] = (),
-) -> TargetCheck:
-    """The :class:`TargetCheck` of ``target`` ``(S, T)``: its ``counts`` (valid tokens per sequence) for the
-    call, its ``raise_if_bad`` for the call's end; ``extra`` device scalars ride in the same host copy."""
-    return TargetCheck(name, target, n_cols, ignore_index, every_sequence, extra)
 
 
 class FusedSequenceLoss(torch.autograd.Function):

@@ -26,20 +26,20 @@ class TargetTotals(NamedTuple):
     mean_factor: torch.Tensor  #: (1,): 1 / normalizer, the gradient factor of reduction="mean"
     sum_factor: torch.Tensor  #: (1,): 1, the gradient factor of reduction="sum"
     weight_sum: torch.Tensor | None  #: (1,): Σ_j w_j for the kernels; None without class weights
-    check: v.RangeCheck | None  #: its raise_if_bad ends the call; None without host_checks
+    check: v.TargetCheck | None  #: its raise_if_bad ends the call; None without host_checks
 
 
 def target_totals(target: torch.Tensor, n_cols: int, ignore_index: int, class_weight: torch.Tensor | None,
                   host_checks: bool) -> TargetTotals:
     """The :class:`TargetTotals` of ``target`` (any shape, int32/int64) over ``n_cols`` classes, with
     optional class weights (contiguous float32). With ``host_checks`` the range check is a
-    :class:`~kernels_lib._validate.RangeCheck` whose ``raise_if_bad`` the caller runs at the end of the
+    :class:`~kernels_lib._validate.TargetCheck` whose ``raise_if_bad`` the caller runs at the end of the
     call; without, a device-side assert on the launch's ``[B = 0]`` flag. One launch and no other op
     (but the class weights' sum)."""
     totals = launch_target_totals(target.reshape(-1).contiguous(), n_cols, ignore_index, class_weight)
     check = None
     if host_checks:
-        check = v.RangeCheck(target, totals[2], n_cols, ignore_index)
+        check = v.TargetCheck(target, n_cols, ignore_index, n_bad=totals[2])
     else:
         torch._assert_async(totals[3], f"target holds values outside [0, {n_cols}) that are not ignore_index={ignore_index}")
     weight_sum = None if class_weight is None else class_weight.sum().reshape(1)

@@ -171,7 +171,7 @@ def require_linear_loss_inputs(x, weight, target, x_ndim: int | None = None) -> 
 def out_of_range_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(valid, bad)`` masks of ``target``: not ``ignore_index``, and valid but outside ``[0, n_cols)``.
     The caller counts ``bad`` on the device and reads the count once its kernels are queued
-    (:class:`RangeCheck`, :class:`HostCounts`); if non-zero, it raises :func:`targets_out_of_range_error`."""
+    (:class:`TargetCheck`, :class:`HostCounts`); if non-zero, it raises :func:`targets_out_of_range_error`."""
     valid = target != ignore_index
     return valid, valid & ((target < 0) | (target >= n_cols))
 
@@ -232,34 +232,69 @@ class HostCounts:
         return self.values
 
 
-class RangeCheck:
-    """The targets' range check of ``host_checks=True`` without stalling the GPU.
+class TargetCheck:
+    """The deferred checks of a ``target`` tensor, counted on the device and read on the host only by
+    :meth:`raise_if_bad`, which the caller runs once the call's kernels are queued (at the end of the call
+    or, when the call forms a gradient, at the start of its backward): the counts travel in one
+    :class:`HostCounts` copy, so the GPU never waits for the host.
 
-    ``n_bad`` is the number of targets outside ``[0, n_cols)`` (not ``ignore_index``), a one-element
-    device tensor computed before the call's kernels (:mod:`kernels_lib.kernels.target_totals`, or
-    :func:`out_of_range_targets`). It is read through :class:`HostCounts` only by :meth:`raise_if_bad`,
-    which the caller runs at the end of the call or, when the call forms a gradient, at the start of
-    its backward. A bad target then raises :func:`targets_out_of_range_error` naming ``name`` (the
-    targets re-read to quote one), after work on inputs it discards: the kernels read only in-range
-    targets' entries."""
+    Always: the values outside ``[0, n_cols)`` other than ``ignore_index`` (refused by
+    :func:`raise_out_of_range`, naming ``name``). ``n_bad``, that count as a one-element device tensor
+    made before the call's kernels (:mod:`kernels_lib.kernels.target_totals`), or None to count it here
+    from the target's masks (:func:`out_of_range_targets`; the not-``ignore_index`` mask then stays on
+    the check as ``valid``, for callers that weigh tokens by it).
 
-    def __init__(self, target: torch.Tensor, n_bad: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target"):
+    ``sequences`` (``target`` ``(S, T)``): ``"every"`` refuses sequences with no valid token (their
+    average log-prob would be 0/0), ``"any"`` only a ``target`` with no valid token at all; either keeps
+    ``counts``, the valid tokens per sequence (float32). ``extra`` integer device scalars ride in the same
+    copy, read by :meth:`extra_counts`. A range check alone copies the one count (no stacking: the
+    cross-entropy's path costs what it did); the kernels read only in-range targets' entries, so the work
+    done on a refused ``target`` is discarded, never out of bounds."""
+
+    def __init__(self, target: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target", *,
+                 n_bad: torch.Tensor | None = None, sequences: str | None = None, extra: tuple[torch.Tensor, ...] = ()):
+        if sequences not in (None, "every", "any"):
+            raise ValueError(f"sequences must be None, 'every' or 'any'; got {sequences!r}")
         self.target, self.n_cols, self.ignore_index, self.name = target, n_cols, ignore_index, name
-        self.counts = HostCounts(n_bad)
-        self.valid: torch.Tensor | None = None  #: the not-``ignore_index`` mask, when :meth:`of` made it
+        self.sequences = sequences
+        self.valid: torch.Tensor | None = None  #: the not-``ignore_index`` mask, when counted here
+        self.counts: torch.Tensor | None = None  #: valid tokens per sequence (float32), with ``sequences``
+        if n_bad is None:
+            self.valid, bad = out_of_range_targets(target, n_cols, ignore_index)
+            n_bad = bad.sum()
+        if sequences is None and not extra:
+            self.host = HostCounts(n_bad)
+            return
+        counts = (target != ignore_index if self.valid is None else self.valid).sum(-1)
+        empty = counts == 0 if sequences == "every" else (counts.sum() == 0).view(1)
+        self.counts = counts.to(torch.float32)
+        # One copy for the checks and the caller's ``extra`` integer scalars (read by :meth:`extra_counts`).
+        self.host = HostCounts(torch.stack([n_bad, empty.sum(), *(e.reshape(()).to(torch.int64) for e in extra)]))
 
-    @classmethod
-    def of(cls, target: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target") -> "RangeCheck":
-        """The check of ``target`` counted from its masks (:func:`out_of_range_targets`); its ``valid``
-        mask stays on the check for callers that weigh tokens by it."""
-        valid, bad = out_of_range_targets(target, n_cols, ignore_index)
-        check = cls(target, bad.sum(), n_cols, ignore_index, name)
-        check.valid = valid
-        return check
+    def extra_counts(self) -> list[int]:
+        """The ``extra`` scalars as Python ints (waits for the checks' copy alone, never for the call's kernels)."""
+        return self.host.read()[2:]
 
     def raise_if_bad(self) -> None:
-        if self.counts.read()[0]:
+        values = self.host.read()
+        if values[0]:
             raise_out_of_range(self.name, self.target, self.n_cols, self.ignore_index)
+        n_empty = values[1] if self.sequences is not None else 0
+        if n_empty and self.sequences == "every":
+            first = torch.nonzero(self.counts == 0)[0, 0].item()
+            raise ValueError(
+                f"{self.name} has {n_empty} sequence(s) with no valid token (every position is ignore_index="
+                f"{self.ignore_index}; e.g. sequence {first}): its log-prob is undefined; drop it from the batch"
+            )
+        if n_empty:
+            raise ValueError(f"{self.name} has no valid token (all ignore_index={self.ignore_index}): its mean would be 0/0")
+
+
+def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int, name: str = "target", *,
+                  sequences: str | None = None, extra: tuple[torch.Tensor, ...] = ()) -> TargetCheck:
+    """The :class:`TargetCheck` of ``target`` counted from its masks (its ``valid`` mask kept; with
+    ``sequences``, its ``counts`` per sequence for the call): its ``raise_if_bad`` for the call's end."""
+    return TargetCheck(target, n_cols, ignore_index, name, sequences=sequences, extra=extra)
 
 
 def raise_out_of_range(name: str, target: torch.Tensor, n_cols: int, ignore_index: int) -> None:

@@ -58,7 +58,7 @@ from typing import NamedTuple
 import torch
 
 from ._distillation import (
-    SoftLoss, check_targets, cosine_soft, fused_two_head_loss, jsd_soft, kept_rows, needs_grad, teacher_constant,
+    SoftLoss, cosine_soft, fused_two_head_loss, jsd_soft, kept_rows, needs_grad, teacher_constant,
     two_head_rows, validate_heads, validate_options,
     two_head_chunk_size,
 )
@@ -83,7 +83,7 @@ def _distill(soft: SoftLoss, student_x, student_weight, teacher_x, teacher_weigh
     for name, value in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss)):
         v.require_real(name, value)
     flat_target = target.reshape(-1).contiguous()
-    check = check_targets(flat_target, student_weight.shape[0], ignore_index)
+    check = v.check_targets(flat_target, student_weight.shape[0], ignore_index)
     count = kept_rows(flat_target, flat_target.numel(), ignore_index, student_x.device).clamp_min(1.0)
     teacher = teacher_constant(teacher_x, teacher_weight, teacher_bias)
     needs = needs_grad(student_x, student_weight, student_bias)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from . import _validate as v
 from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss, check_targets
+from ._sequence_logprobs import FusedSequenceLoss
 
 #: TRL 1.16's CPO loss types (its config's ``"alphapo"`` is ``"simpo"`` with ``cpo_alpha = 0`` and ``alpha``).
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo")
@@ -213,9 +213,9 @@ def fused_linear_cpo(
     opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
     v.require_same_device(validate_pairs(x, weight, target, bias, nll_target))
     n_cols = weight.shape[0]
-    checks = [check_targets("target", target, n_cols, ignore_index)]
+    checks = [v.check_targets(target, n_cols, ignore_index, sequences="every")]
     if nll_target is not None and cpo_alpha != 0:
-        checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
+        checks.append(v.check_targets(nll_target[: x.shape[0] // 2], n_cols, ignore_index, "nll_target", sequences="any"))
     counts = checks[0].counts
     grad_on = torch.is_grad_enabled()
     opts = opts._replace(needs=tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))

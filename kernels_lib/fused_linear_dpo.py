@@ -67,7 +67,7 @@ import torch.nn.functional as F
 
 from . import _validate as v
 from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss, check_targets, reference_sums, validate_reference
+from ._sequence_logprobs import FusedSequenceLoss, reference_sums, validate_reference
 
 #: The per-pair loss types of TRL 1.16's DPOTrainer that are formed here (``sft``: the chosen NLL).
 LOSS_TYPES = (
@@ -332,7 +332,7 @@ def fused_linear_dpo(
     tensors = validate_pairs(x, weight, target, bias)
     tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch="2n"))
     v.require_same_device(tensors)
-    check = check_targets("target", target, weight.shape[0], ignore_index)
+    check = v.check_targets(target, weight.shape[0], ignore_index, sequences="every")
     counts = check.counts
     if ref_logps is not None:
         ref = ref_logps.detach().to(torch.float32)

@@ -703,14 +703,6 @@ _REAL_OPTIONS = (
 _OPTIONAL_REAL_OPTIONS = ("delta", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
-def _check_targets(target, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, v.RangeCheck]:
-    """The valid-target mask and the range check of values outside ``[0, V)``, read on the host only by
-    its ``raise_if_bad`` once the call's kernels are queued (no stall). Sequences without a valid token
-    are allowed (TRL clamps their token count to 1: they add 0)."""
-    check = v.RangeCheck.of(target, n_cols, ignore_index)
-    return check.valid, check
-
-
 def fused_linear_grpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -853,8 +845,9 @@ def fused_linear_grpo(
     v.require_same_device(tensors)
     grad_on = torch.is_grad_enabled()
     opts = opts.resolved(tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
-    valid, check = _check_targets(target, weight.shape[0], ignore_index)
-    mask = valid.to(torch.float32)
+    # The range alone: a sequence without a valid token is allowed (TRL clamps its token count to 1: it adds 0).
+    check = v.check_targets(target, weight.shape[0], ignore_index)
+    mask = check.valid.to(torch.float32)
     if completion_mask is not None:
         mask = mask * completion_mask.detach().to(torch.float32)
     if ref_logps is not None:

@@ -61,7 +61,7 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
-from ._sequence_logprobs import FusedSequenceLoss, check_targets, chunk_rows, reference_sums, sequence_logprobs, validate_reference
+from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, reference_sums, sequence_logprobs, validate_reference
 
 
 class KTOOutput(NamedTuple):
@@ -110,7 +110,7 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
 
 def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts: _KTOOptions, shard=None):
     """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss.
-    ``check``: the targets' :class:`~kernels_lib._sequence_logprobs.TargetCheck`, whose extra count (the
+    ``check``: the targets' :class:`~kernels_lib._validate.TargetCheck`, whose extra count (the
     True labels, copied before the call's kernels) sizes the split outputs without a sync."""
     beta, average = opts.beta, opts.average_log_prob
     desirable_weight, undesirable_weight = opts.desirable_weight, opts.undesirable_weight
@@ -272,7 +272,7 @@ def fused_linear_kto(
         )
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: this decides alike.
-    check = check_targets("target", target, n_cols, ignore_index, extra=(preference_labels.sum(),))
+    check = v.check_targets(target, n_cols, ignore_index, sequences="every", extra=(preference_labels.sum(),))
     counts = check.counts
     ref = _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, options, shard)
     kl = v.device_scalar(0.0 if kl is None else kl, x.device)

@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from . import _validate as v
 from . import _vocab_parallel as vp
 from ._paired_logprobs import paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss, check_targets
+from ._sequence_logprobs import FusedSequenceLoss
 
 
 class ORPOOutput(NamedTuple):
@@ -217,9 +217,9 @@ def fused_linear_orpo(
         )
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: these decide alike.
-    checks = [check_targets("target", target, n_cols, ignore_index)]
+    checks = [v.check_targets(target, n_cols, ignore_index, sequences="every")]
     if nll_target is not None:
-        checks.append(check_targets("nll_target", nll_target[: x.shape[0] // 2], n_cols, ignore_index, every_sequence=False))
+        checks.append(v.check_targets(nll_target[: x.shape[0] // 2], n_cols, ignore_index, "nll_target", sequences="any"))
     counts = checks[0].counts
     needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
     opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, needs)

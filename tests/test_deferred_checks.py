@@ -152,11 +152,11 @@ def test_kto_reads_its_checks_and_its_label_count_through_one_host_copy(monkeypa
 
 def test_range_check_of_keeps_the_valid_mask_and_names_the_target():
     target = torch.tensor([[0, -100, 4], [7, 2, -100]], device=DEVICE)
-    check = _validate.RangeCheck.of(target, 5, -100, name="labels")
-    assert torch.equal(check.valid, target != -100), "RangeCheck.of must keep the not-ignore_index mask"
+    check = _validate.check_targets(target, 5, -100, name="labels")
+    assert torch.equal(check.valid, target != -100), "check_targets must keep the not-ignore_index mask"
     with pytest.raises(ValueError, match=r"labels holds 1 value\(s\) outside \[0, 5\) .* \(e\.g\. 7\)"):
         check.raise_if_bad()
-    _validate.RangeCheck.of(target.clamp(max=4), 5, -100).raise_if_bad()  # in range: no error
+    _validate.check_targets(target.clamp(max=4), 5, -100).raise_if_bad()  # in range: no error
 
 
 #: Where the package may copy a host value onto the device with ``torch.tensor``/``torch.as_tensor``:
