@@ -30,8 +30,10 @@ anything else is refused with an error naming the model type. Checked with Trans
 5.24 (the backbone is reached through ``model.base_model``, the head through
 ``get_output_embeddings()``, and the output carries whatever cache field the installed version's
 ``CausalLMOutputWithPast`` has: ``past_key_values`` or ``cache``). The head's ``weight`` and ``bias``
-are read directly, not through its ``forward``: whatever wraps that forward (a LoRA adapter on the
-head itself, a device-placement hook) is bypassed. Sharded heads are used whole, as their framework
+are read directly, not through its ``forward``; at each call, whatever would change that forward's
+output is either computed (peft's LoRA on the head, folded into the loss exactly: see :func:`patch`)
+or refused with an error naming it (other adapters, forward hooks, a replaced ``forward``), never
+bypassed. peft models are accepted as they are (the patch goes on the causal LM inside). Sharded heads are used whole, as their framework
 would gather them for ``nn.Linear`` (:func:`_with_full_head`): under FSDP2 with the head a unit of its
 own (``fully_shard(model.lm_head)``, tied or untied, patched before or after sharding) the loss runs as
 the head's forward, so that FSDP2's hooks unshard it, reshard it and reduce-scatter its gradient;
@@ -132,7 +134,11 @@ def _supported_class(model) -> str:
     what = f"{type(model).__name__} (model_type={model_type!r})"
     if name is None:
         raise ValueError(f"kernels_lib.hf does not support {what}; supported: {', '.join(SUPPORTED)}")
-    _resolve_head(model.get_output_embeddings(), at_call=False)  # checked again at each call: wrapping may come later
+    try:  # checked again at each call: an adapter or a hook may come after patching
+        _resolve_head(model.get_output_embeddings(), at_call=False)
+    except ValueError as error:
+        reason = str(error).removeprefix("kernels_lib.hf: ")
+        raise ValueError(f"kernels_lib.hf: {what} has no nn.Linear LM head kernels_lib can compute: {reason}") from None
     if model.base_model is model:
         raise ValueError(f"kernels_lib.hf: {what} has no backbone {model.base_model_prefix!r} (model.base_model)")
     if SUPPORTED[name] and not hasattr(model.config, "final_logit_softcapping"):
@@ -465,6 +471,10 @@ class _GatheredCopy(torch.autograd.Function):
 def _with_full_head(head, compute, *inputs):
     r"""``compute(weight, bias, *inputs)`` with the head's whole ``weight`` and ``bias``, however the model is sharded.
 
+    The head is first resolved as it stands at this call (:func:`_resolve_head`: a plain ``nn.Linear``, or a
+    peft LoRA layer whose active adapters :func:`_with_lora` folds into the operands, ``inputs[0]`` being the
+    hidden states; anything else refused). LoRA on a head sharded as below is refused.
+
     * **FSDP2, the head a unit of its own** (``fully_shard(model.lm_head)``, or in a group with the tied
       embedding, ``fully_shard([embed_tokens, lm_head])``): outside its forward the head's ``weight`` is a
       ``DTensor`` sharded ``Shard(0)`` over the data-parallel ranks. That is storage, not a
@@ -531,7 +541,7 @@ def _with_full_head(head, compute, *inputs):
 
 
 def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool | None = None):
-    """Make ``model``'s loss come from :func:`~kernels_lib.fused_linear_cross_entropy`; returns ``model``.
+    r"""Make ``model``'s loss come from :func:`~kernels_lib.fused_linear_cross_entropy`; returns ``model``.
 
     With ``labels`` (or pre-shifted ``shift_labels``) the forward runs the backbone, slices its last
     hidden states by ``logits_to_keep`` as Transformers does, and computes ``ForCausalLMLoss`` on them
@@ -555,8 +565,37 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
 
     Patching again only updates the options (no double wrapping); :func:`unpatch` undoes it.
 
+    **peft.** ``model`` may be a peft model (``PeftModel``, ``PeftModelForCausalLM``, or its tuner such as
+    ``LoraModel``): the patch goes on the causal LM inside (``get_base_model()``), whose forward peft's
+    ends in, and ``model`` is returned; patching before peft wraps the model works the same. Adapters on
+    the backbone need nothing (they run in the backbone). The LM head is resolved at every call, from
+    ``get_output_embeddings()``, so adapters added, switched, merged or disabled after patching are honoured:
+
+    * a plain ``nn.Linear``: its ``weight`` and ``bias``;
+    * a peft LoRA layer (``peft.tuners.lora.Linear``) with active, unmerged adapters: its logits are
+      :math:`W h + b + \sum_a s_a (B_a A_a\,\mathrm{drop}_a(h) + b_{B_a})`, computed exactly as one
+      product: the fused loss runs on the hidden states extended by each :math:`s_a A_a\,\mathrm{drop}_a(h)`
+      (``N × (H + Σr)``) against the head's weight extended by each :math:`B_a` (``V × (H + Σr)``), so
+      ``lora_A``, ``lora_B`` and the base weight (where trainable) get the unpatched model's gradients.
+      ``lora_dropout`` is applied exactly (the layer's own dropout module on the hidden states, the mask
+      peft would draw), in training mode too. Memory: one copy of the head's weight (``V × (H + Σr)``,
+      the concatenation) and of the hidden states during the loss; and the loss forms that weight's
+      gradient (``V × (H + Σr)``, one GEMM of the head's size) even when the base weight is frozen,
+      which the unpatched model skips;
+    * merged adapters: the base weight, which holds them (as peft's forward does); adapters disabled
+      (``with model.disable_adapter():``): the base weight, unmerging first as peft's forward does;
+    * ``modules_to_save=["lm_head"]``: the active adapter's trainable copy (the original when disabled).
+
+    Refused, with an error naming what: DoRA and other LoRA variants on the head (naming the adapter),
+    other peft adapter types (LoHa, LoKr, IA³, ..., naming the class), a head class whose ``forward``
+    is not ``nn.Linear``'s, a forward hook or pre-hook on the head, its ``base_layer`` or its LoRA
+    modules (naming the hook; FSDP2's and ZeRO-3's parameter hooks excepted), a replaced ``forward``
+    (Accelerate's device placement without offloading excepted), and LoRA on a head that FSDP2 shards as
+    a unit of its own or that ZeRO-3 partitions. Checked when patching and again at every call.
+
     Args:
-        model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified).
+        model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified), or a
+            peft model wrapping one.
         chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`; ``chunk_size``
             None means the function's default (:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`:
             ``H`` rows, at least 2048, ``N / 32`` for long batches). The loss makes no host sync (``host_checks=False``): a label outside
@@ -567,9 +606,9 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
     Raises:
         ValueError: an unsupported model, naming its class and ``model_type`` and the supported classes,
             or a supported class missing what the patch needs (an ``nn.Linear`` head, a backbone,
-            ``final_logit_softcapping`` on Gemma configs). At the call: ``labels`` (or ``shift_labels``)
-            not of the ``(batch, sequence)`` shape of ``input_ids`` (after ``logits_to_keep``), naming
-            the argument and both shapes.
+            ``final_logit_softcapping`` on Gemma configs), or a head it cannot compute (above). At the
+            call: ``labels`` (or ``shift_labels``) not of the ``(batch, sequence)`` shape of ``input_ids``
+            (after ``logits_to_keep``), naming the argument and both shapes; a head it cannot compute.
     """
     if keep_logits is not None and not isinstance(keep_logits, bool):
         raise TypeError(f"keep_logits must be True, False or None; got {keep_logits!r}")
