@@ -19,8 +19,8 @@ MEASURED_DIR = DATA_DIR / "measured"
 _REQUIRED = ["kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "x_value", "y_value_50", "gpu_name"]
 
 
-#: Columns that name a commit: always text, so an all-digit short hash (``4375441``) or one that reads as
-#: a float (``2950e31``) stays the commit it names and compares equal to the commit a run was given.
+#: Columns that name a commit: always text, so an all-digit short hash (``1234567``) or one that reads as
+#: a float (``1234e56``) stays the commit it names and compares equal to the commit a run was given.
 TEXT_COLUMNS = {"kernels_lib_commit": str, "commit": str}
 
 
