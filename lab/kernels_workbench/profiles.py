@@ -117,7 +117,7 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
     rate, and the matmuls over their time at that rate (NaN for a loss without matmuls)."""
     import torch
 
-    from .floor import floor_at, own_rates
+    from .floor import floor_at, matmul_ms, own_rates
 
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
         what = "b must be a batch size" if x_name == "B" else f"b must be a size of {x_name}"
@@ -138,7 +138,7 @@ def point(kernel_name: str, b: int, kernels: pd.DataFrame, call_ms: float, meta:
         out["× floor"] = call_ms / out["floor ms"]
         out["run matmul TFLOP/s"] = rates["matmul"]
         if flops:
-            out["matmuls × their floor"] = out["matmuls"] / (flops / (rates["matmul"] * 1e9))
+            out["matmuls × their floor"] = out["matmuls"] / matmul_ms(kernel_name, sizes, "full", rates["matmul"])
     buffer = logits_bytes(kernel_name, sizes)
     out["logits GiB"] = buffer / 2**30 if buffer else float("nan")
     # kernels_lib's kernels in units of one pass over the logits at the run's copy bandwidth (bytes read + written)
