@@ -7,6 +7,8 @@ import math
 import pandas as pd
 import torch
 
+from .narrative import span
+
 
 def overflow_limit(dtype: torch.dtype) -> float:
     """The largest z whose e^z is finite in ``dtype``: log of its largest number."""
@@ -48,7 +50,7 @@ def chunk_sentence(ratios: pd.DataFrame, default_rows: int, vocab: int, item_byt
         column = ratios[[c for c in ratios.columns if int(c) == rows][0]].dropna()
         if not len(column):
             continue
-        text = f"{rows}-row chunks take {column.min():.2f}–{column.max():.2f}× its time"
+        text = f"{rows}-row chunks take {span(column)} its time"
         if "B" in column.index.names and column.min() < 1 <= column.max():
             worst = column.groupby(level="B").max()  # every GPU and run at that B
             below = worst[worst < 1].index

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import data
+from .narrative import span
 
 FILE = data.MEASURED_DIR / "gpu_runs" / "liger_grpo_own_config.csv"
 ARMS = {"bench_adapter": "the chart sweep's adapter", "liger_own": "Liger's own benchmark configuration"}
@@ -64,13 +65,13 @@ def sentence(rows: pd.DataFrame, published: dict[str, pd.DataFrame] | None = Non
     said = []
     if "bench_adapter" in ran:
         ratios = largest["bench_adapter × published"]
-        said.append(f"as the chart calls it, Liger's GRPO takes {largest['bench_adapter ms'].min():.0f}–"
-                    f"{largest['bench_adapter ms'].max():.0f} ms at B = {int(shown.B.max())} on the {gpu}, "
-                    f"{ratios.min():.1f}–{ratios.max():.1f}× its published time on the slower "
+        said.append(f"as the chart calls it, Liger's GRPO takes {span(largest['bench_adapter ms'], 0, ' ms')} "
+                    f"at B = {int(shown.B.max())} on the {gpu}, "
+                    f"{span(ratios, 1)} its published time on the slower "
                     f"{data.gpu_label(published_full_ms('token', None if published is None else published['token']).name)}")
     if "liger_own" in ran:
         own = largest["liger_own × published"]
-        said.append(f"in its own benchmark's configuration {own.min():.1f}–{own.max():.1f}× that time")
+        said.append(f"in its own benchmark's configuration {span(own, 1)} that time")
         return "; ".join(said).capitalize() + "."
     said.append("its own benchmark's configuration did not run at the installed versions "
                 f"(liger-kernel {rows.liger_version.iloc[0]}, torch {rows.torch_version.iloc[0]}), "
