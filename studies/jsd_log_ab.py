@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 import kernels_lib
+from kernels_workbench import floor as one_floor
 from kernels_workbench.bench.environment import provenance
 from kernels_workbench.bench.registry import get_spec
 from kernels_workbench.bench.timing import mode_callable, time_callable
@@ -67,7 +68,7 @@ def rows(arms: list[str], size: str, points: str, device: torch.device, rounds: 
         for x in (xs if points == "all" else sorted({xs[0], xs[-1]})):
             sizes = dict(workload["sizes"], **{workload["x_name"]: x})
             inputs = spec.make_inputs(sizes, workload["dtype"], device, dict(spec.default_options), 0)
-            floor = spec.bytes_moved(sizes, workload["dtype"], "full") / (copy_gbps * 1e9) * 1e3
+            floor = one_floor.floor_at("jsd", sizes, workload["dtype"], "full", {"copy": copy_gbps})[0]
             want = _outputs(spec, inputs)
             errors = {}
             for arm in arms:
