@@ -78,17 +78,12 @@ def test_provenance_line_names_the_run_beside_the_data():
                                                "torch 2.9.0, Liger 0.6.0.")
 
 
-def test_floor_and_ratio_lines_read_their_tables():
+def test_floor_lines_read_their_table():
     floors = pd.DataFrame({"chart": ["a", "a", "b"], "kernels_lib / floor": [1.2, 1.5, 1.1], "liger / floor": [3.0, 2.9, float("nan")]})
     lines = narrative.floor_lines(floors).splitlines()
     assert lines == ["- `a`: `full` at kernels_lib 1.20–1.50×, Liger 2.90–3.00× the floor.",
                      "- `b`: `full` at kernels_lib 1.10× the floor."]
     assert narrative.floor_lines(floors.iloc[:0]).startswith("No GPU rows")
-    table = pd.DataFrame({"full / Liger": [0.4, 0.6], "full / TRL": [float("nan")] * 2}, index=[1024, 8192])
-    said = narrative.ratio_lines({"fused_linear_jsd": table}, {"full / Liger": "Liger's time", "full / TRL": "TRL's time"}, "BT")
-    assert said == "- `fused_linear_jsd` (BT = 1024–8192): 0.40–0.60× Liger's time."
-    assert narrative.where_above(pd.Series([0.7, 0.9, 0.85], index=[1024, 2048, 4096]), 0.8, "BT") == "at BT = 2048, 4096"
-    assert narrative.where_above(pd.Series([0.7]), 0.8) == "nowhere"
 
 
 def test_estimate_beside_reference_covers_every_reference_peak():
@@ -96,15 +91,6 @@ def test_estimate_beside_reference_covers_every_reference_peak():
     assert len(table) == len(ts.REFERENCE_PEAK_GIB)
     assert all(math.isfinite(r) and 0.5 < r < 2 for r in table["estimate / reference"])
     assert table.loc[("llama-3.2-1b", True, "fused"), "reference, SPEC §7 (GiB)"] == pytest.approx(13.9)
-
-
-def test_floor_margin_says_what_a_bound_asks_of_the_floor():
-    said = narrative.floor_margin(11.0, 13.5, 10.0, 0.8, "liger", at="B = 8")
-    assert said == ("At B = 8, kernels_lib's `full` runs at 1.10× the floor and Liger's at 1.35×, so ≤ 0.8× Liger's time asks "
-                    "for 1.08× the floor: below where kernels_lib runs.")
-    assert narrative.floor_margin(10.5, 30.0, 10.0, 0.6).endswith("asks for 1.80× the floor: within reach.")
-    assert narrative.floor_margin(11.0, 15.0, 10.0, 0.6).endswith("asks for 0.90× the floor: below the floor: out of reach for any kernel.")
-    assert narrative.floor_margin(float("nan"), 1.0, 1.0, 0.8).startswith("Not measured")
 
 
 def test_floor_multiples_names_each_provider():

@@ -117,35 +117,6 @@ def floor_lines(floors: pd.DataFrame, chart: str = "chart", providers: tuple[str
     return "\n".join(lines)
 
 
-def ratio_lines(tables: dict[str, pd.DataFrame], columns: dict[str, str], x_name: str = "x") -> str:
-    """A bullet per table (a chart's ratios, one row per x): each of ``columns`` (column → what it says)
-    as its range over the x, e.g. ``full / Liger`` → "0.38–0.41× Liger's time"."""
-    if not tables:
-        return "No GPU rows yet: nothing to compare."
-    lines = []
-    for label, table in tables.items():
-        said = [f"{span(table[column])} {what}" for column, what in columns.items() if column in table and table[column].notna().any()]
-        lines.append(f"- `{label}` ({x_span(table.index, x_name)}): " + ("; ".join(said) or "no ratio measured") + ".")
-    return "\n".join(lines)
-
-
-def where_above(series: pd.Series, bound: float, x_name: str = "x") -> str:
-    """The x values at which ``series`` exceeds ``bound``, said in words ("nowhere" when none does)."""
-    above = series[series > bound].dropna()
-    return "nowhere" if not len(above) else f"at {x_name} = " + ", ".join(f"{int(x) if float(x).is_integer() else x}" for x in above.index)
-
-
-def floor_margin(ours_ms: float, peer_ms: float, floor_ms: float, bound: float, peer: str = "liger", at: str = "") -> str:
-    """Where a bound on the peer's time falls against the floor: ``ours`` and the peer's time as multiples
-    of ``floor_ms``, and what ``≤ bound × the peer's time`` asks as a multiple of the floor (markdown)."""
-    if not all(math.isfinite(v) and v > 0 for v in (ours_ms, peer_ms, floor_ms)):
-        return f"Not measured{' ' + at if at else ''}: no floor margin to state."
-    asked, ours, theirs = bound * peer_ms / floor_ms, ours_ms / floor_ms, peer_ms / floor_ms
-    verdict = "within reach" if asked >= ours else ("below the floor: out of reach for any kernel" if asked < 1 else "below where kernels_lib runs")
-    return (f"{'At ' + at + ', ' if at else ''}kernels_lib's `full` runs at {ours:.2f}× the floor and {name(peer)}'s at {theirs:.2f}×, "
-            f"so ≤ {bound:g}× {name(peer)}'s time asks for {asked:.2f}× the floor: {verdict}.")
-
-
 def floor_multiples(times: dict, floor_ms: float, at: str = "", what: str = "the floor") -> str:
     """Each provider's time (``{provider: ms}``) as a multiple of ``floor_ms``, in one sentence; a provider
     without a time reads "not measured"."""
