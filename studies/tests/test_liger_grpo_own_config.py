@@ -22,6 +22,7 @@ def test_summary_names_a_missing_arm():
         study.summary(_rows(["bench_adapter"]))
 
 
-def test_the_script_refuses_without_cuda(tmp_path, capsys):
+def test_the_script_refuses_without_cuda(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(study.torch.cuda, "is_available", lambda: False)  # on a GPU too: never run the study here
     assert study.main(["--out", str(tmp_path)]) == 2
     assert "CUDA only" in capsys.readouterr().err
