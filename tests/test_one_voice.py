@@ -73,7 +73,9 @@ def test_a_headline_is_one_sentence_without_a_commit_or_a_date(report, ceilings)
 
 def test_every_floor_ratio_of_the_index_is_the_notebooks_floor(ceilings, heads):
     """The FCE's floor on each GPU comes from the run's own three_matmuls, the same number the index prints."""
-    for _, title, gpu, run in comparison.chart_runs(["fused_linear_cross_entropy"]):
+    runs = comparison.chart_runs(["fused_linear_cross_entropy"])
+    assert runs, "no fused linear cross-entropy run in data/measured"
+    for _, title, gpu, run in runs:
         row = heads[(heads.chart == title) & (heads.gpu == gpu)].iloc[0]
         table = comparison.comparison(run, ceilings)
         assert dashboard.ratio_text(row["floor ratio"]) == dashboard.ratio_text(table.loc[row.x, "× floor"])
