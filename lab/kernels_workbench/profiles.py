@@ -270,7 +270,7 @@ def chunk_trade(rows: pd.DataFrame | None = None, file: str = "two_head_chunk_ab
     x and chunk, in rounds): per run (GPU and commit), loss and x, the median over rounds of the ``full`` time at
     each chunk over its time at the default chunk of that run's code (``default``), and the memory at each chunk
     in MiB. Columns ``(what, chunk)``: ``what`` is ``time × <default_label>`` or ``MiB``; the default chunk's column is
-    named ``default_label`` (what the default was in that run's code, where it has changed since)."""
+    named ``default_label`` (the name the caller gives that run's default chunk, e.g. ``lean``)."""
     read = _given_or_read((rows,), file)
     if read is None:
         return pd.DataFrame()
