@@ -492,3 +492,20 @@ def test_sweep_panel_sweeps_any_axis_of_the_loss():
     assert sorted(set(rows.x_value)) == [low, high]
     assert all('"V": 100' in config for config in rows.extra_benchmark_config_str)
     assert panel.figure.layout.xaxis.title.text == "rows N"  # the N axis by its one name
+
+
+def test_a_log_scaling_chart_keeps_its_end_sizes_inside_the_panel():
+    """The first size's label sat on the panel's corner, over the y axis's '0' (01's published chart in the
+    browser test): the x range is padded past both ends."""
+    import math
+
+    import pandas as pd
+
+    from kernels_workbench import charts
+
+    rows = pd.DataFrame([{"kernel_name": "k", "kernel_provider": p, "kernel_operation_mode": "full", "metric_name": "speed",
+                          "x_value": x, "y_value_50": 1.0 + i, "gpu_name": "NVIDIA H100 80GB HBM3"}
+                         for i, p in enumerate(("kernels_lib", "liger")) for x in (4096, 8192, 16384)])
+    figure = charts.scaling_chart(None, rows, x_label="BT", log_x=True, title="t")
+    low, high = figure.layout.xaxis.range
+    assert low < math.log10(4096) and high > math.log10(16384), (low, high)

@@ -152,18 +152,17 @@ def test_distillation_notebook_runs_checks_charts_and_compares_per_gpu(tmp_path)
     for name in ("fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"):
         assert f"{name} (H = 4096, V = 128256, bfloat16)" in html
     # Each GPU's floor from its own run's ceilings, labelled (none for the unmeasured chart).
-    assert html.count("floor: matmul FLOPs at the matmul rate") == 3
-    assert "on the H100 80GB in the run of commit runh, the rows' own: copy 3000 GB/s, matmul 600 TFLOP/s" in html
-    assert html.count("on the H200 in the run of commit run1, the rows' own: copy 4000 GB/s, matmul 700 TFLOP/s") == 2
+    assert html.count("floor on the H100 80GB: matmul FLOPs at the matmul rate; matmul 600 TFLOP/s and copy 3000 GB/s measured in this run") == 1
+    assert html.count("floor on the H200: matmul FLOPs at the matmul rate; matmul 700 TFLOP/s and copy 4000 GB/s measured in this run") == 2
     assert "H100 80GB: copy 3000 GB/s, matmul 600 TFLOP/s" in html and "H200: copy 4000 GB/s, matmul 700 TFLOP/s" in html
     assert "GPU rows not measured yet" in html
     assert "./workbench bench distill_jsd_loss --preset published --modes forward,full --device cuda" in html
     for target in ("≤ 0.8× Liger", "≤ 0.85× torch", "verdict", "<strong>met</strong>", "<strong>missed</strong>", "hold ourselves to"):
         assert target not in html
     # The headline, the bullets and the conclusion, generated from the same rows (no typed figure to disagree with them).
-    assert "<strong>Fused linear JSD.</strong> On the H100 80GB, kernels_lib's <code>full</code> takes 0.60× Liger's time at 0.50× its memory" in html
-    assert "On the H200, kernels_lib's <code>full</code> takes 0.70× Liger's time at 0.75× its memory" in html
-    assert "<strong>Distillation, JSD soft loss.</strong> Not measured on a GPU yet" in html
+    assert ("<strong>In one sentence.</strong> Distillation losses, kernels_lib's <code>full</code>: on the H100 80GB "
+            "(BT = 1024–8192), 0.85× the fastest peer's time, 0.60× the leanest peer's memory and 1.60× the floor; on the H200 "
+            "(2 charts), 0.80–0.90× the fastest peer's time, 0.75× the leanest peer's memory and 1.25× the floor.</p>") in html
     assert ("On the H100 80GB, kernels_lib's <code>full</code> time over each peer's: Liger 0.60×; torch 0.85×; TRL 0.75×; "
             "0.85× the fastest peer's, 1.60× the floor; memory 0.60× the leanest peer's (TRL).") in html
     # Where the time goes: each provider over the floor; the conclusion: a few sentences over every comparison table.

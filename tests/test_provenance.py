@@ -127,8 +127,8 @@ def test_a_notebook_takes_its_ratios_within_one_run(stem):
 def test_the_overview_prints_the_compact_agreement_and_each_charts_run():
     code = _code("00_overview")
     assert "overview.agreement_compact(" in code and "overview.agreement_sentences(" in code
-    assert "agreement_summary" not in code  # the 70-line list is gone
-    assert "workload.run" in code
+    assert "overview.agreement_summary" not in code  # the 70-line list is gone (summaries.agreement_summary is one row per GPU)
+    assert "narrative.provenance_line(" in code  # each chart's run, in one generated line beside it
 
 
 def test_no_function_of_the_charts_cards_or_overview_defaults_to_a_gpu():

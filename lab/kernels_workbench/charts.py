@@ -436,6 +436,10 @@ def scaling_chart(
     if log_x and xs_seen:  # every panel over the same sizes, ticked at them: a panel never looks linear
         # a panel is narrower beside more panels (and the GPU legend at their right): fewer labels, none overlapping
         figure.update_xaxes(matches="x", **integer_ticks(xs_seen, max(3, 12 // max(1, len(panels)))))
+        # the first and last sizes a little inside the panel: their labels clear the y axis's and the next panel's
+        low, high = math.log10(min(xs_seen)), math.log10(max(xs_seen))
+        pad = max(0.08, 0.06 * (high - low))
+        figure.update_xaxes(range=[low - pad, high + pad])
     figure.update_layout(height=480, meta={"not_measured_panels": unmeasured}, **wrapped_title(title))
     _layout_legends(figure, any(right_axis), any(k.name.endswith("(published)") for k in legend_keys(figure, "legend2")))
     return kernels_lib_on_top(figure)
