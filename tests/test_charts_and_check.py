@@ -509,3 +509,4 @@ def test_a_log_scaling_chart_keeps_its_end_sizes_inside_the_panel():
     figure = charts.scaling_chart(None, rows, x_label="BT", log_x=True, title="t")
     low, high = figure.layout.xaxis.range
     assert low < math.log10(4096) and high > math.log10(16384), (low, high)
+    assert figure.layout.xaxis.ticklabelstandoff >= 8 and figure.layout.yaxis.ticklabelstandoff >= 6

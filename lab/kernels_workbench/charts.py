@@ -440,6 +440,9 @@ def scaling_chart(
         low, high = math.log10(min(xs_seen)), math.log10(max(xs_seen))
         pad = max(0.08, 0.06 * (high - low))
         figure.update_xaxes(range=[low - pad, high + pad])
+    # tick labels off the axis lines: the first size's label cannot meet the y axis's "0" at the corner
+    figure.update_xaxes(ticklabelstandoff=8)
+    figure.update_yaxes(ticklabelstandoff=6)
     figure.update_layout(height=480, meta={"not_measured_panels": unmeasured}, **wrapped_title(title))
     _layout_legends(figure, any(right_axis), any(k.name.endswith("(published)") for k in legend_keys(figure, "legend2")))
     return kernels_lib_on_top(figure)
