@@ -47,6 +47,10 @@ read by :class:`_FusedLinearCrossEntropyFunction`); each route and stage is a fi
   each chunk's partial sums merged over the ranks (:mod:`kernels_lib._flce.vocab_parallel`,
   :mod:`kernels_lib._vocab_parallel`); without a process group nothing of it runs.
 
+Before any route, the rows whose target is ``ignore_index`` are dropped (``skip_ignored``,
+:mod:`kernels_lib._flce.rows`): the routes run on the valid rows alone, so the matmuls' cost follows
+the valid tokens.
+
 The shared stages: the arguments' checks (:mod:`kernels_lib._flce.validate`), the rows per chunk
 (:mod:`kernels_lib.chunks.chunk_size`: ``H`` rows, at least 2048, halved while the logits buffer would
 exceed a quarter of the free memory), the operands and the logits buffer
@@ -89,6 +93,7 @@ from .chunks.gradient_sums import GradientSums, scaled_to_dtypes, unit_scale
 from .chunks.matmuls import matmul_dtype
 from .chunks.operands import Operands
 from ._flce.options import REDUCTIONS, _Options
+from ._flce.rows import scatter_rows, valid_rows
 from ._flce.reduction import _factor_tensor, _normalizer, _reduce
 from ._flce.validate import _validate_num_items, _validate_options, _validate_tensors
 from ._runtime import INTERPRETED
@@ -298,6 +303,7 @@ def fused_linear_cross_entropy(
     return_token_stats: bool = False,
     host_checks: bool = True,
     process_group=None,
+    skip_ignored: bool = True,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -338,7 +344,8 @@ def fused_linear_cross_entropy(
             logits this function never returns).
         host_checks: True (default): the targets' range is checked on the host, so a bad target
             raises a ValueError naming it (on CUDA read at the end of the call behind an event that
-            waits for the check alone, not for the matmuls). False: no host sync at all, for a training step whose
+            waits for the check alone, not for the matmuls). False: no host sync for the check (none at
+            all with ``skip_ignored=False``), for a training step whose
             CPU must run ahead of the GPU (small steps are launch-bound): the valid-token count stays
             on the device, the range is asserted there (``torch._assert_async``: a device-side assert
             on CUDA, as torch's ``cross_entropy`` gives). :func:`kernels_lib.hf.patch` uses False. (With a process group the
@@ -358,6 +365,15 @@ def fused_linear_cross_entropy(
             and row, float32: 1 (max) + 2 (sum-exp, the target's logit from its owner), +1 with
             label smoothing (the sum of the logits), +3 with ``return_token_stats`` (the entropy's
             and ``Σ p²``'s sums, the sum of the logits). Nothing of size ``V`` crosses.
+        skip_ignored: True (default): rows whose target is ``ignore_index`` are dropped before the
+            head's matmuls (:mod:`kernels_lib._flce.rows`): the valid rows of ``x`` are gathered (one
+            read and write of ``n_valid × H``), the loss runs on them, and ``dx`` is 0 at the ignored
+            rows; the loss and every gradient are the same as without it (up to summation order), for
+            every reduction and option. Counting the valid rows is one host sync per call (the CPU
+            waits for the work queued before the loss); nothing is gathered when no row is ignored.
+            False: every row through the matmuls, no sync (with ``host_checks=False``, none at all):
+            for a launch-bound step whose CPU must run ahead of the GPU. Off by itself while a CUDA
+            graph is being captured.
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
@@ -403,6 +419,7 @@ def fused_linear_cross_entropy(
         )
         _validate_num_items(num_items_in_batch, reduction)
         v.require_bool("host_checks", host_checks)
+        v.require_bool("skip_ignored", skip_ignored)
 
     shard = None
     if group is None:
@@ -414,7 +431,7 @@ def fused_linear_cross_entropy(
         def options():
             return (
                 ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
-                logit_scale, temperature, return_token_stats, host_checks, bias is None, x.dtype,
+                logit_scale, temperature, return_token_stats, host_checks, skip_ignored, bias is None, x.dtype,
                 num_items_in_batch if not isinstance(num_items_in_batch, torch.Tensor) else "tensor",
                 tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)),
             )
@@ -436,10 +453,17 @@ def fused_linear_cross_entropy(
         None if softcap is None else float(softcap), chunk_size, accurate,
         float(logit_scale), float(temperature), return_token_stats, host_checks,
     )
+    rows_x, rows_target = x.reshape(-1, x.shape[-1]), target.reshape(-1).contiguous()
+    # The rows whose target is ignore_index are dropped before the matmuls (kernels_lib._flce.rows).
+    kept = valid_rows(rows_target, ignore_index, skip_ignored)
+    if kept is not None:
+        rows_x, rows_target = rows_x.index_select(0, kept), rows_target.index_select(0, kept)
     outputs = _FusedLinearCrossEntropyFunction.apply(
-        x.reshape(-1, x.shape[-1]), weight, bias, target.reshape(-1).contiguous(),
-        float_weight, target.shape, (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard,
+        rows_x, weight, bias, rows_target, float_weight, target.shape if kept is None else kept.shape,
+        (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard,
     )
+    if kept is not None:  # per-row outputs (1-D, one per kept row) back to the target's shape, 0 at ignored rows
+        outputs = tuple(scatter_rows(t, kept, target.numel(), target.shape) if t.dim() else t for t in outputs)
     if range_check is not None:
         range_check.raise_if_bad()
     if return_token_stats:

@@ -8,6 +8,7 @@ call meets it (each file's docstring says what it computes, what it costs and wh
 
 * ``validate.py``: the arguments' checks, each error naming its argument;
 * ``options.py``: the non-tensor options after validation, as the kernels take them;
+* ``rows.py``: the valid rows, gathered before the matmuls, the per-row outputs scattered back;
 * ``reduction.py``: the denominator of ``mean``, each row's gradient factor, the reduction;
 * ``chunked.py``: the chunked route, forward chunk by chunk and ``reduction="none"``'s recomputing
   backward;
