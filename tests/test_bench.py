@@ -21,6 +21,7 @@ from kernels_workbench import data
 from kernels_workbench.bench import analysis, cli, environment
 from kernels_workbench.bench.ceilings import measure_ceilings
 from kernels_workbench.bench.registry import get_spec, registered_losses
+from synthetic_rows import committed_kl_run
 from kernels_workbench.bench.sweep import (
     MEASURED_COLUMNS,
     PUBLISHED_COLUMNS,
@@ -459,16 +460,7 @@ def test_cli_rejects_cuda_on_cpu_machine(measured_dir, capsys):
 
 @pytest.fixture(scope="module")
 def committed():
-    rows = data.read_rows(data.DATA_DIR / "measured" / "kl_div.csv")
-    ceilings = data.read_rows(data.DATA_DIR / "measured" / "ceilings.csv")
-    # The newest H200 run of the four modes (the analysis judges the rows of one run: one commit on one
-    # GPU; a notebook's full-size refresh measures the published modes only, without forward_no_grad).
-    h200 = rows[rows.gpu_name == "NVIDIA H200"]
-    for commit in h200.sort_values("timestamp").kernels_lib_commit.unique()[::-1]:
-        run = data.one_run(h200, commit=commit, gpu_name="NVIDIA H200")
-        if set(run.kernel_operation_mode) >= {"forward", "backward", "full", "forward_no_grad"}:
-            return run, ceilings
-    raise AssertionError("no H200 run of kl_div.csv measured the four modes")
+    return committed_kl_run()
 
 
 def test_committed_measurements_cover_the_published_workload(committed):

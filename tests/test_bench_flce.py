@@ -24,6 +24,7 @@ from kernels_workbench.bench import torch_lce as torch_lce_module
 from kernels_workbench.bench.registry import get_spec, registered_losses
 from kernels_workbench.bench.sweep import MEASURED_COLUMNS, available_providers, run_sweep
 from kernels_workbench.check import assert_checks_pass, check_against_reference
+from synthetic_rows import FLCE_SYNTHETIC, flce_rows
 
 DEVICE = default_device()
 ON_CPU = DEVICE.type == "cpu"
@@ -326,31 +327,7 @@ def test_cli_dry_run(capsys, monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- the speed-vs-memory chart on synthetic rows
 
 
-def _rows(values: dict) -> pd.DataFrame:
-    """Measured-layout rows from {(provider, mode, metric): {x: median}} at H = 4096, V = 128256."""
-    rows = []
-    for (provider, mode, metric), by_x in values.items():
-        for x, y in by_x.items():
-            rows.append({
-                "kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider, "kernel_operation_mode": mode,
-                "metric_name": metric, "x_value": x, "y_value_50": y,
-                "extra_benchmark_config_str": json.dumps({"H": 4096, "V": 128256, "BT": x, "dtype": "torch.bfloat16"}),
-            })
-    return pd.DataFrame(rows)
-
-
-SYNTHETIC = _rows({
-    ("kernels_lib", "full", "speed"): {4096: 20.0, 8192: 44.0},
-    ("torch", "full", "speed"): {4096: 24.5, 8192: 49.1},
-    ("liger", "full", "speed"): {4096: 46.1, 8192: 55.3},
-    ("cce", "full", "speed"): {4096: 48.4, 8192: 96.2},
-    ("kernels_lib", "forward_no_grad", "speed"): {4096: 7.0, 8192: 14.0},
-    ("torch", "forward_no_grad", "speed"): {4096: 9.33, 8192: 18.5},
-    ("cce", "forward_no_grad", "speed"): {4096: 8.39, 8192: 16.7},
-    ("kernels_lib", "full", "memory"): {4096: 1100.0, 8192: 1300.0},
-    ("liger", "full", "memory"): {4096: 1065.0, 8192: 1129.0},
-    ("torch", "full", "memory"): {4096: 6012.0, 8192: 12024.0},
-})
+SYNTHETIC = FLCE_SYNTHETIC
 
 
 def test_speed_memory_chart_one_point_per_provider():
@@ -359,7 +336,7 @@ def test_speed_memory_chart_one_point_per_provider():
     assert points == {"kernels_lib": (1300.0, 44.0), "liger": (1129.0, 55.3), charts.BASELINE_NAME: (12024.0, 49.1)}  # cce: no memory row
     assert figure.layout.shapes[0].y0 == 38.0
     assert figure.layout.xaxis.type == "log"
-    dial = _rows({("kernels_lib[chunk_size=256 accurate=False]", "full", "speed"): {8192: 60.0},
+    dial = flce_rows({("kernels_lib[chunk_size=256 accurate=False]", "full", "speed"): {8192: 60.0},
                   ("kernels_lib[chunk_size=256 accurate=False]", "full", "memory"): {8192: 1200.0}})
     figure = charts.speed_memory_chart(pd.concat([SYNTHETIC, dial]), 8192)
     (trace,) = [t for t in figure.data if t.name == "kernels_lib"]  # the dial's point joins kernels_lib's one legend entry

@@ -13,28 +13,10 @@ import pytest
 
 from kernels_workbench import data, overview
 from kernels_workbench.bench import analysis
+from synthetic_rows import kl_rows, two_runs
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 H200 = overview.H200
-KL_CONFIG = {"N": 16384, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}
-
-
-def _rows(provider, ms, mb, commit, gpu=H200, timestamp="2026-01-01 00:00:00", xs=(4096, 8192), kernel="kl_div"):
-    return pd.DataFrame([
-        {"kernel_name": kernel, "kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
-         "x_name": "V", "x_label": "vocab size", "x_value": x, "y_value_50": value, "y_value_20": value, "y_value_80": value,
-         "extra_benchmark_config_str": json.dumps({**KL_CONFIG, "V": x}), "gpu_name": gpu, "timestamp": timestamp,
-         "kernels_lib_commit": commit, "device": "cuda", "torch_version": "2.11.0", "liger_version": "0.8.5"}
-        for mode in ("forward", "forward_no_grad", "full") for x in xs for metric, value in (("speed", ms), ("memory", mb))
-    ])
-
-
-def _two_runs():
-    """Run "old" measured kernels_lib and Liger; run "new" (later) kernels_lib alone."""
-    return pd.concat([
-        _rows("kernels_lib", 2.0, 100.0, "old"), _rows("liger", 4.0, 200.0, "old"),
-        _rows("kernels_lib", 1.0, 100.0, "new", timestamp="2026-02-01 00:00:00"),
-    ], ignore_index=True)
 
 
 @pytest.mark.parametrize("judge", [
@@ -42,11 +24,11 @@ def _two_runs():
     lambda rows: data.same_run_pairs(rows, "kernels_lib", ["liger"]),
 ])
 def test_a_judge_of_targets_refuses_rows_of_two_runs(judge):
-    rows = _two_runs()
+    rows = two_runs()
     with pytest.raises(ValueError, match="one run"):
         judge(rows)
     with pytest.raises(ValueError, match="one run"):  # the same commit on two GPUs is two runs too
-        judge(pd.concat([_rows("kernels_lib", 1.0, 1.0, "c"), _rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")]))
+        judge(pd.concat([kl_rows("kernels_lib", 1.0, 1.0, "c"), kl_rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")]))
     judge(data.one_run(rows))  # one run: judged
 
 
@@ -61,7 +43,7 @@ def test_ceiling_run_names_the_run_that_measured_it():
 
 def test_workloads_hold_one_run_and_the_floor_says_whose_ceilings(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "MEASURED_DIR", tmp_path)
-    _two_runs().to_csv(tmp_path / "kl_div.csv", index=False)
+    two_runs().to_csv(tmp_path / "kl_div.csv", index=False)
     (kl,) = [w for w in overview.workloads() if w.kernel_name == "kl_div"]
     assert set(kl.measured.kernels_lib_commit) == {"new"} and set(kl.measured.kernel_provider) == {"kernels_lib"}
     assert kl.run.startswith("run of commit new on NVIDIA H200")

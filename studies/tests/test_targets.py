@@ -13,30 +13,9 @@ import pytest
 from kernels_workbench import data
 from kernels_workbench.bench.analysis import ceiling, medians
 from studies.bench import targets
+from synthetic_rows import FLCE_SYNTHETIC, H200, committed_kl_run, kl_rows, two_runs
 
-H200 = "NVIDIA H200"
-KL_CONFIG = {"N": 16384, "dtype": "torch.float32", "reduction": "batchmean", "log_target": False}
-
-
-# --------------------------------------------------------------------------- rows of one or two runs
-
-
-def _run_rows(provider, ms, mb, commit, gpu=H200, timestamp="2026-01-01 00:00:00", xs=(4096, 8192), kernel="kl_div"):
-    return pd.DataFrame([
-        {"kernel_name": kernel, "kernel_provider": provider, "kernel_operation_mode": mode, "metric_name": metric,
-         "x_name": "V", "x_label": "vocab size", "x_value": x, "y_value_50": value, "y_value_20": value, "y_value_80": value,
-         "extra_benchmark_config_str": json.dumps({**KL_CONFIG, "V": x}), "gpu_name": gpu, "timestamp": timestamp,
-         "kernels_lib_commit": commit, "device": "cuda", "torch_version": "2.11.0", "liger_version": "0.8.5"}
-        for mode in ("forward", "forward_no_grad", "full") for x in xs for metric, value in (("speed", ms), ("memory", mb))
-    ])
-
-
-def _two_runs():
-    """Run "old" measured kernels_lib and Liger; run "new" (later) kernels_lib alone."""
-    return pd.concat([
-        _run_rows("kernels_lib", 2.0, 100.0, "old"), _run_rows("liger", 4.0, 200.0, "old"),
-        _run_rows("kernels_lib", 1.0, 100.0, "new", timestamp="2026-02-01 00:00:00"),
-    ], ignore_index=True)
+# -------------------------------------------------------------------------- rows of one or two runs
 
 
 @pytest.mark.parametrize("judge", [
@@ -44,30 +23,30 @@ def _two_runs():
     lambda rows: targets.kl_div_targets(rows, 4000.0),
 ])
 def test_a_judge_of_targets_refuses_rows_of_two_runs(judge):
-    rows = _two_runs()
+    rows = two_runs()
     with pytest.raises(ValueError, match="one run"):
         judge(rows)
     with pytest.raises(ValueError, match="one run"):  # the same commit on two GPUs is two runs too
-        judge(pd.concat([_run_rows("kernels_lib", 1.0, 1.0, "c"), _run_rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")]))
+        judge(pd.concat([kl_rows("kernels_lib", 1.0, 1.0, "c"), kl_rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")]))
     judge(data.one_run(rows))  # one run: judged
 
 
 def test_the_newest_run_has_no_peer_to_borrow():
     """Liger was measured in the old run only: the new run's ratio to Liger is not measured, not the old one's."""
-    newest = data.one_run(_two_runs())
+    newest = data.one_run(two_runs())
     assert set(newest.kernels_lib_commit) == {"new"}
     table = targets.row_divergence_targets(newest, "kl_div", 4000.0)
     assert table["full / Liger"].isna().all() and table["full ≤ 0.6× Liger"].isna().all()
     verdicts = targets.target_verdicts(table, targets.DIVERGENCE_TARGETS)
     assert verdicts.loc["full ≤ 0.6× Liger", "status"] == "not measured"
-    old = targets.row_divergence_targets(data.one_run(_two_runs(), "old", H200), "kl_div", 4000.0)
+    old = targets.row_divergence_targets(data.one_run(two_runs(), "old", H200), "kl_div", 4000.0)
     assert old["full / Liger"].tolist() == [0.5, 0.5]
 
 
 def test_verdicts_by_run_judges_each_commit_and_gpu_apart():
-    rows = pd.concat([_run_rows("kernels_lib", 1.0, 1.0, "c"), _run_rows("huggingface", 2.0, 2.0, "c"), _run_rows("liger", 2.0, 2.0, "c"),
-                      _run_rows("kernels_lib", 3.0, 1.0, "c", gpu="NVIDIA H100"), _run_rows("huggingface", 2.0, 2.0, "c", gpu="NVIDIA H100"),
-                      _run_rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")])
+    rows = pd.concat([kl_rows("kernels_lib", 1.0, 1.0, "c"), kl_rows("huggingface", 2.0, 2.0, "c"), kl_rows("liger", 2.0, 2.0, "c"),
+                      kl_rows("kernels_lib", 3.0, 1.0, "c", gpu="NVIDIA H100"), kl_rows("huggingface", 2.0, 2.0, "c", gpu="NVIDIA H100"),
+                      kl_rows("liger", 2.0, 2.0, "c", gpu="NVIDIA H100")])
     table = targets.verdicts_by_run(rows, targets.ORPO_TARGETS)
     assert len(table) == 2 * len(targets.ORPO_TARGETS)
     statuses = table[table.target == "full ≤ 0.8× Liger"].status.tolist()
@@ -106,16 +85,7 @@ def test_row_divergence_targets_and_lower_bounds():
 
 @pytest.fixture(scope="module")
 def committed():
-    rows = data.read_rows(data.DATA_DIR / "measured" / "kl_div.csv")
-    ceilings = data.read_rows(data.DATA_DIR / "measured" / "ceilings.csv")
-    # The newest H200 run of the four modes (the analysis judges the rows of one run: one commit on one
-    # GPU; a notebook's full-size refresh measures the published modes only, without forward_no_grad).
-    h200 = rows[rows.gpu_name == "NVIDIA H200"]
-    for commit in h200.sort_values("timestamp").kernels_lib_commit.unique()[::-1]:
-        run = data.one_run(h200, commit=commit, gpu_name="NVIDIA H200")
-        if set(run.kernel_operation_mode) >= {"forward", "backward", "full", "forward_no_grad"}:
-            return run, ceilings
-    raise AssertionError("no H200 run of kl_div.csv measured the four modes")
+    return committed_kl_run()
 
 
 def test_kl_div_targets(committed):
@@ -140,31 +110,7 @@ def test_kl_div_targets(committed):
 # --------------------------------------------------------------------------- fused linear cross-entropy
 
 
-def _flce_rows(values: dict) -> pd.DataFrame:
-    """Measured-layout rows from {(provider, mode, metric): {x: median}} at H = 4096, V = 128256."""
-    rows = []
-    for (provider, mode, metric), by_x in values.items():
-        for x, y in by_x.items():
-            rows.append({
-                "kernel_name": "fused_linear_cross_entropy", "kernel_provider": provider, "kernel_operation_mode": mode,
-                "metric_name": metric, "x_value": x, "y_value_50": y,
-                "extra_benchmark_config_str": json.dumps({"H": 4096, "V": 128256, "BT": x, "dtype": "torch.bfloat16"}),
-            })
-    return pd.DataFrame(rows)
-
-
-FLCE_ROWS = _flce_rows({
-    ("kernels_lib", "full", "speed"): {4096: 20.0, 8192: 44.0},
-    ("torch", "full", "speed"): {4096: 24.5, 8192: 49.1},
-    ("liger", "full", "speed"): {4096: 46.1, 8192: 55.3},
-    ("cce", "full", "speed"): {4096: 48.4, 8192: 96.2},
-    ("kernels_lib", "forward_no_grad", "speed"): {4096: 7.0, 8192: 14.0},
-    ("torch", "forward_no_grad", "speed"): {4096: 9.33, 8192: 18.5},
-    ("cce", "forward_no_grad", "speed"): {4096: 8.39, 8192: 16.7},
-    ("kernels_lib", "full", "memory"): {4096: 1100.0, 8192: 1300.0},
-    ("liger", "full", "memory"): {4096: 1065.0, 8192: 1129.0},
-    ("torch", "full", "memory"): {4096: 6012.0, 8192: 12024.0},
-})
+FLCE_ROWS = FLCE_SYNTHETIC
 
 
 def test_achieved_tflops():
