@@ -65,7 +65,9 @@ interpreter); on CUDA they run in the input dtype with float32 accumulation insi
 For training (the Hugging Face drop-in, :mod:`kernels_lib.hf`, stands on these): torch's per-class
 ``class_weight``; ``num_items_in_batch``, the denominator of ``mean`` that gradient accumulation
 needs (a count over micro-batches or ranks; a tensor is read on the device, no host sync);
-``logit_scale`` and ``temperature`` (``c = softcap_s(a·z)/T`` = ``softcap_{s/T}((a/T)·z)``: the factor
+``token_weight`` (per-row weights, ``mean``'s denominator unchanged) and ``token_scaling`` (each row
+times its detached target probability, the DFT loss), both applied as a per-row factor between the
+kernel's two passes; ``logit_scale`` and ``temperature`` (``c = softcap_s(a·z)/T`` = ``softcap_{s/T}((a/T)·z)``: the factor
 rides on the logits matmul's alpha, the cap is divided by ``T``, and the gradient takes ``a/T``
 once more, so the kernel is unchanged); ``return_token_stats`` for the per-token entropy and top-1
 hit, read in the same pass as the log-sum-exp; and ``torch.autocast``, whose dtype the matmuls take.
@@ -84,6 +86,7 @@ import torch
 from . import _validate as v
 from . import _vocab_parallel as vp
 from ._autocast import compute_dtype_for
+from ._module import loss_module
 from .chunks import triton_backend as backend
 from .chunks.chunk_size import default_chunk_size, lean_chunk_size
 from ._flce.chunked import _backward_recompute, chunked_forward
@@ -154,10 +157,11 @@ class CrossEntropyOutput(NamedTuple):
 def _plain_loss(opts: _Options, class_weight, shard) -> bool:
     """Whether a row's loss is ``lse - c_y`` alone, so that the log-sum-exp in the epilogue of the logits
     GEMM (:mod:`kernels_lib.kernels.logits_logsumexp`) gives it: plain cross-entropy (no smoothing,
-    z-loss, softcap, statistics or class weights), reduced, on one process. ``reduction="none"`` keeps
+    z-loss, softcap, statistics, class weights, token weights or token scaling), reduced, on one process. ``reduction="none"`` keeps
     the chunked kernel, whose per-token ``(m - z_y) + log s`` keeps the relative accuracy of a loss near
     0 that ``lse - z_y`` would lose."""
-    options = opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats
+    options = (opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats
+               or opts.row_weighted)
     return not options and opts.reduction != "none" and class_weight is None and shard is None
 
 
@@ -191,7 +195,8 @@ def _epilogue_gemm_takes(x_c: torch.Tensor, w: torch.Tensor) -> bool:
 def _class_major_route_takes(ops: "Operands", weight: torch.Tensor, needs, accurate: bool,
                              chunk_size: int | None) -> bool:
     """Whether a plain loss with a gradient takes the class-major route (:func:`_class_major_gradients`):
-    one chunk of at most ``H`` rows (within ``ops.chunk_size``); ``dW`` wanted, ``x``, ``W`` and the matmuls
+    one chunk of at most ``H`` rows (within ``ops.chunk_size``; the rows left once the ignored ones are
+    dropped); ``dW`` wanted, ``x``, ``W`` and the matmuls
     in one dtype (so ``dW`` and the logits can share a buffer; not ``accurate``, not float16, whose sums are
     float32), on the epilogue GEMM's machine. Beyond ``H`` rows the logits would outgrow ``dW``'s buffer,
     and ``weight.grad``, a view of it, would keep them alive until the optimizer clears it."""
@@ -205,7 +210,7 @@ def _class_major_route_takes(ops: "Operands", weight: torch.Tensor, needs, accur
 class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, target, class_weight, shape, counts, opts: _Options, needs, compute_dtype,
-                shard: vp.VocabShard | None = None):
+                shard: vp.VocabShard | None = None, row_factor: torch.Tensor | None = None):
         normalizer, weight_sum = counts
         if _loss_in_epilogue(opts, needs, class_weight, shard):
             with torch.autocast(x.device.type, enabled=False):
@@ -232,7 +237,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 grads = GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 result = chunked_forward(ops, grads, target, lse, loss, z_loss, stats, top1, scale, opts, class_weight,
                                          weight_sum, shard, plain, store_exponentials=STORE_EXPONENTIALS,
-                                         epilogue_takes=_epilogue_gemm_takes)
+                                         epilogue_takes=_epilogue_gemm_takes, row_factor=row_factor)
         ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
         ctx.shard, ctx.handed_out, ctx.class_major = shard, False, fuse_grad and class_major
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
@@ -240,9 +245,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(*result)
         elif any(needs):
             # Plain cross-entropy: the backward's dz_y from 1 - p_y = -expm1(-loss) (the kernel's note)
-            plain_rows = not (opts.label_smoothing or opts.z_loss_scale) and class_weight is None
+            # (not with row factors: the loss is then weighted)
+            plain_rows = not (opts.label_smoothing or opts.z_loss_scale or opts.row_weighted) and class_weight is None
             one_minus_p = torch.expm1(-loss).neg_() if plain_rows else None
-            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats, one_minus_p)
+            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor)
         ctx.set_materialize_grads(False)  # a gradient that does not arrive is None, not zeros
         z_loss = _reduce(z_loss, opts.reduction, normalizer, shape)
         outputs = [_reduce(loss, opts.reduction, normalizer, shape), z_loss]
@@ -260,7 +266,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if ctx.opts.reduction == "none":
             dx, dw, db = _backward_recompute(ctx, grad_output, grad_entropy)
         elif grad_output is None:
-            return (None,) * 11
+            return (None,) * 12
         else:
             if ctx.handed_out:
                 raise RuntimeError(
@@ -278,7 +284,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             else:
                 # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
                 dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
-        return dx, dw, db, None, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
 @torch.compiler.disable
@@ -304,6 +310,8 @@ def fused_linear_cross_entropy(
     host_checks: bool = True,
     process_group=None,
     skip_ignored: bool = True,
+    token_weight: torch.Tensor | None = None,
+    token_scaling: bool = False,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -374,6 +382,19 @@ def fused_linear_cross_entropy(
             False: every row through the matmuls, no sync (with ``host_checks=False``, none at all):
             for a launch-bound step whose CPU must run ahead of the GPU. Off by itself while a CUDA
             graph is being captured.
+        token_weight: per-token weights ``ω_i`` of ``target``'s shape (float), or None: each valid row's
+            loss (z-loss included) and gradient are multiplied by ``ω_i``; no gradient flows into
+            ``token_weight``. ``mean`` keeps its denominator: ``Σ_i ω_i ℓ_i / n_valid`` (or
+            ``/ num_items_in_batch``, or ``/ Σ_valid w_y`` with class weights), not ``/ Σ ω_i``: the
+            weights scale tokens against each other inside one normalization, so that a micro-batch's
+            loss sums correctly under gradient accumulation with Hugging Face's token count (a
+            ``Σ ω``-normalized mean is ``reduction="sum"`` divided by ``token_weight.sum()``, or that
+            sum passed as ``num_items_in_batch``). With a process group, the same on every rank.
+        token_scaling: multiply each valid row's loss and gradient by the target's probability
+            ``p_y = exp(c_y - lse)`` of the (scaled, capped) logits, detached (the
+            dynamic fine-tuning loss, DFT: ``-p_y·log p_y`` with a gradient ``-p_y ∇log p_y``); with
+            ``token_weight``, by both. ``p_y`` is read from the logits the chunk already holds
+            (no logits recomputed): the chunk's kernel runs its two passes as two launches.
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
@@ -420,6 +441,12 @@ def fused_linear_cross_entropy(
         _validate_num_items(num_items_in_batch, reduction)
         v.require_bool("host_checks", host_checks)
         v.require_bool("skip_ignored", skip_ignored)
+        v.require_bool("token_scaling", token_scaling)
+        if token_weight is not None:
+            v.require_tensor("token_weight", token_weight)
+            v.require_float("token_weight", token_weight)
+            v.require_shape("token_weight", token_weight, target.shape, "target.shape")
+            v.require_same_device({"x": x, "token_weight": token_weight})
 
     shard = None
     if group is None:
@@ -431,7 +458,8 @@ def fused_linear_cross_entropy(
         def options():
             return (
                 ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
-                logit_scale, temperature, return_token_stats, host_checks, skip_ignored, bias is None, x.dtype,
+                logit_scale, temperature, return_token_stats, host_checks, skip_ignored, token_scaling,
+                token_weight is None, bias is None, x.dtype,
                 num_items_in_batch if not isinstance(num_items_in_batch, torch.Tensor) else "tensor",
                 tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)),
             )
@@ -452,15 +480,21 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
         None if softcap is None else float(softcap), chunk_size, accurate,
         float(logit_scale), float(temperature), return_token_stats, host_checks,
+        token_weight is not None, token_scaling,
     )
     rows_x, rows_target = x.reshape(-1, x.shape[-1]), target.reshape(-1).contiguous()
     # The rows whose target is ignore_index are dropped before the matmuls (kernels_lib._flce.rows).
     kept = valid_rows(rows_target, ignore_index, skip_ignored)
+    row_factor = None  # each row's factor: the token weights, times p_y with token scaling (in forward)
+    if opts.row_weighted:
+        row_factor = (torch.ones(rows_target.shape, dtype=torch.float32, device=x.device) if token_weight is None
+                      else token_weight.detach().reshape(-1).to(torch.float32, copy=True))
     if kept is not None:
         rows_x, rows_target = rows_x.index_select(0, kept), rows_target.index_select(0, kept)
+        row_factor = None if row_factor is None else row_factor.index_select(0, kept)
     outputs = _FusedLinearCrossEntropyFunction.apply(
         rows_x, weight, bias, rows_target, float_weight, target.shape if kept is None else kept.shape,
-        (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard,
+        (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard, row_factor,
     )
     if kept is not None:  # per-row outputs (1-D, one per kept row) back to the target's shape, 0 at ignored rows
         outputs = tuple(scatter_rows(t, kept, target.numel(), target.shape) if t.dim() else t for t in outputs)
@@ -472,62 +506,10 @@ def fused_linear_cross_entropy(
     return (loss, z_loss) if return_z_loss else loss
 
 
-class FusedLinearCrossEntropyLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_cross_entropy`;
-    ``forward(x, weight, target, bias=None, num_items_in_batch=None)``.
-
-    The module holds the options (and ``class_weight`` as a buffer, as ``nn.CrossEntropyLoss`` holds
-    its ``weight``): the LM head's ``weight`` (and ``bias``) stay with the model and are passed at
-    each call.
-    """
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-        label_smoothing: float = 0.0,
-        z_loss_scale: float = 0.0,
-        softcap: float | None = None,
-        return_z_loss: bool = False,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-        class_weight: torch.Tensor | None = None,
-        logit_scale: float = 1.0,
-        temperature: float = 1.0,
-        return_token_stats: bool = False,
-    ):
-        super().__init__()
-        _validate_options(
-            ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
-            logit_scale, temperature, return_token_stats,
-        )
-        self.options = dict(
-            ignore_index=ignore_index,
-            reduction=reduction,
-            label_smoothing=label_smoothing,
-            z_loss_scale=z_loss_scale,
-            softcap=softcap,
-            return_z_loss=return_z_loss,
-            chunk_size=chunk_size,
-            accurate=accurate,
-            logit_scale=logit_scale,
-            temperature=temperature,
-            return_token_stats=return_token_stats,
-        )
-        self.register_buffer("class_weight", class_weight)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        target: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-    ):
-        return fused_linear_cross_entropy(
-            x, weight, target, bias, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
-            **self.options,
-        )
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+FusedLinearCrossEntropyLoss = loss_module(
+    fused_linear_cross_entropy, "FusedLinearCrossEntropyLoss",
+    "``nn.Module`` form of :func:`fused_linear_cross_entropy`: the module holds the options (and ``class_weight`` "
+    "as a buffer, as ``nn.CrossEntropyLoss`` holds its ``weight``); the LM head's ``weight`` (and ``bias``) stay "
+    "with the model and are passed at each call.",
+    check=_validate_options, buffers=("class_weight",),
+)

@@ -36,21 +36,38 @@ def _max_weight(class_weight: torch.Tensor | None):
     return 1.0 if class_weight is None else class_weight.abs().max()
 
 
+def _target_probability(logits, target, lse, ignore_index: int, softcap: float | None) -> torch.Tensor:
+    """Each row's ``p_y = exp(c_y - lse)`` from the chunk's logits (before pass 2 overwrites
+    them): the target's column gathered (``rows`` elements), capped as the kernel caps it; 0 at ignored rows."""
+    valid = target != ignore_index
+    z_y = logits.gather(1, torch.where(valid, target, 0).long().unsqueeze(1)).squeeze(1).float()
+    c_y = z_y if softcap is None else softcap * torch.tanh(z_y / softcap)
+    return torch.where(valid, torch.exp(c_y - lse), 0.0)
+
+
 def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss, z_loss, stats, top1,
                     scale: torch.Tensor, opts, class_weight, weight_sum, shard, plain: bool, *,
-                    store_exponentials: bool, epilogue_takes):
+                    store_exponentials: bool, epilogue_takes, row_factor: torch.Tensor | None = None):
     """Forward of the chunked route, chunk by chunk: each row's ``lse`` and ``loss`` (and ``z_loss``,
     ``stats``, ``top1`` where given) written, and with ``grads`` (``mean``/``sum`` with a gradient) every
     chunk's ``dz``, scaled by ``scale``, added to it. ``plain``: the loss is ``lse - c_y`` alone, so a
     chunk whose operands ``epilogue_takes(x_c, w)`` takes its lse from the epilogue GEMM, which with
     ``store_exponentials`` (not float16) stores the shifted exponentials. With a ``shard`` each chunk
     merges its sums over the ranks, and ``dx`` is summed over them at the end. Returns
-    ``grads.result()`` (None without ``grads``)."""
+    ``grads.result()`` (None without ``grads``).
+
+    ``row_factor`` (float32 ``(rows,)``, with ``opts.row_weighted``): each row's factor, the token
+    weights (ones without); with ``opts.token_scaling`` it is multiplied in place by the target's
+    probability :math:`p_y` (detached) once pass 1 has the row's lse. Each row's loss and z-loss are
+    multiplied by it, and its ``dz`` takes it through the per-row factor of pass 2 (launched apart from
+    pass 1, on the logits still in the buffer: no logits recomputed)."""
     fuse_grad = grads is not None
     # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
-    # (see :mod:`kernels_lib.chunks.gradient_sums`); class weights multiply a row's factor by up to max |w|.
+    # (see :mod:`kernels_lib.chunks.gradient_sums`); class weights multiply a row's factor by up to max |w|,
+    # row factors by up to their max |.| (p_y <= 1 adds nothing).
     if fuse_grad:
-        unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight))
+        row_peak = (lambda: 1.0) if row_factor is None else (lambda: row_factor.abs().max())
+        unscale = grads.dz_unscale(lambda: scale.abs().max() * _max_weight(class_weight) * row_peak())
         scale = scale / unscale
     else:
         unscale = 1.0
@@ -73,6 +90,11 @@ def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss
             # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
             logits, _ = logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
             chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
+        elif row_factor is not None:
+            logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
+            _row_weighted_chunk(chunk, logits, target[rows], lse[rows], loss[rows], z_loss[rows],
+                                None if stats is None else stats[rows], None if top1 is None else top1[rows],
+                                row_factor[rows], scale if fuse_grad else None, opts, kernel_args, shard)
         else:
             logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
             chunk(
@@ -93,11 +115,35 @@ def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss
     return grads.result() if fuse_grad else None
 
 
+def _row_weighted_chunk(chunk, logits, target, lse, loss, z_loss, stats, top1, factor, scale, opts, kernel_args,
+                        shard) -> None:
+    """One chunk with a factor per row: pass 1 (lse, loss, stats), the factor (times :math:`p_y` with
+    token scaling, read from the logits pass 2 has not yet overwritten; on a vocabulary shard the merged
+    target logit), the loss and z-loss scaled, then pass 2 with ``scale · factor`` per row."""
+    target_logit = torch.empty_like(lse) if opts.token_scaling and shard is not None else None
+    extra = {} if target_logit is None else {"target_logit": target_logit}
+    chunk(logits, target, lse=lse, loss=loss, z_loss=z_loss, grad_scale=None, stats=stats, top1=top1,
+          **kernel_args, **extra)
+    if opts.token_scaling:
+        if target_logit is None:
+            p_y = _target_probability(logits, target, lse, opts.ignore_index, kernel_args["softcap"])
+        else:
+            p_y = torch.where(target != opts.ignore_index, torch.exp(target_logit - lse), 0.0)
+        factor.mul_(p_y)
+    loss.mul_(factor)
+    z_loss.mul_(factor)
+    if scale is not None:
+        backend.launch_cross_entropy_chunk(
+            logits, target, lse=lse, loss=None, z_loss=None, grad_scale=(scale * factor).contiguous(),
+            **kernel_args, **({} if shard is None else shard.kernel_args()),
+        )
+
+
 def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse
     (and the saved entropy, when the entropy has an upstream gradient; for plain cross-entropy the
     saved ``1 - p_y``, so that ``dz_y`` keeps its relative accuracy where ``p_y -> 1``)."""
-    x, weight, bias, target, lse, class_weight, stats, one_minus_p = ctx.saved_tensors
+    x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor = ctx.saved_tensors
     opts = ctx.opts
 
     def row_factors(grad):  # per row, times the gradient's factor with respect to the raw logits
@@ -106,6 +152,8 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
         return (grad.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
 
     scale, entropy_scale = row_factors(grad_output), None if grad_entropy is None else row_factors(grad_entropy)
+    if row_factor is not None:  # the loss's row factors (not the entropy's: it is not weighted)
+        scale = (scale * row_factor).contiguous()
     with torch.autocast(x.device.type, enabled=False):
         ops = Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
         grads = GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)

@@ -29,6 +29,15 @@ class _Options:
     temperature: float = 1.0
     with_stats: bool = False
     host_checks: bool = True
+    token_weighted: bool = False
+    token_scaling: bool = False
+
+    @property
+    def row_weighted(self) -> bool:
+        """Whether each row's loss and gradient take a factor of their own (``token_weight``, the
+        target's probability of ``token_scaling``): the chunk's kernel then runs its two passes as two
+        launches, the factor formed between them."""
+        return self.token_weighted or self.token_scaling
 
     @property
     def pre_scale(self) -> float:

@@ -49,7 +49,7 @@ def _vocab_parallel_chunk(shard: vp.VocabShard):
     """
 
     def chunk(logits, target, *, lse, loss, z_loss, grad_scale, stats, top1, ignore_index, label_smoothing,
-              z_loss_scale, softcap, class_weight, weight_sum):
+              z_loss_scale, softcap, class_weight, weight_sum, target_logit=None):
         partial = torch.empty((logits.shape[0], len(backend.PARTIAL_COLUMNS)), dtype=torch.float32,
                               device=logits.device)
         backend.launch_cross_entropy_partials(
@@ -67,6 +67,8 @@ def _vocab_parallel_chunk(shard: vp.VocabShard):
 
         big_m, log_big_s, sums = shard.merge_logsumexp(m, log_s, extra)
         c_y, sums = sums[0], list(sums[1:])
+        if target_logit is not None:  # the merged capped target logit (token scaling's p_y)
+            target_logit.copy_(c_y)
         n_classes = shard.n_classes
         valid = target != ignore_index
         r = 1.0 if class_weight is None else class_weight[torch.where(valid, target, 0).long()]
