@@ -132,9 +132,9 @@ STORE_EXPONENTIALS = True
 class CrossEntropyOutput(NamedTuple):
     r"""What :func:`fused_linear_cross_entropy` returns with ``return_token_stats=True``.
 
-    ``loss`` and ``z_loss`` as without it (reduced, or per token with ``reduction="none"``). Per
-    token, the target's shape, 0 (False) at ignored tokens, of each token's (scaled, capped)
-    distribution :math:`p = \mathrm{softmax}(c)`:
+    ``loss`` and ``z_loss`` as without it (reduced, or per token with ``reduction="none"``). With
+    ``return_token_stats``, per token, the target's shape, 0 (False) at ignored tokens, of each token's
+    (scaled, capped) distribution :math:`p = \mathrm{softmax}(c)` (None without it):
 
     * ``entropy``: :math:`H_i = \mathrm{lse}_i - \sum_j p_{ij} c_{ij}`, float32; it carries a gradient
       with ``reduction="none"`` (:math:`\partial H/\partial c_j = -p_j(\log p_j + H)`, added in the
@@ -144,14 +144,23 @@ class CrossEntropyOutput(NamedTuple):
       accuracy is ``is_top1.sum() / n_valid``);
     * ``mean_logit``: :math:`\frac1V \sum_j c_{ij}`, float32, no gradient;
     * ``log_sum_sq_prob``: :math:`\log \sum_j p_{ij}^2`, float32, no gradient.
+
+    With ``return_predicted``, ``predicted``: int64, the target's shape, each token's
+    :math:`\arg\max_j c_{ij}` (the smallest class of equal largest logits; ``is_top1`` counts a tie
+    with the target as a hit, so the two may differ there), ``ignore_index`` at ignored tokens. With
+    ``return_lse``, ``lse``: float32, the target's shape, :math:`\mathrm{lse}_i = \log\sum_j e^{c_{ij}}`,
+    0 at ignored tokens, with its gradient (:math:`\partial\,\mathrm{lse}/\partial c_j = p_j`) into
+    ``x``, ``weight`` and ``bias``. Each is None unless asked for.
     """
 
     loss: torch.Tensor
     z_loss: torch.Tensor
-    entropy: torch.Tensor
-    is_top1: torch.Tensor
-    mean_logit: torch.Tensor
-    log_sum_sq_prob: torch.Tensor
+    entropy: torch.Tensor | None
+    is_top1: torch.Tensor | None
+    mean_logit: torch.Tensor | None
+    log_sum_sq_prob: torch.Tensor | None
+    predicted: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
 
 
 def _plain_loss(opts: _Options, class_weight, shard) -> bool:
@@ -161,7 +170,7 @@ def _plain_loss(opts: _Options, class_weight, shard) -> bool:
     the chunked kernel, whose per-token ``(m - z_y) + log s`` keeps the relative accuracy of a loss near
     0 that ``lse - z_y`` would lose."""
     options = (opts.label_smoothing or opts.z_loss_scale or opts.softcap is not None or opts.with_stats
-               or opts.row_weighted)
+               or opts.split_passes or opts.with_lse)
     return not options and opts.reduction != "none" and class_weight is None and shard is None
 
 
@@ -224,6 +233,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             lse, loss, z_loss = (torch.empty(n_rows, dtype=torch.float32, device=x.device) for _ in range(3))
             stats = torch.empty((n_rows, 3), dtype=torch.float32, device=x.device) if opts.with_stats else None
             top1 = torch.empty(n_rows, dtype=torch.int8, device=x.device) if opts.with_stats else None
+            predicted = torch.empty(n_rows, dtype=torch.int64, device=x.device) if opts.with_predicted else None
             fuse_grad = any(needs) and opts.reduction != "none"
             scale = _factor_tensor(opts.pre_scale, normalizer, opts.reduction, x.device)
             plain = fuse_grad and _plain_loss(opts, class_weight, shard)
@@ -237,36 +247,54 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 grads = GradientSums(x, weight, bias, needs, opts.accurate, compute_dtype) if fuse_grad else None
                 result = chunked_forward(ops, grads, target, lse, loss, z_loss, stats, top1, scale, opts, class_weight,
                                          weight_sum, shard, plain, store_exponentials=STORE_EXPONENTIALS,
-                                         epilogue_takes=_epilogue_gemm_takes, row_factor=row_factor)
+                                         epilogue_takes=_epilogue_gemm_takes, row_factor=row_factor,
+                                         predicted=predicted)
         ctx.opts, ctx.needs, ctx.compute_dtype, ctx.weight_sum = opts, needs, compute_dtype, weight_sum
         ctx.shard, ctx.handed_out, ctx.class_major = shard, False, fuse_grad and class_major
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        if fuse_grad:
-            ctx.save_for_backward(*result)
-        elif any(needs):
+        # What a recomputing backward reads: reduction "none"'s, and with return_lse the lse's gradient's.
+        ctx.n_fused = len(result) if fuse_grad else 0
+        if any(needs) and (not fuse_grad or opts.with_lse):
             # Plain cross-entropy: the backward's dz_y from 1 - p_y = -expm1(-loss) (the kernel's note)
             # (not with row factors: the loss is then weighted)
             plain_rows = not (opts.label_smoothing or opts.z_loss_scale or opts.row_weighted) and class_weight is None
-            one_minus_p = torch.expm1(-loss).neg_() if plain_rows else None
-            ctx.save_for_backward(x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor)
+            one_minus_p = torch.expm1(-loss).neg_() if plain_rows and not fuse_grad else None
+            recompute = (x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor)
+        else:
+            recompute = ()
+        if fuse_grad or recompute:
+            ctx.save_for_backward(*(result if fuse_grad else ()), *recompute)
         ctx.set_materialize_grads(False)  # a gradient that does not arrive is None, not zeros
         z_loss = _reduce(z_loss, opts.reduction, normalizer, shape)
         outputs = [_reduce(loss, opts.reduction, normalizer, shape), z_loss]
-        if not opts.with_stats:
-            ctx.mark_non_differentiable(z_loss)
-            return tuple(outputs)
-        entropy, mean_logit, log_sum_sq = (stats[:, k].reshape(shape).clone() for k in range(3))
-        outputs += [entropy, top1.view(shape).bool(), mean_logit, log_sum_sq]
-        # The entropy is differentiable only where backward recomputes the logits (reduction "none").
-        ctx.mark_non_differentiable(*[t for t in outputs[1:] if t is not entropy or fuse_grad or not any(needs)])
+        differentiable = [outputs[0]]
+        if opts.with_stats:
+            entropy, mean_logit, log_sum_sq = (stats[:, k].reshape(shape).clone() for k in range(3))
+            outputs += [entropy, top1.view(shape).bool(), mean_logit, log_sum_sq]
+            # The entropy is differentiable only where backward recomputes the logits (reduction "none").
+            if not fuse_grad and any(needs):
+                differentiable.append(entropy)
+        valid = target != opts.ignore_index
+        if opts.with_predicted:
+            outputs.append(torch.where(valid, predicted, opts.ignore_index).view(shape))
+        if opts.with_lse:
+            outputs.append(torch.where(valid, lse, 0.0).view(shape))
+            if any(needs):
+                differentiable.append(outputs[-1])
+        ctx.mark_non_differentiable(*[t for t in outputs if not any(t is d for d in differentiable)])
         return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_z_loss, grad_entropy=None, *_grad_non_differentiable):
+    def backward(ctx, grad_output, _grad_z_loss, *grads):
+        grad_entropy = grads[0] if ctx.opts.with_stats else None
+        grad_lse = grads[-1] if ctx.opts.with_lse else None
+        recompute = ctx.saved_tensors[ctx.n_fused:]
         if ctx.opts.reduction == "none":
-            dx, dw, db = _backward_recompute(ctx, grad_output, grad_entropy)
-        elif grad_output is None:
+            dx, dw, db = _backward_recompute(ctx, recompute, grad_output, grad_entropy, grad_lse)
+        elif grad_output is None and grad_lse is None:
             return (None,) * 12
+        elif grad_output is None:  # the lse's gradient alone
+            dx, dw, db = _backward_recompute(ctx, recompute, None, None, grad_lse)
         else:
             if ctx.handed_out:
                 raise RuntimeError(
@@ -283,7 +311,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                                                     ctx.needs, ctx.dtypes, factors)
             else:
                 # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
-                dx, dw, db = scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes)
+                dx, dw, db = scaled_to_dtypes(ctx.saved_tensors[:ctx.n_fused], grad_output, ctx.dtypes)
+            if grad_lse is not None:  # the gradients were formed in forward; the lse's needs the logits again
+                extra = _backward_recompute(ctx, recompute, None, None, grad_lse)
+                dx, dw, db = (a if b is None else b if a is None else a + b for a, b in zip((dx, dw, db), extra))
         return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
@@ -312,6 +343,8 @@ def fused_linear_cross_entropy(
     skip_ignored: bool = True,
     token_weight: torch.Tensor | None = None,
     token_scaling: bool = False,
+    return_predicted: bool = False,
+    return_lse: bool = False,
 ):
     """Cross-entropy of the logits ``x @ weight.T + bias`` against ``target``, never materializing them.
 
@@ -395,11 +428,23 @@ def fused_linear_cross_entropy(
             dynamic fine-tuning loss, DFT: ``-p_y·log p_y`` with a gradient ``-p_y ∇log p_y``); with
             ``token_weight``, by both. ``p_y`` is read from the logits the chunk already holds
             (no logits recomputed): the chunk's kernel runs its two passes as two launches.
+        return_predicted: return a :class:`CrossEntropyOutput` whose ``predicted`` holds each token's
+            predicted class (the argmax of its logits; ``ignore_index`` at ignored tokens), read from
+            each logits chunk between the kernel's two passes (one more read of the chunk; with a
+            process group two all-reduces of ``N`` values per chunk).
+        return_lse: return a :class:`CrossEntropyOutput` whose ``lse`` holds each token's log-sum-exp
+            (0 at ignored tokens), differentiable: its gradient ``g_lse · p`` reaches ``x``, ``weight``
+            and ``bias``. With ``reduction="none"`` it joins the loss's in the backward that recomputes
+            the logits anyway; with ``mean``/``sum``, whose gradients are formed in forward, a backward
+            that receives a gradient for the lse recomputes the logits for it (three matmuls more, and
+            forward keeps ``x``, ``weight``, ``bias`` for it): for a loss built on the lse,
+            ``reduction="none"`` reduced by the caller costs one matmul less.
 
     Returns:
         The loss in float32 whatever the input dtype (as Transformers' ``ForCausalLMLoss``, which
         upcasts the logits); or ``(loss, z_loss)`` with ``return_z_loss``; or a
-        :class:`CrossEntropyOutput` with ``return_token_stats``. With ``reduction="none"`` the loss
+        :class:`CrossEntropyOutput` with ``return_token_stats``, ``return_predicted`` or ``return_lse``
+        (its fields not asked for are None). With ``reduction="none"`` the loss
         is per token, ``−log p(target)`` at ``ε = λ = 0`` (its negative is the token log-prob, with
         gradient). With ``mean`` and every target ignored the loss is 0 and all gradients are 0
         (torch gives NaN), so a batch of pure padding does not poison training. NaN in ``x``,
@@ -442,6 +487,8 @@ def fused_linear_cross_entropy(
         v.require_bool("host_checks", host_checks)
         v.require_bool("skip_ignored", skip_ignored)
         v.require_bool("token_scaling", token_scaling)
+        v.require_bool("return_predicted", return_predicted)
+        v.require_bool("return_lse", return_lse)
         if token_weight is not None:
             v.require_tensor("token_weight", token_weight)
             v.require_float("token_weight", token_weight)
@@ -459,6 +506,7 @@ def fused_linear_cross_entropy(
             return (
                 ignore_index, reduction, label_smoothing, z_loss_scale, softcap, return_z_loss, chunk_size, accurate,
                 logit_scale, temperature, return_token_stats, host_checks, skip_ignored, token_scaling,
+                return_predicted, return_lse,
                 token_weight is None, bias is None, x.dtype,
                 num_items_in_batch if not isinstance(num_items_in_batch, torch.Tensor) else "tensor",
                 tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)),
@@ -480,7 +528,7 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, float(label_smoothing), float(z_loss_scale),
         None if softcap is None else float(softcap), chunk_size, accurate,
         float(logit_scale), float(temperature), return_token_stats, host_checks,
-        token_weight is not None, token_scaling,
+        token_weight is not None, token_scaling, return_predicted, return_lse,
     )
     rows_x, rows_target = x.reshape(-1, x.shape[-1]), target.reshape(-1).contiguous()
     # The rows whose target is ignore_index are dropped before the matmuls (kernels_lib._flce.rows).
@@ -496,14 +544,24 @@ def fused_linear_cross_entropy(
         rows_x, weight, bias, rows_target, float_weight, target.shape if kept is None else kept.shape,
         (normalizer, weight_sum), opts, needs, compute_dtype_for(x), shard, row_factor,
     )
+    outputs = list(outputs)
+    named = {"loss": outputs.pop(0), "z_loss": outputs.pop(0)}
+    if return_token_stats:
+        named.update(zip(("entropy", "is_top1", "mean_logit", "log_sum_sq_prob"), outputs[:4]))
+        outputs = outputs[4:]
+    if return_predicted:
+        named["predicted"] = outputs.pop(0)
+    if return_lse:
+        named["lse"] = outputs.pop(0)
     if kept is not None:  # per-row outputs (1-D, one per kept row) back to the target's shape, 0 at ignored rows
-        outputs = tuple(scatter_rows(t, kept, target.numel(), target.shape) if t.dim() else t for t in outputs)
+        named = {name: t if not t.dim() else scatter_rows(t, kept, target.numel(), target.shape,
+                                                          ignore_index if name == "predicted" else 0)
+                 for name, t in named.items()}
     if range_check is not None:
         range_check.raise_if_bad()
-    if return_token_stats:
-        return CrossEntropyOutput(*outputs)
-    loss, z_loss = outputs
-    return (loss, z_loss) if return_z_loss else loss
+    if return_token_stats or return_predicted or return_lse:
+        return CrossEntropyOutput(**{**dict.fromkeys(CrossEntropyOutput._fields), **named})
+    return (named["loss"], named["z_loss"]) if return_z_loss else named["loss"]
 
 
 FusedLinearCrossEntropyLoss = loss_module(

@@ -1,4 +1,5 @@
-"""Per-token weights and DFT token scaling of the fused linear cross-entropy, against float64 logits.
+"""Per-token weights, DFT token scaling, predicted classes and a differentiable lse of the fused linear
+cross-entropy, against float64 logits.
 
 The reference forms the logits in float64 (``(x W^T + b)``, softcap, temperature), each row's loss as
 ``F.cross_entropy`` defines it with smoothing and the z-loss, times ``ω_i`` (``token_weight``) and
@@ -145,12 +146,60 @@ def test_nan_weight_gives_nan():
     assert fused_linear_cross_entropy(x, w, target, b, token_weight=weight).isnan()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("option_set", list(OPTION_SETS))
+@pytest.mark.parametrize("skip_ignored", [True, False])
+def test_lse_output_and_its_gradient(reduction, option_set, skip_ignored):
+    """The lse against float64 (0 at ignored rows), and the gradient of ``loss + Σ g·lse`` (and of the lse
+    alone) against autograd through the float64 logits; the predicted classes are the argmax."""
+    options = dict(OPTION_SETS[option_set], reduction=reduction)
+    x, w, b, target, _ = inputs(zlib.crc32(f"lse{reduction}{option_set}".encode()) % 1000)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (x, w, b)]
+    out = fused_linear_cross_entropy(*leaves[:2], target.to(DEVICE), leaves[2], chunk_size=16, return_lse=True,
+                                     return_predicted=True, skip_ignored=skip_ignored, **options)
+    assert out.entropy is None and out.lse.shape == target.shape and out.lse.dtype == torch.float32
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    z = ref_leaves[0] @ ref_leaves[1].T + ref_leaves[2]
+    if options.get("softcap"):
+        z = options["softcap"] * torch.tanh(z / options["softcap"])
+    z = z / options.get("temperature", 1.0)
+    valid = target != -100
+    ref_lse = torch.where(valid, torch.logsumexp(z, -1), 0.0)
+    assert torch.equal(out.predicted.cpu(), torch.where(valid, z.argmax(-1), -100))
+    ref_loss = reference(*ref_leaves, target, **options)
+    g_lse = torch.randn(target.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    upstream = torch.rand(out.loss.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5
+    total = (out.loss * upstream.to(DEVICE, torch.float32)).sum() + (out.lse * g_lse.to(DEVICE, torch.float32)).sum()
+    ref_total = (ref_loss * upstream).sum() + (ref_lse * g_lse).sum()
+    assert rel_err(out.lse, ref_lse) < TOL
+    got = torch.autograd.grad(total, leaves)
+    want = torch.autograd.grad(ref_total, ref_leaves, retain_graph=True)
+    assert all(rel_err(a, c) < TOL for a, c in zip(got, want)), [rel_err(a, c) for a, c in zip(got, want)]
+    alone = fused_linear_cross_entropy(*leaves[:2], target.to(DEVICE), leaves[2], chunk_size=16, return_lse=True,
+                                       **options)
+    got = torch.autograd.grad((alone.lse * g_lse.to(DEVICE, torch.float32)).sum(), leaves)
+    want = torch.autograd.grad((ref_lse * g_lse).sum(), ref_leaves)
+    assert all(rel_err(a, c) < TOL for a, c in zip(got, want)), "the lse's gradient alone"
+
+
+def test_predicted_beside_is_top1():
+    x, w, b, target, _ = (t.to(DEVICE) for t in inputs(14, masked=0.3))
+    target[::3] = (x @ w.T + b).argmax(-1)[::3]  # some hits
+    target[1] = -100
+    out = fused_linear_cross_entropy(x, w, target, b, return_token_stats=True, return_predicted=True)
+    assert out.predicted.dtype == torch.int64 and out.predicted[1] == -100
+    assert torch.equal(out.is_top1, (out.predicted == target) & (target != -100))
+    with pytest.raises(TypeError, match="return_predicted"):
+        fused_linear_cross_entropy(x, w, target, b, return_predicted=1)
+
+
 # ------------------------------------------------------------------ vocabulary-parallel: 2 ranks over gloo
 
 SPLIT = (150, 119)
 VP_OPTIONS = {
     "mean": dict(token_weight=True, token_scaling=True, softcap=3.0, label_smoothing=0.1),
     "none": dict(reduction="none", token_scaling=True, chunk_size=5),
+    "lse_predicted": dict(return_lse=True, return_predicted=True, softcap=5.0, chunk_size=7),
 }
 
 
@@ -162,9 +211,14 @@ def _vp_call(options, x, w, b, target, weight, group=None, rank=0):
         lo = sum(SPLIT[:rank])
         w, b = w[lo:lo + SPLIT[rank]], b[lo:lo + SPLIT[rank]]
     leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    loss = fused_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], process_group=group, **options)
+    out = fused_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], process_group=group, **options)
+    if isinstance(out, tuple):  # the lse joins the loss's gradient; the predicted classes come back as they are
+        loss = torch.stack([out.loss, (out.lse * torch.linspace(-1, 1, out.lse.numel()).reshape(out.lse.shape)).sum()])
+        extra = out.predicted
+    else:
+        loss, extra = out, None
     grads = torch.autograd.grad(loss, leaves, torch.linspace(0.5, 1.5, loss.numel()).reshape(loss.shape))
-    return loss.detach(), grads
+    return loss.detach(), grads, extra
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -181,9 +235,11 @@ def test_vocabulary_parallel_matches_one_process():
     ranks = spawn_group(_worker, 2)
     x, w, b, target, weight = inputs(13, lead=(2, 9))
     for name, options in VP_OPTIONS.items():
-        loss, (dx, dw, db) = _vp_call(options, x, w, b, target, weight)
+        loss, (dx, dw, db), predicted = _vp_call(options, x, w, b, target, weight)
         for rank, result in enumerate(ranks):
-            got_loss, (got_dx, got_dw, got_db) = result[name]
+            got_loss, (got_dx, got_dw, got_db), got_predicted = result[name]
+            assert (predicted is None) == (got_predicted is None)
+            assert predicted is None or torch.equal(got_predicted, predicted), (name, rank)
             lo = sum(SPLIT[:rank])
             errors = [rel_err(got_loss, loss), rel_err(got_dx, dx), rel_err(got_dw, dw[lo:lo + SPLIT[rank]]),
                       rel_err(got_db, db[lo:lo + SPLIT[rank]])]

@@ -22,6 +22,7 @@ gradients formed in forward and held until backward (``dx``, ``dW``, ``db``: the
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from ..chunks import triton_backend as backend
 from ..chunks.epilogue import logits_with_loss
@@ -47,7 +48,8 @@ def _target_probability(logits, target, lse, ignore_index: int, softcap: float |
 
 def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss, z_loss, stats, top1,
                     scale: torch.Tensor, opts, class_weight, weight_sum, shard, plain: bool, *,
-                    store_exponentials: bool, epilogue_takes, row_factor: torch.Tensor | None = None):
+                    store_exponentials: bool, epilogue_takes, row_factor: torch.Tensor | None = None,
+                    predicted: torch.Tensor | None = None):
     """Forward of the chunked route, chunk by chunk: each row's ``lse`` and ``loss`` (and ``z_loss``,
     ``stats``, ``top1`` where given) written, and with ``grads`` (``mean``/``sum`` with a gradient) every
     chunk's ``dz``, scaled by ``scale``, added to it. ``plain``: the loss is ``lse - c_y`` alone, so a
@@ -60,7 +62,9 @@ def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss
     weights (ones without); with ``opts.token_scaling`` it is multiplied in place by the target's
     probability :math:`p_y` (detached) once pass 1 has the row's lse. Each row's loss and z-loss are
     multiplied by it, and its ``dz`` takes it through the per-row factor of pass 2 (launched apart from
-    pass 1, on the logits still in the buffer: no logits recomputed)."""
+    pass 1, on the logits still in the buffer: no logits recomputed). ``predicted`` (int64 ``(rows,)``,
+    with ``opts.with_predicted``): each row's argmax over the classes, written between the same two
+    passes (:func:`_argmax`)."""
     fuse_grad = grads is not None
     # float16: dz at the scale that brings the largest factor to [1, 2), undone in float32
     # (see :mod:`kernels_lib.chunks.gradient_sums`); class weights multiply a row's factor by up to max |w|,
@@ -90,11 +94,12 @@ def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss
             # The lse from the GEMM's epilogue: the kernel's pass 2 alone reads the logits.
             logits, _ = logits_with_loss(buffer, x_c, ops, target[rows], lse[rows], loss[rows], opts)
             chunk(logits, target[rows], lse=lse[rows], loss=None, z_loss=None, grad_scale=scale, **kernel_args)
-        elif row_factor is not None:
+        elif opts.split_passes:
             logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
-            _row_weighted_chunk(chunk, logits, target[rows], lse[rows], loss[rows], z_loss[rows],
-                                None if stats is None else stats[rows], None if top1 is None else top1[rows],
-                                row_factor[rows], scale if fuse_grad else None, opts, kernel_args, shard)
+            _split_chunk(chunk, logits, target[rows], lse[rows], loss[rows], z_loss[rows],
+                         None if stats is None else stats[rows], None if top1 is None else top1[rows],
+                         None if row_factor is None else row_factor[rows], scale if fuse_grad else None, opts,
+                         kernel_args, shard, None if predicted is None else predicted[rows])
         else:
             logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
             chunk(
@@ -115,35 +120,59 @@ def chunked_forward(ops: Operands, grads: GradientSums | None, target, lse, loss
     return grads.result() if fuse_grad else None
 
 
-def _row_weighted_chunk(chunk, logits, target, lse, loss, z_loss, stats, top1, factor, scale, opts, kernel_args,
-                        shard) -> None:
-    """One chunk with a factor per row: pass 1 (lse, loss, stats), the factor (times :math:`p_y` with
-    token scaling, read from the logits pass 2 has not yet overwritten; on a vocabulary shard the merged
-    target logit), the loss and z-loss scaled, then pass 2 with ``scale · factor`` per row."""
+def _argmax(logits, shard) -> torch.Tensor:
+    """Each row's class of the largest logit (the first of equal ones), global: on a vocabulary shard this
+    rank's largest value and class are merged over the ranks (all-reduce MAX of the value, then MIN of the
+    classes that reach it: the smallest global index, as one process gives). The softcap and a positive
+    scale keep the order, so the logits as the buffer holds them give it."""
+    if shard is None:
+        return logits.argmax(1)
+    value, index = logits.float().max(1)
+    top = value.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=shard.group)
+    index = torch.where(value == top, index + shard.offset, shard.n_classes)
+    dist.all_reduce(index, op=dist.ReduceOp.MIN, group=shard.group)
+    return index
+
+
+def _split_chunk(chunk, logits, target, lse, loss, z_loss, stats, top1, factor, scale, opts, kernel_args, shard,
+                 predicted) -> None:
+    """One chunk with its two passes apart: pass 1 (lse, loss, stats); the predicted classes; the row
+    factor (times :math:`p_y` with token scaling, read from the logits pass 2 has not yet overwritten; on a
+    vocabulary shard the merged target logit) and the loss and z-loss scaled by it; then pass 2 with
+    ``scale`` (times the factor) per row."""
     target_logit = torch.empty_like(lse) if opts.token_scaling and shard is not None else None
     extra = {} if target_logit is None else {"target_logit": target_logit}
     chunk(logits, target, lse=lse, loss=loss, z_loss=z_loss, grad_scale=None, stats=stats, top1=top1,
           **kernel_args, **extra)
+    if predicted is not None:
+        predicted.copy_(_argmax(logits, shard))
     if opts.token_scaling:
         if target_logit is None:
             p_y = _target_probability(logits, target, lse, opts.ignore_index, kernel_args["softcap"])
         else:
             p_y = torch.where(target != opts.ignore_index, torch.exp(target_logit - lse), 0.0)
         factor.mul_(p_y)
-    loss.mul_(factor)
-    z_loss.mul_(factor)
+    if factor is not None:
+        loss.mul_(factor)
+        z_loss.mul_(factor)
     if scale is not None:
         backend.launch_cross_entropy_chunk(
-            logits, target, lse=lse, loss=None, z_loss=None, grad_scale=(scale * factor).contiguous(),
+            logits, target, lse=lse, loss=None, z_loss=None,
+            grad_scale=scale if factor is None else (scale * factor).contiguous(),
             **kernel_args, **({} if shard is None else shard.kernel_args()),
         )
 
 
-def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
+def _backward_recompute(ctx, saved, grad_output: torch.Tensor | None, grad_entropy: torch.Tensor | None = None,
+                        grad_lse: torch.Tensor | None = None):
     """Backward of ``reduction="none"``: recompute each logits chunk, form ``dz`` from the saved lse
     (and the saved entropy, when the entropy has an upstream gradient; for plain cross-entropy the
-    saved ``1 - p_y``, so that ``dz_y`` keeps its relative accuracy where ``p_y -> 1``)."""
-    x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor = ctx.saved_tensors
+    saved ``1 - p_y``, so that ``dz_y`` keeps its relative accuracy where ``p_y -> 1``). With
+    ``grad_lse`` (the returned lse's upstream gradient) ``g_lse · p`` is added; with ``mean``/``sum``
+    this is the whole of this pass (``grad_output`` None: the loss's gradients were formed in forward).
+    ``saved``: ``(x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor)``."""
+    x, weight, bias, target, lse, class_weight, stats, one_minus_p, row_factor = saved
     opts = ctx.opts
 
     def row_factors(grad):  # per row, times the gradient's factor with respect to the raw logits
@@ -152,20 +181,24 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
         return (grad.reshape(-1).to(torch.float32) * opts.pre_scale).contiguous()
 
     scale, entropy_scale = row_factors(grad_output), None if grad_entropy is None else row_factors(grad_entropy)
+    lse_scale = None if grad_lse is None else row_factors(grad_lse)
     if row_factor is not None:  # the loss's row factors (not the entropy's: it is not weighted)
         scale = (scale * row_factor).contiguous()
     with torch.autocast(x.device.type, enabled=False):
         ops = Operands(x, weight, bias, opts.chunk_size, ctx.compute_dtype, opts.pre_scale)
         grads = GradientSums(x, weight, bias, ctx.needs, opts.accurate, ctx.compute_dtype)
 
-        def peak():  # float16: the largest |grad_output · pre · w| (and |grad_entropy · pre|) to [1, 2)
+        def peak():  # float16: the largest |grad_output · pre · w| (and |grad_entropy · pre|, |grad_lse · pre|) to [1, 2)
             peak = scale.abs().max() * _max_weight(class_weight)
-            return peak if entropy_scale is None else torch.maximum(peak, entropy_scale.abs().max())
+            for other in (entropy_scale, lse_scale):
+                peak = peak if other is None else torch.maximum(peak, other.abs().max())
+            return peak
 
         unscale = grads.dz_unscale(peak)
         if unscale != 1.0:
             scale = scale / unscale
             entropy_scale = None if entropy_scale is None else entropy_scale / unscale
+            lse_scale = None if lse_scale is None else lse_scale / unscale
         kernel_args = opts.kernel_args(class_weight, ctx.weight_sum)
         if ctx.shard is not None:  # the saved lse and entropy are the merged ones: pass 2 needs nothing more
             kernel_args.update(ctx.shard.kernel_args())
@@ -175,6 +208,7 @@ def _backward_recompute(ctx, grad_output: torch.Tensor | None, grad_entropy: tor
                 stats=None if entropy_scale is None else stats[rows],
                 entropy_grad=None if entropy_scale is None else entropy_scale[rows],
                 one_minus_p=None if one_minus_p is None else one_minus_p[rows],
+                lse_grad=None if lse_scale is None else lse_scale[rows],
                 **kernel_args,
             )
             grads.add_chunk(logits, x_c, ops.w, rows, unscale)

@@ -31,6 +31,14 @@ class _Options:
     host_checks: bool = True
     token_weighted: bool = False
     token_scaling: bool = False
+    with_predicted: bool = False
+    with_lse: bool = False
+
+    @property
+    def split_passes(self) -> bool:
+        """Whether the chunk's kernel runs its two passes as two launches, to read the logits between them
+        (the row factors, the predicted classes)."""
+        return self.row_weighted or self.with_predicted
 
     @property
     def row_weighted(self) -> bool:

@@ -43,8 +43,8 @@ def valid_rows(target: torch.Tensor, ignore_index: int, enabled: bool) -> torch.
     return index
 
 
-def scatter_rows(values: torch.Tensor, index: torch.Tensor, n_rows: int, shape) -> torch.Tensor:
-    """``values`` of the kept rows written at ``index`` of ``n_rows`` zeros (False for bool), in the
-    target's ``shape``; differentiable (the gradient of a kept row is read back at its index)."""
-    full = values.new_zeros((n_rows, *values.shape[1:]))
+def scatter_rows(values: torch.Tensor, index: torch.Tensor, n_rows: int, shape, fill=0) -> torch.Tensor:
+    """``values`` of the kept rows written at ``index`` of ``n_rows`` elements ``fill`` (0: False for
+    bool), in the target's ``shape``; differentiable (the gradient of a kept row is read back at its index)."""
+    full = values.new_full((n_rows, *values.shape[1:]), fill)
     return full.index_copy(0, index, values).view(*shape, *values.shape[1:])

@@ -112,6 +112,8 @@ def cross_entropy_chunk_kernel(
     BLOCK_V: tl.constexpr,  # vocabulary elements per loop step (a power of two)
     one_minus_p_ptr=None,  # float32 [rows]: 1 - p_y of the forward, as -expm1(-loss) (pass 2 with HAS_ONE_MINUS_P)
     HAS_ONE_MINUS_P: tl.constexpr = False,  # plain cross-entropy only: dz_y = -(1 - p_y) g from it
+    lse_grad_ptr=None,  # float32 [rows]: the upstream gradient of the row's lse times the factor (HAS_LSE_GRAD)
+    HAS_LSE_GRAD: tl.constexpr = False,  # pass 2 adds the lse's gradient, g_lse p_j
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
@@ -183,6 +185,8 @@ def cross_entropy_chunk_kernel(
             a = 1.0
         if HAS_ONE_MINUS_P:
             q_y = tl.load(one_minus_p_ptr + row)
+        if HAS_LSE_GRAD:
+            g_lse = tl.load(lse_grad_ptr + row).to(tl.float32)
         for start in range(0, n_cols, BLOCK_V):
             offs = start + cols
             mask = offs < n_cols
@@ -207,6 +211,8 @@ def cross_entropy_chunk_kernel(
                 dc = ((p * a - hit - smooth) + p * z_grad) * g
             if HAS_ENTROPY_GRAD:
                 dc -= g_h * (p * ((c - lse) + h))
+            if HAS_LSE_GRAD:
+                dc += g_lse * p  # d lse / d c_j = p_j
             if HAS_SOFTCAP:
                 dc = dc * slope
             dz = tl.where(valid, dc, 0.0)
@@ -246,6 +252,7 @@ def launch_cross_entropy_chunk(
     col_offset: int = 0,
     n_classes: int | None = None,
     one_minus_p: torch.Tensor | None = None,
+    lse_grad: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on a ``rows × V`` logits chunk (unit stride along V) and ``rows`` targets.
 
@@ -261,6 +268,8 @@ def launch_cross_entropy_chunk(
       forward's values. ``one_minus_p`` (float32, ``rows``; plain cross-entropy only: no smoothing,
       z-loss or class weights) is each row's ``1 - p_y`` from the forward's accurate loss
       (``-expm1(-loss)``): ``dz_y`` is formed from it, without the cancellation of ``p_y - 1``.
+      ``lse_grad`` (float32, ``rows``: the upstream gradient of each row's lse, times the same factor
+      as ``grad_scale``) adds the lse's gradient ``g_lse · p_j``.
 
     ``grad_scale`` (float32, 1 element shared by all rows, or ``rows`` elements one per row), when
     given, makes the kernel overwrite ``logits`` with ``grad_scale * dloss/dlogits``.
@@ -283,6 +292,8 @@ def launch_cross_entropy_chunk(
         raise ValueError("give stats and top1 together (with loss and z_loss)")
     if entropy_grad is not None and (compute_lse or stats is None or grad_scale is None):
         raise ValueError("entropy_grad goes with the forward's stats, grad_scale and no loss (the backward mode)")
+    if lse_grad is not None and (compute_lse or grad_scale is None):
+        raise ValueError("lse_grad goes with grad_scale and no loss (the backward mode)")
     if one_minus_p is not None and (compute_lse or label_smoothing or z_loss_scale or class_weight is not None):
         raise ValueError("one_minus_p goes with the backward mode of plain cross-entropy (no smoothing, z-loss or weights)")
     if compute_lse and (col_offset != 0 or (n_classes is not None and n_classes != logits.shape[1])):
@@ -292,6 +303,7 @@ def launch_cross_entropy_chunk(
         entropy_grad=entropy_grad, grad_scale=grad_scale, class_weight=class_weight, weight_sum=weight_sum,
         n_classes=n_classes, col_offset=col_offset, ignore_index=ignore_index, label_smoothing=label_smoothing,
         z_loss_scale=z_loss_scale, softcap=softcap, with_stats=with_stats, one_minus_p=one_minus_p,
+        lse_grad=lse_grad,
     )
 
 
@@ -325,7 +337,7 @@ def launch_cross_entropy_partials(
 
 def _launch(logits, target, *, lse, loss, z_loss, partial, stats, top1, entropy_grad, grad_scale, class_weight,
             weight_sum, n_classes, col_offset, ignore_index, label_smoothing, z_loss_scale, softcap, with_stats,
-            one_minus_p=None):
+            one_minus_p=None, lse_grad=None):
     rows, n_cols = logits.shape
     # Unused pointers still need a tensor argument; the constexpr flags keep them unread and unwritten.
     cross_entropy_chunk_kernel[(rows,)](
@@ -360,5 +372,7 @@ def _launch(logits, target, *, lse, loss, z_loss, partial, stats, top1, entropy_
         BLOCK_V=block_v(n_cols),
         one_minus_p_ptr=one_minus_p if one_minus_p is not None else lse,
         HAS_ONE_MINUS_P=one_minus_p is not None,
+        lse_grad_ptr=lse_grad if lse_grad is not None else lse,
+        HAS_LSE_GRAD=lse_grad is not None,
         num_warps=NUM_WARPS,
     )
