@@ -8,7 +8,7 @@ make that pass, not the matmuls, the cost (of the order of ``100 / c`` of a chun
 GPU that runs ``dW``'s read and write at its memory bandwidth); with ``H`` rows the logits buffer is the
 size of ``dW`` itself, so forward + backward hold at most twice the gradients. ``chunk_size`` is the dial:
 past ``H`` rows time hardly falls while memory keeps growing (every point of the dial beside the peers:
-``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``). The
+notebook 01). The
 memory-lean budget, ``H / 8`` rows, is :func:`lean_chunk_size`: the two-head losses take it or 2048 rows, whichever
 is more (``kernels_lib._distillation.two_head_chunk_size``); the sequence losses take ``H / 2`` rows, at least 1024
 (``kernels_lib._sequence_logprobs.chunk_rows``).
@@ -28,8 +28,8 @@ LEAN_CHUNK_FRACTION = 8
 MIN_LEAN_CHUNK_ROWS = 256
 #: The fewest rows of a default chunk: the ``dW`` pass then costs about 5% of the chunk's matmuls.
 MIN_DEFAULT_CHUNK_ROWS = 2048
-#: The most rows of a default chunk (2.1 GB of bf16 logits at ``V = 128256``): larger chunks were no faster
-#: (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``).
+#: The most rows of a default chunk (2.1 GB of bf16 logits at ``V = 128256``): past it the ``dW`` pass is a
+#: small part of the chunk's matmuls, so more rows buy memory use and little time.
 MAX_DEFAULT_CHUNK_ROWS = 8192
 #: A default chunk's logits buffer takes at most this fraction of the device memory free at the call.
 DEFAULT_CHUNK_FREE_FRACTION = 0.25

@@ -9,17 +9,16 @@ stored, and the target's logit beside it:
   one pass over ``W``;
 * for a gradient chunk (:func:`logits_with_loss`, Hopper, 16-bit operands TMA can take) the GEMM also
   stores the logits by TMA, and the chunk kernel runs its second pass alone: one read and one write of
-  the chunk instead of two reads and a write: the GEMM's time within a few percent of cuBLAS's logits,
-  the second pass shorter than the two (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``).
+  the chunk instead of two reads and a write, for a GEMM that does more than cuBLAS's logits product
+  (the epilogue's exponentials and partial sums).
 * With the stored exponentials (``STORE_EXPONENTIALS``, not float16) that pass goes too: the GEMM
   stores the shifted exponentials ``ẽ`` (:mod:`kernels_lib.kernels.shifted_exponentials`; shift: each
   row's target logit, formed before it), the merge of its lse partials subtracts the one-hot term and
   gives each row's factor ``u``, and ``dz = g·diag(u)·ẽ`` puts the factors on ``x_c`` (for ``dW``) and
-  on ``dx``, ``N × H`` each, instead of on the ``N × V`` buffer: one pass over the logits fewer
-  (the A/B against the logits route: ``data/measured/gpu_runs/fused_linear_cross_entropy_exponentials_ab.csv``).
-  The factors are applied by one Triton kernel (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`),
-  not torch's mixed-dtype multiplies, several times slower in the profiles
-  (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``).
+  on ``dx``, ``N × H`` each, instead of on the ``N × V`` buffer: one pass over the logits fewer, for two
+  ``N × H`` row scalings. The factors are applied by one Triton kernel
+  (:func:`~kernels_lib.kernels.shifted_exponentials.launch_scale_rows`), which reads and writes each
+  element once, where torch's mixed-dtype multiply makes float32 temporaries.
 
 The chunked route (:mod:`kernels_lib._flce.chunked`) and the class-major one
 (:mod:`kernels_lib._flce.class_major`) both form their logits here. Of the loss's options both functions

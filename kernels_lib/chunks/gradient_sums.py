@@ -11,8 +11,7 @@ as the memory-lean peers do: cuBLAS adds each chunk's float32 product into the b
 sum, one rounding per chunk. ``accurate=True`` accumulates in float32 and rounds once at the end,
 at the price of a ``V × H`` float32 buffer (2.1 GB for a Llama-3 head, +2 GB of peak memory). With
 float32 accumulation dW's error against float64 is the baseline's own; in the parameter dtype it is a
-little larger, for much less memory, hence the default
-(``data/measured/gpu_runs/fused_linear_cross_entropy_precision.csv``, notebook 01 section 4). The error
+little larger, for much less memory, hence the default (notebook 01, section 4, measures both). The error
 grows slowly with the number of chunks; take
 ``accurate=True`` for very long batches or when loss curves must match a float32-accumulating
 baseline. With float32 parameters the two modes are the same.

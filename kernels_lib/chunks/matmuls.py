@@ -34,10 +34,9 @@ def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 #: Rows of ``dx`` formed per float32 product on the stored-exponentials routes (:func:`scaled_product_into`):
 #: at ``H = 4096`` a 16 MiB temporary, against ``N × H × 4`` bytes for the whole product at once. The
-#: temporary is alive at ``full``'s peak (the chunk's exponentials, ``dx`` and ``dW`` beside it), so halving
-#: it keeps that peak at or under torch's ``F.linear_cross_entropy``'s
-#: (``data/measured/gpu_runs/fused_linear_cross_entropy_past_floor.csv``, arm ``kernels_lib[dx_block_rows=2048]``);
-#: each product still has ``K = V`` and 1024 rows to fill the GPU.
+#: temporary is alive at ``full``'s peak (the chunk's exponentials, ``dx`` and ``dW`` beside it), so fewer
+#: rows lower that peak, for more, smaller products; each product still has ``K = V`` and 1024 rows to
+#: fill the GPU.
 DX_BLOCK_ROWS = 1024
 
 
@@ -49,8 +48,7 @@ def scaled_product_into(out: torch.Tensor, e: torch.Tensor, w: torch.Tensor, fac
     On CUDA with 16-bit operands the product comes out of cuBLAS in float32 (``torch.mm(..., out_dtype=)``),
     ``DX_BLOCK_ROWS`` rows at a time, and the row factors are applied to it before the one rounding to
     ``out``'s dtype. Rounding ``e W`` to bfloat16 first and scaling after would round every element of
-    ``dx`` twice, a larger error against float64 than the baseline's own
-    (``data/measured/gpu_runs/gpu_route_errors.csv``). Elsewhere
+    ``dx`` twice, a larger error against float64 than the baseline's own. Elsewhere
     (float32 operands, the interpreter) the product is float32 already."""
     if out.dtype != torch.float32 and e.is_cuda:
         for start in range(0, e.shape[0], DX_BLOCK_ROWS):

@@ -75,8 +75,8 @@ from .row_logsumexp import row_logsumexp
 
 #: The longest row the fused forward holds whole in registers (``RESIDENT``): 32768 logits, held as float32
 #: whatever their dtype, 64 a thread at :func:`resident_warps`'s 16 warps. Longer rows are read twice: at twice
-#: this length the registers spill and one read is far slower than two (the A/B of the limits on an H100:
-#: ``data/measured/gpu_runs/ce_resident_ab.csv``, ``studies/ce_resident_ab.py``).
+#: this length the registers spill and one read is far slower than two (the A/B of the limits:
+#: ``studies/ce_resident_ab.py``).
 RESIDENT_MAX_COLS = 32768
 
 

@@ -41,8 +41,7 @@ partials of its rows ``BLOCK_B`` blocks at a time with the online rule: per step
 :math:`M' = \max(M, \max_b m_b)` and :math:`S \leftarrow S e^{M - M'} + \sum_b s_b e^{m_b - M'}`; it writes
 :math:`\mathrm{lse} = M + \log S`, and :math:`t_i = 0` at ignored rows (NaN at out-of-range targets),
 which no tile touches. (One block per step, 128 rows per program, left 32 programs at N = 4096 each
-waiting on 501 dependent loads, several times the time of reading the partials once; 64-block steps
-over 32 rows fill the GPU: ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``.)
+waiting on 501 dependent loads; 64-block steps over 32 rows put enough loads in flight to fill the GPU.)
 
 **NaN.** ``tl.max`` ignores NaN operands (``maxnum``, compiled and interpreted alike), so :math:`m_b`
 may be finite, or :math:`-\infty`, beside a NaN logit; but that logit reaches :math:`s_b` through
@@ -94,12 +93,11 @@ from .shifted_exponentials import EXP_HEADROOM, launch_rescale_flagged_rows
 
 _TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
 #: The launch without ``config`` where the TMA kernel can take 16-bit inputs (Hopper): tiles loaded by TMA
-#: from tensor descriptors, one program per SM looping over the tiles in groups of 16 row blocks. The
-#: fastest of the Hopper candidates measured beside cuBLAS's logits matmul, at about its rate
-#: (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_forward.csv``).
+#: from tensor descriptors, one program per SM looping over the tiles in groups of 16 row blocks: the
+#: fastest of the Hopper candidates measured beside cuBLAS's logits matmul (notebook 01).
 TMA_DEFAULT_CONFIG = dict(_TILE, GROUP_M=16, num_warps=8, num_stages=3, TMA=True, PERSISTENT=True)
 #: The same where ``logits_out`` is given: the logits tile stored by TMA from shared memory rather than by
-#: each thread (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_stages.csv``).
+#: each thread (one bulk copy per tile, no per-thread stores).
 TMA_LOGITS_OUT_CONFIG = dict(TMA_DEFAULT_CONFIG, TMA_STORE=True)
 #: The launch without ``config`` otherwise: the fastest measured pointer-based (``tl.load``) config.
 DEFAULT_CONFIG = dict(_TILE, GROUP_M=8, num_warps=8, num_stages=3)

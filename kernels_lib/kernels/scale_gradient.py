@@ -10,8 +10,8 @@ blocks: one read and one write per element, one multiply in float32.
 
 The grid is capped at :data:`MAX_PROGRAMS` programs that stride over the blocks: with one program
 per block, the early exit alone cost the fused linear cross-entropy measurable device time per step
-(its two calls, ``dx`` and the ``128256 × 4096`` ``dW``: 8k and 128k programs that moved nothing;
-``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``); a capped grid exits after a
+(its two calls, ``dx`` and the ``128256 × 4096`` ``dW``: 8k and 128k programs that moved nothing); a
+capped grid exits after a
 few microseconds and still fills the GPU when it scales.
 """
 

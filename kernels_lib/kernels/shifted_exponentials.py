@@ -61,7 +61,7 @@ import triton.language as tl
 #: before the tiles are shifted apart.
 EXP_HEADROOM = 64.0
 #: Rows per program and hidden elements per step of the shift kernel (16 × 256 gave 256 programs at
-#: N = 4096, too few loads in flight for its 64 MB read; ``data/measured/gpu_runs/fused_linear_cross_entropy_frontier_profile.csv``).
+#: N = 4096, too few loads in flight for its 64 MB read).
 SHIFT_BLOCK_R, SHIFT_BLOCK_H = 4, 512
 #: Rows per program, and vocabulary tiles each program walks, of the rescaling kernel.
 RESCALE_BLOCK_R, RESCALE_TILES = 64, 16

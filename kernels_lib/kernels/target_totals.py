@@ -20,7 +20,7 @@ Why a kernel
 ------------
 The same totals in torch take about ten small ops (compare, mask, sum, cast, where, …), each a
 launch and its host-side cost: at a small vocabulary the logits-level loss's GPU work is shorter than
-that host time (``data/measured/gpu_runs/cross_entropy_small_vocab_profile.csv``). One program walks the targets in blocks of
+that host time. One program walks the targets in blocks of
 ``BLOCK`` and sums in a fixed order (deterministic, no atomics): ``N`` reads of 4 or 8 bytes, nothing
 next to the loss's pass over the logits.
 """
