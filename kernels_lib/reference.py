@@ -47,6 +47,11 @@ def fused_linear_cross_entropy(
     logit_scale: float = 1.0,
     temperature: float = 1.0,
     return_token_stats: bool = False,
+    token_weight: torch.Tensor | None = None,
+    token_scaling: bool = False,
+    return_predicted: bool = False,
+    return_lse: bool = False,
+    skip_ignored: bool = True,
 ):
     """Materialized logits, as a Transformers model computes them: ``x @ weight.T + bias`` in the
     input dtype (a bf16 matmul for bf16 inputs; under autocast, as ``F.linear`` runs there), upcast
@@ -60,9 +65,20 @@ def fused_linear_cross_entropy(
     target ignored the result is NaN, as torch gives. The returned z-loss (``return_z_loss``) is the
     same term reduced alone; ``return_token_stats`` gives the kernels' ``CrossEntropyOutput`` from
     the materialized logits (entropy, mean logit and ``log Σ p²`` from ``log_softmax``, top-1 as the
-    target's logit >= the max).
+    target's logit >= the max). ``token_weight`` and ``token_scaling`` multiply each row's loss by its
+    weight and its detached target probability, ``mean`` over the same denominator;
+    ``return_predicted`` and ``return_lse`` add the argmax and the log-sum-exp of the logits
+    (:func:`_with_row_options`). ``skip_ignored`` is accepted and ignored.
     """
-    del chunk_size, accurate
+    del chunk_size, accurate, skip_ignored
+    if token_weight is not None or token_scaling or return_predicted or return_lse:
+        return _with_row_options(
+            x, weight, target, bias, token_weight=token_weight, token_scaling=token_scaling,
+            return_predicted=return_predicted, return_lse=return_lse, reduction=reduction,
+            num_items_in_batch=num_items_in_batch, return_token_stats=return_token_stats, return_z_loss=return_z_loss,
+            ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss_scale=z_loss_scale, softcap=softcap,
+            class_weight=class_weight, logit_scale=logit_scale, temperature=temperature,
+        )
     logits = _reference_logits(x, weight, bias).reshape(-1, weight.shape[0])
     if logit_scale != 1.0:
         logits = logits * logit_scale
@@ -104,6 +120,46 @@ def fused_linear_cross_entropy(
             log_sum_sq = torch.where(valid, torch.logsumexp(2 * logp, dim=-1), 0.0).view(target.shape)
         return CrossEntropyOutput(loss, z_loss, entropy, top1, mean_logit, log_sum_sq)
     return (loss, z_loss) if return_z_loss else loss
+
+
+def _with_row_options(x, weight, target, bias, *, token_weight, token_scaling, return_predicted, return_lse, reduction,
+                      num_items_in_batch, return_token_stats, return_z_loss, **options):
+    """The loss per row (and its statistics) from :func:`fused_linear_cross_entropy`, each valid row times
+    ``ω_i · sg(p_y)``, reduced (``mean`` over ``num_items_in_batch``, else the valid rows' total class
+    weight); with the logits' argmax and log-sum-exp (0 / ``ignore_index`` at ignored rows)."""
+    from .fused_linear_cross_entropy import CrossEntropyOutput
+
+    rows = fused_linear_cross_entropy(x, weight, target, bias, reduction="none", return_token_stats=True, **options)
+    logits = _reference_logits(x, weight, bias).reshape(-1, weight.shape[0]) * options["logit_scale"]
+    if options["softcap"] is not None:
+        logits = options["softcap"] * torch.tanh(logits / options["softcap"])
+    logits = logits / options["temperature"]
+    flat, ignore_index = target.reshape(-1).long(), options["ignore_index"]
+    valid = flat != ignore_index
+    factor = torch.ones_like(logits[:, 0]) if token_weight is None else token_weight.reshape(-1).to(logits.dtype)
+    if token_scaling:
+        target_logp = torch.log_softmax(logits, -1).gather(1, torch.where(valid, flat, 0).unsqueeze(1)).squeeze(1)
+        factor = factor * target_logp.exp().detach()
+    factor = torch.where(valid, factor, 0.0)
+    loss, z_loss = (t.reshape(-1) * factor for t in (rows.loss, rows.z_loss))
+    if reduction != "none":
+        class_weight = options["class_weight"]
+        total = valid.sum() if class_weight is None else class_weight.to(logits.dtype)[torch.where(valid, flat, 0)][valid].sum()
+        denominator = (num_items_in_batch if num_items_in_batch is not None else total) if reduction == "mean" else 1
+        loss, z_loss = loss.sum() / denominator, z_loss.sum() / denominator
+    else:
+        loss, z_loss = loss.view(target.shape), z_loss.view(target.shape)
+    if not (return_token_stats or return_predicted or return_lse):
+        return (loss, z_loss) if return_z_loss else loss
+    fields = dict(loss=loss, z_loss=z_loss)
+    if return_token_stats:
+        fields.update(entropy=rows.entropy if reduction == "none" else rows.entropy.detach(), is_top1=rows.is_top1,
+                      mean_logit=rows.mean_logit, log_sum_sq_prob=rows.log_sum_sq_prob)
+    if return_predicted:
+        fields["predicted"] = torch.where(valid, logits.argmax(-1), ignore_index).view(target.shape)
+    if return_lse:
+        fields["lse"] = torch.where(valid, torch.logsumexp(logits, -1), 0.0).view(target.shape)
+    return CrossEntropyOutput(**{**dict.fromkeys(CrossEntropyOutput._fields), **fields})
 
 
 def _reduced_z_loss(z_rows, reduction, loss, num_items_in_batch, valid, weight_rows, flat, shape):
