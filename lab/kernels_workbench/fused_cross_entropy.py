@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_lib import reference
+from kernels_lib.fused_linear_cross_entropy import fused_linear_cross_entropy as kernels_lib_flce
 from . import data
 from .bench import fused_linear_cross_entropy as flce
 from .check import BASELINE_MARGIN, TOLERANCE, relative_error
@@ -56,6 +57,66 @@ def derivation_check(naive_loss: Callable, derived_grads: Callable, seed: int = 
         worst = errors.max(axis=1).idxmax()
         raise AssertionError(f"derivation check failed: {table.loc[worst].to_dict()}")
     return table
+
+
+#: The options each row of the derivation table adds beyond the classic three, as checked by
+#: :func:`row_options_check` (``True`` for ``token_weight``: the check draws the weights).
+ROW_OPTIONS = {
+    "ignored rows dropped": {},
+    "every row through the matmuls": {"skip_ignored": False},
+    "token_weight": {"token_weight": True},
+    "token_scaling (DFT)": {"token_scaling": True},
+    "token_weight + token_scaling, softcap, smoothing, z-loss": {
+        "token_weight": True, "token_scaling": True, "softcap": 4.0, "label_smoothing": 0.1, "z_loss_scale": 1e-2},
+    "return_lse (loss + Σ g·lse)": {"return_lse": True, "return_predicted": True},
+}
+
+
+def row_options_check(seed: int = 0, device="cpu", tolerance: float = 1e-5) -> pd.DataFrame:
+    """kernels_lib against the float64 baseline for each of :data:`ROW_OPTIONS` and every reduction, on a
+    41 × 19 head of 263 classes in float32 with about a third of the rows ignored: the relative errors of
+    the loss and of ``dx``, ``dW``, ``db`` under a random upstream gradient (with ``return_lse``, of the
+    objective ``Σ u·loss + Σ g·lse``), and whether the predicted classes are the float64 argmax. Raises
+    naming the worst case when an error exceeds ``tolerance`` or a predicted class differs."""
+    generator = torch.Generator().manual_seed(seed)
+    n, h, v = 41, 19, 263
+    x, w = torch.randn(n, h, generator=generator), torch.randn(v, h, generator=generator) * h**-0.5 * 2
+    b, weights = torch.randn(v, generator=generator) / 4, torch.rand(n, generator=generator) * 2
+    target = torch.randint(0, v, (n,), generator=generator)
+    target[torch.rand(n, generator=generator) < 0.35] = -100
+    rows = []
+    for name, options in ROW_OPTIONS.items():
+        for reduction in ("none", "sum", "mean"):
+            got, want = ({**options, "reduction": reduction, "token_weight": weights.to(device, dtype)
+                          if options.get("token_weight") else None} for dtype in (torch.float32, torch.float64))
+            results = [_row_options_run(x, w, b, target, kwargs, device, dtype, generator_seed=seed)
+                       for kwargs, dtype in ((got, torch.float32), (want, torch.float64))]
+            (loss, grads, predicted), (ref_loss, ref_grads, ref_predicted) = results
+            row = {"option": name, "reduction": reduction, "loss err": relative_error(loss, ref_loss)}
+            row.update({f"{g} err": relative_error(a, c) for g, a, c in zip(("dx", "dW", "db"), grads, ref_grads)})
+            row["predicted = argmax"] = None if predicted is None else bool(torch.equal(predicted.cpu(), ref_predicted.cpu()))
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    errors = table.filter(like=" err")
+    failed = (errors > tolerance).any(axis=1) | table["predicted = argmax"].eq(False)
+    if failed.any():
+        raise AssertionError(f"row options check failed: {table[failed].iloc[0].to_dict()}")
+    return table
+
+
+def _row_options_run(x, w, b, target, options, device, dtype, generator_seed: int):
+    """One call (kernels_lib in float32, the baseline in float64): the loss, its gradients, the predicted classes."""
+    function = kernels_lib_flce if dtype == torch.float32 else reference.fused_linear_cross_entropy
+    leaves = [t.to(device, dtype).requires_grad_() for t in (x, w, b)]
+    out = function(*leaves[:2], target.to(device), leaves[2], **options)
+    loss = out.loss if isinstance(out, tuple) else out
+    upstream = torch.rand(loss.shape, generator=torch.Generator().manual_seed(generator_seed), dtype=torch.float64) + 0.5
+    objective = (loss * upstream.to(device, dtype)).sum()
+    if options.get("return_lse"):
+        g_lse = torch.randn(out.lse.shape, generator=torch.Generator().manual_seed(generator_seed + 1), dtype=torch.float64)
+        objective = objective + (out.lse * g_lse.to(device, dtype)).sum()
+    predicted = out.predicted if isinstance(out, tuple) else None
+    return loss, torch.autograd.grad(objective, leaves), predicted
 
 
 def transformers_check(dtype: torch.dtype, reduction: str, shape: tuple, seed: int, device) -> dict:
