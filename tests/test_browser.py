@@ -20,24 +20,18 @@ Chromium is required: where it is missing these tests fail (``.ci/run`` installs
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
-import pandas as pd
 import pytest
 import torch
 
 import notebook_runs  # the notebooks' executions, shared with their own tests
+from lab_server import CHROMIUM_ARGS, chromium_path, jupyter_lab
 from kernels_workbench import charts, dashboard, report
 from kernels_workbench.mathml import markdown_math_to_mathml
 
@@ -47,23 +41,7 @@ from kernels_workbench.mathml import markdown_math_to_mathml
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400), notebook_runs.GROUP]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
-
-def _chromium_path() -> str:
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    if path is None:
-        pytest.fail("Debian's chromium is required for the browser tests and was not found: "
-                    "apt-get install chromium (.ci/run does it)", pytrace=False)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +49,7 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=_chromium_path(), args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         try:
             yield chromium
         finally:
@@ -258,60 +236,14 @@ def test_every_figure_has_legible_text_and_one_colour_per_provider(browser, repo
     assert colours.get("kernels_lib") == {charts.COLORS["kernels_lib"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for_server(url: str, process: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"jupyter lab did not answer {url} within {timeout} s")
-
-
 @pytest.fixture
 def lab(tmp_path):
     """A JupyterLab server on loopback over a copy of the notebooks: (base URL, token). Stopped at the end."""
     root = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS, root)
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-    }
-    command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-        "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        "--LabApp.extension_manager=readonly",
-    ]
-    log_path = tmp_path / "lab.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for_server(f"{base}/api/status?token={token}", process, log_path)
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", "--allow-root"]
+    with jupyter_lab(command, tmp_path, "jupyter lab") as (base, token, _):
         yield base, token
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # the server and the kernels it started
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
 
 
 PANEL = ".widget-vbox:has(> .widget-hbox button:has-text('Run sweep'))"
@@ -382,6 +314,9 @@ def test_jupyterlab_runs_the_kl_notebook_and_the_sweep_panel_says_what_it_measur
         page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
         page.wait_for_selector(f"{PANEL} button:has-text('Run sweep')", timeout=180_000)
         page.wait_for_selector(f"{PANEL} .js-plotly-plot .main-svg", timeout=60_000)
+        # the svg is drawn before the widget's layout (title, notes) reaches it: wait for its notes, then read
+        plot = page.locator(f"{PANEL} .js-plotly-plot").element_handle()
+        page.wait_for_function("plot => ((plot.layout || {}).annotations || []).length > 0", arg=plot, timeout=30_000)
         before = _panel_chart(page)
         liger = page.locator(f"{PANEL} .widget-checkbox:has-text('liger') input")
         liger_label = page.locator(f"{PANEL} .widget-checkbox:has-text('liger')").text_content()

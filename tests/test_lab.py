@@ -16,20 +16,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import re
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from lab_server import CHROMIUM_ARGS, chromium_path, jupyter_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "lab" / "jupyter_server_config.py"
@@ -120,43 +117,11 @@ def test_strip_keeps_what_a_person_wrote(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- in the browser
 
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]  # as tests/test_browser.py launches it
-
-
-def _chromium_path() -> str:
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    if path is None:
-        pytest.fail("Debian's chromium is required for the browser tests and was not found: "
-                    "apt-get install chromium (.ci/run does it)", pytrace=False)
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _environment_is_prepared() -> bool:
     """Whether ``./workbench`` would use .venv as it is (its stamp matches the pyprojects) rather than install."""
     stamp = ROOT / ".venv" / ".kernels_lib-installed"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "lab" / "pyproject.toml").read_bytes())
     return stamp.exists() and stamp.read_text().strip() == want.hexdigest()[:16]
-
-
-def _wait_for_server(url: str, process: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"./workbench lab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"./workbench lab did not answer {url} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture
@@ -170,36 +135,10 @@ def workbench_lab():
     temp = Path(tempfile.mkdtemp(prefix="kernels_lib_lab_"))
     checkpoints = NOTEBOOKS / ".ipynb_checkpoints"
     had_checkpoints = checkpoints.exists()
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTER_RUNTIME_DIR": str(temp / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(temp / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(temp / "workspaces"),
-    }
-    env.pop("KERNELS_LIB_KEEP_OUTPUTS", None)
-    command = [
-        str(ROOT / "workbench"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-        f"--IdentityProvider.token={token}", "--LabApp.news_url=",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
-    ]
-    log_path = temp / "lab.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
     try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for_server(f"{base}/api/status?token={token}", process, log_path)
-        yield base, token, log_path
+        with jupyter_lab([str(ROOT / "workbench"), "lab"], temp, "./workbench lab", cwd=ROOT) as server:
+            yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # the server and the kernels it started
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
         if not had_checkpoints:
             shutil.rmtree(checkpoints, ignore_errors=True)
         shutil.rmtree(temp, ignore_errors=True)
@@ -251,7 +190,7 @@ def test_running_a_notebook_in_the_lab_leaves_the_tracked_notebook_unchanged(wor
     saved_at = path.stat().st_mtime_ns
     try:
         with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=_chromium_path(), args=CHROMIUM_ARGS)
+            chromium = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
             try:
                 page = chromium.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(f"{base}/lab/tree/{LAB_NOTEBOOK}?token={token}", wait_until="domcontentloaded")
