@@ -46,34 +46,17 @@ GIB = 2**30
 #: Model shapes: the family (which transformers class, which Liger patch) and the config's fields.
 #: ``llama-3.2-1b`` and ``qwen2.5-0.5b`` are the published models' shapes (tied embeddings, random
 #: init here); the ``-tiny`` ones keep their proportions small enough for a CPU and the interpreter.
-MODEL_SHAPES: dict[str, dict] = {
-    "llama-3.2-1b": {
-        "family": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
-    },
-    "qwen2.5-0.5b": {
-        "family": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-        "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
-        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
-    },
+#: The config's fields of :data:`MODEL_SHAPES`, in the order of each row (every shape ties its embeddings).
+SHAPE_FIELDS = ("family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "max_position_embeddings")
+MODEL_SHAPES: dict[str, dict] = {name: {**dict(zip(SHAPE_FIELDS, row)), "tie_word_embeddings": True} for name, row in {
+    "llama-3.2-1b": ("llama", 2048, 16, 32, 8, 8192, 128256, 500000.0, 1e-5, 131072),
+    "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 4864, 151936, 1000000.0, 1e-6, 32768),
     # scripts/training_convergence.py: a Llama-3 head (V = 128256, tied) on a small body, 150 steps in a minute
-    "llama-1024x8": {
-        "family": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-        "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 128256, "tie_word_embeddings": True,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 1024,
-    },
-    "llama-tiny": {
-        "family": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1024, "tie_word_embeddings": True,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
-    },
-    "qwen-tiny": {
-        "family": "qwen2", "hidden_size": 56, "num_hidden_layers": 3, "num_attention_heads": 7,
-        "num_key_value_heads": 1, "intermediate_size": 304, "vocab_size": 1187, "tie_word_embeddings": True,
-        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
-    },
-}
+    "llama-1024x8": ("llama", 1024, 8, 16, 4, 2816, 128256, 500000.0, 1e-6, 1024),
+    "llama-tiny": ("llama", 64, 2, 4, 2, 256, 1024, 500000.0, 1e-5, 2048),
+    "qwen-tiny": ("qwen2", 56, 3, 7, 1, 304, 1187, 1000000.0, 1e-6, 2048),
+}.items()}
 #: ``--model llama|qwen`` of the script: (full shape, tiny shape).
 MODEL_ALIASES = {"llama": ("llama-3.2-1b", "llama-tiny"), "qwen": ("qwen2.5-0.5b", "qwen-tiny")}
 
