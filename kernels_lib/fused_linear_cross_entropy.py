@@ -288,13 +288,16 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_output, _grad_z_loss, *grads):
         grad_entropy = grads[0] if ctx.opts.with_stats else None
         grad_lse = grads[-1] if ctx.opts.with_lse else None
-        recompute = ctx.saved_tensors[ctx.n_fused:]
+
+        def recompute():  # read only where used: a second backward must meet the check below first
+            return ctx.saved_tensors[ctx.n_fused:]
+
         if ctx.opts.reduction == "none":
-            dx, dw, db = _backward_recompute(ctx, recompute, grad_output, grad_entropy, grad_lse)
+            dx, dw, db = _backward_recompute(ctx, recompute(), grad_output, grad_entropy, grad_lse)
         elif grad_output is None and grad_lse is None:
             return (None,) * 12
         elif grad_output is None:  # the lse's gradient alone
-            dx, dw, db = _backward_recompute(ctx, recompute, None, None, grad_lse)
+            dx, dw, db = _backward_recompute(ctx, recompute(), None, None, grad_lse)
         else:
             if ctx.handed_out:
                 raise RuntimeError(
@@ -313,7 +316,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 # The host never waits here (a wait would leave the GPU idle until the next step's first launch).
                 dx, dw, db = scaled_to_dtypes(ctx.saved_tensors[:ctx.n_fused], grad_output, ctx.dtypes)
             if grad_lse is not None:  # the gradients were formed in forward; the lse's needs the logits again
-                extra = _backward_recompute(ctx, recompute, None, None, grad_lse)
+                extra = _backward_recompute(ctx, recompute(), None, None, grad_lse)
                 dx, dw, db = (a if b is None else b if a is None else a + b for a, b in zip((dx, dw, db), extra))
         return dx, dw, db, None, None, None, None, None, None, None, None, None
 
