@@ -37,3 +37,36 @@ def test_the_prompt_share_of_each_sequence_is_masked():
     prompt = mr.TINY["T"] // 4
     assert (target[:, :prompt] == -100).all() and (target[:, prompt:] >= 0).all()
     assert mr.flops(mr.TINY, 25) == 6.0 * mr.TINY["sequences"] * (mr.TINY["T"] - prompt) * mr.TINY["H"] * mr.TINY["V"]
+
+
+def synthetic_run(path: Path) -> Path:
+    """A GPU run's rows in the measured layout: kernels_lib follows the valid tokens, a peer does not."""
+    rows = []
+    for provider, times in (("kernels_lib", [100, 76, 51, 27]), ("liger", [200, 199, 201, 198])):
+        for percent, ms in zip(mr.MASKED_PERCENTS, times):
+            rows.append(dict.fromkeys(MEASURED_COLUMNS) | {
+                "kernel_name": mr.KERNEL_NAME, "kernel_provider": provider, "kernel_operation_mode": "full",
+                "metric_name": "speed", "metric_unit": "ms", "x_name": "masked_percent", "x_value": percent,
+                "y_value_50": ms, "y_value_20": ms * 0.99, "y_value_80": ms * 1.01, "gpu_name": "NVIDIA H100 80GB HBM3",
+                "timestamp": "t", "kernels_lib_commit": "c0ffee1", "device": "cuda", "torch_version": "2.13",
+                "triton_version": "3.9"})
+    pd.DataFrame(rows, columns=MEASURED_COLUMNS).to_csv(path, index=False)
+    return path
+
+
+def test_the_chart_and_its_sentence_read_a_run(tmp_path):
+    from kernels_workbench import masked_rows
+
+    assert masked_rows.newest_runs(tmp_path / "absent.csv") is None
+    runs = masked_rows.newest_runs(synthetic_run(tmp_path / "run.csv"))
+    (gpu, rows), = runs.items()
+    relative = masked_rows.relative_times(rows)
+    ours = relative[relative.provider == "kernels_lib"].set_index("masked %")
+    assert ours.loc[0, "time / unmasked"] == 1 and abs(ours.loc[75, "time / unmasked"] - 0.27) < 1e-12
+    assert ours.loc[75, "valid share"] == 0.25
+    figure = masked_rows.figure(rows, gpu)
+    assert len(figure.data) == 2 * 2 + 1  # two panels per provider, the valid-token share
+    assert list(figure.data[-1].y) == [1.0, 0.75, 0.5, 0.25]
+    text = masked_rows.sentence(rows)
+    assert "75 % of the positions masked (25% of the tokens valid)" in text and "0.27 of its unmasked time" in text
+    assert "0.99" in text  # Liger's 198 / 200
