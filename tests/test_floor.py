@@ -80,3 +80,9 @@ def test_the_matmul_time_is_the_one_floors_and_a_runs_own_matmul_rate_counts():
     assert one_floor.run_rates(run, _ceilings()) == {"copy": 3000.0, "matmul": 400.0}
     assert one_floor.run_rates(run, _ceilings(commit="other")) == {"matmul": 400.0}, "another run's copy is not this run's"
     assert one_floor.floor_ms(run, _ceilings()).loc[8192] == pytest.approx(flops / 400e12 * 1e3)
+
+
+def test_bytes_ms_is_gigabytes_at_the_runs_copy_bandwidth():
+    assert one_floor.bytes_ms(3.0, {"copy": 3000.0}) == pytest.approx(1.0)  # 3 GB at 3000 GB/s: 1 ms
+    assert math.isnan(one_floor.bytes_ms(3.0, {"matmul": 700.0}))  # no copy bandwidth measured: not measured
+    assert math.isnan(one_floor.bytes_ms(3.0, {"copy": math.nan}))

@@ -78,6 +78,14 @@ def matmul_ms(kernel_name: str, sizes: dict, mode: str, tflops: float, options: 
     return flops / (tflops * 1e12) * 1e3 if tflops is not None and math.isfinite(tflops) and tflops > 0 else math.nan
 
 
+def bytes_ms(gigabytes: float, rates: dict) -> float:
+    """``gigabytes`` moved at the copy bandwidth of ``rates`` (:func:`run_rates`), in ms: the bytes candidate of
+    :func:`floor_at`, and the time any other traffic (a chunk's ``dW`` read and write) takes at that rate; NaN
+    where the run measured no copy bandwidth."""
+    copy = rates.get("copy", math.nan)
+    return gigabytes / copy * 1e3 if copy is not None and math.isfinite(copy) and copy > 0 else math.nan
+
+
 def floor_at(kernel_name: str, sizes: dict, dtype: torch.dtype, mode: str, rates: dict, own_ms: float = math.nan,
              options: dict | None = None) -> tuple[float, str | None, float, float]:
     """The floor of one call at ``sizes``: ``(ms, bound, matmul ms, bytes ms)`` from ``rates`` (:func:`run_rates`
@@ -87,7 +95,7 @@ def floor_at(kernel_name: str, sizes: dict, dtype: torch.dtype, mode: str, rates
     matmul = matmul_ms(kernel_name, sizes, mode, rates.get("matmul", math.nan), options)
     if matmul and pd.notna(own_ms):  # the loss's own matmuls, timed in the run
         matmul = float(own_ms)
-    moved = spec.min_bytes(sizes, dtype, mode) / (rates["copy"] * 1e9) * 1e3 if "copy" in rates else math.nan
+    moved = bytes_ms(spec.min_bytes(sizes, dtype, mode) / 1e9, rates)
     if math.isnan(matmul) or math.isnan(moved):
         return math.nan, None, matmul, moved
     return max(matmul, moved), ("matmul" if matmul >= moved else "bytes"), matmul, moved
