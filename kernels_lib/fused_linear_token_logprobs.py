@@ -27,7 +27,9 @@ over each logits chunk that forms the log-sum-exp, forward keeps one float per r
 recomputes the logits chunk by chunk and writes :math:`\partial L/\partial c` above in place (one
 matmul more than the fused losses, which cannot know :math:`g, e` in forward). Without
 ``return_entropy`` the token statistics are not formed. The GRPO loss reads its per-token
-log-probs inside its own pass (:func:`kernels_lib.fused_linear_grpo`); this function is for the
+log-probs inside its own pass (:func:`kernels_lib.fused_linear_grpo`). Positions whose target is
+``ignore_index`` are dropped before the matmuls (the fused loss's ``skip_ignored``: one host sync per
+call counts them), so a completion's prompt and padding cost nothing. This function is for the
 code around it: a next iteration's ``old_logps``, an entropy bonus, a custom objective.
 """
 

@@ -48,6 +48,10 @@ adapter adds to keep torch's semantics where ours differ:
   log-sum-exp, backward recomputes the logits: one matmul more) and reduces it itself; a retained
   graph can then be backpropagated again, as torch's option promises.
 
+Rows whose target is ``ignore_index`` are dropped before the matmuls, as in
+:func:`~kernels_lib.fused_linear_cross_entropy` (its ``skip_ignored``: one host sync per call to count
+them), so the call's cost follows the valid rows; the loss and gradients are unchanged.
+
 Refused, naming what to do: class-probability targets (``target`` of the logits' shape, floating)
 and the K-dimensional loss (``linear_weight`` of shape ``(C, d_1, …, d_K, H)``): neither is one
 head's class-index cross-entropy, which is all the fused kernel computes. ``input`` is ``(H,)`` or
