@@ -27,7 +27,9 @@ factor to [1, 2) and undone in float32, as in cross-entropy (its module docstrin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -36,13 +38,13 @@ from ._autocast import compute_dtype_for
 from .chunks.chunk_size import lean_chunk_size
 from .chunks.gradient_sums import GradientSums
 from .chunks.operands import Operands
-from ._sequence_logprobs import FusedSequenceLoss
+from ._sequence_logprobs import SequenceLossCall, SequenceLossResult, fused_sequence_loss, wanted_grads
 from .kernels.distill_chunk import SOFT_COSINE, SOFT_JSD, launch_distill_chunk
 
 
-#: The fewest rows of a default chunk of the two-head losses. At the published workloads (``V = 128256``,
-#: bf16) the distillation losses ran at 0.70–0.76× the time of ``H_s / 8``-row chunks and the fused linear
-#: JSD at 0.86–0.92×, for 0.24–0.86 GiB more (``data/measured/gpu_runs/two_head_chunk_ab.csv``).
+#: The fewest rows of a default chunk of the two-head losses: below it the per-chunk ``dW`` pass and the
+#: kernel's one-program-per-row launch cost more time than the two smaller ``chunk × V`` buffers save memory
+#: (the A/B of the chunk sizes: ``studies/``).
 MIN_TWO_HEAD_CHUNK_ROWS = 2048
 
 
@@ -78,12 +80,34 @@ def cosine_soft(beta: float) -> SoftLoss:
 
 @dataclass(frozen=True)
 class Options:
-    """The options every two-head loss takes, validated."""
+    """The options every two-head loss takes, validated; the loss weights of the call and which gradients
+    are wanted (:func:`dataclasses.replace` them in before the call)."""
 
     temperature: float
     ignore_index: int
     chunk_size: int | None
     accurate: bool
+    hard_weight: float = 0.0  #: ``w_h``; 0 with ``TwoHeadInputs.with_hard`` False: no hard loss at all
+    soft_weight: float = 1.0  #: ``w_s``
+    needs: tuple[bool, bool, bool] = (False, False, False)  #: whether the student's dx, dW, db are wanted
+
+
+class TwoHeadInputs(NamedTuple):
+    """A two-head call's non-differentiable inputs, by name."""
+
+    teacher: tuple  #: the teacher's ``(x2d, weight, bias)``, detached (:func:`teacher_constant`)
+    target: torch.Tensor | None  #: ``(N,)`` targets, or None
+    soft: SoftLoss  #: the soft loss's formula
+    divisor: torch.Tensor  #: a float32 device scalar dividing both losses' row sums
+    with_hard: bool  #: whether the hard loss is computed (needs ``target``)
+
+
+class TwoHeadOutput(NamedTuple):
+    """A two-head loss's outputs; float32 scalars, only ``loss`` carries a gradient."""
+
+    loss: torch.Tensor  #: ``w_h · hard_loss + w_s · soft_loss`` (``soft_loss`` alone without the hard loss)
+    hard_loss: torch.Tensor | None  #: the hard loss's row sum / divisor, None without it
+    soft_loss: torch.Tensor  #: the soft loss's row sum / divisor
 
 
 def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, with_hard: bool, factors, needs):
@@ -131,22 +155,31 @@ def two_head_rows(student, teacher, target, soft: SoftLoss, opts: Options, *, wi
     return hard_rows, soft_rows, None if grads is None else grads.result()
 
 
-def fused_two_head_loss(student_x, student_weight, student_bias, run):
-    """``(loss, *aux)`` of ``run(x2d, weight, bias) -> (loss, aux, grads)`` as an autograd node whose
-    gradients (student only) are formed in forward; ``dx`` is given back in ``student_x``'s shape."""
+def two_head_forward(x, weight, bias, inputs: TwoHeadInputs, opts: Options) -> SequenceLossResult:
+    """The forward of :class:`~kernels_lib._sequence_logprobs.FusedSequenceLoss` for a two-head loss: the rows'
+    losses and the student's gradients (``dx`` in ``x``'s shape), then the weighted loss."""
+    hard_rows, soft_rows, grads = two_head_rows(
+        (x.reshape(-1, x.shape[-1]), weight, bias), inputs.teacher, inputs.target, inputs.soft, opts,
+        with_hard=inputs.with_hard, factors=functools.partial(_factors, inputs, opts), needs=opts.needs,
+    )
+    soft = soft_rows.sum() / inputs.divisor
+    hard = None if hard_rows is None else hard_rows.sum() / inputs.divisor
+    loss = soft if hard is None else opts.hard_weight * hard + opts.soft_weight * soft
+    if grads is not None and grads[0] is not None:
+        grads = (grads[0].view(x.shape), *grads[1:])
+    return SequenceLossResult(TwoHeadOutput(loss, hard, soft), grads)
 
-    def flat_run(x, weight, bias):
-        loss, aux, grads = run(x.reshape(-1, x.shape[-1]), weight, bias)
-        if grads is not None and grads[0] is not None:
-            grads = (grads[0].view(x.shape), *grads[1:])
-        return loss, aux, grads
 
-    return FusedSequenceLoss.apply(student_x, student_weight, student_bias, flat_run)
+def _factors(inputs: TwoHeadInputs, opts: Options) -> torch.Tensor:
+    """``(f_h, f_s) = (w_h / D, w_s · chain / D)``: each counted row's gradient factors, a float32 ``(2,)``."""
+    chain = opts.soft_weight * inputs.soft.chain(opts.temperature)
+    return torch.stack([opts.hard_weight / inputs.divisor, chain / inputs.divisor])
 
 
-def needs_grad(student_x, student_weight, student_bias) -> tuple[bool, bool, bool]:
-    grad_on = torch.is_grad_enabled()
-    return tuple(bool(t is not None and t.requires_grad and grad_on) for t in (student_x, student_weight, student_bias))
+def fused_two_head_loss(student_x, student_weight, student_bias, inputs: TwoHeadInputs, opts: Options) -> TwoHeadOutput:
+    """The two-head loss of a call as an autograd node whose gradients (student only) are formed in forward."""
+    call = SequenceLossCall(two_head_forward, inputs, replace(opts, needs=wanted_grads(student_x, student_weight, student_bias)))
+    return fused_sequence_loss(student_x, student_weight, student_bias, call)
 
 
 def teacher_constant(teacher_x, teacher_weight, teacher_bias):

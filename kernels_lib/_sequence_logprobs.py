@@ -49,6 +49,7 @@ sums, hence the weights, are the same on every rank; the gradient pass writes th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -70,14 +71,12 @@ TokenCoefficients = Callable[[slice, torch.Tensor], torch.Tensor]
 
 
 #: The fewest rows of a default chunk of the sequence losses. At a small ``H`` a budget in proportion to ``H``
-#: makes the chunk's matmuls small and its ``dW`` passes many: KTO's published workload
-#: (``H = 1024``, ``T = 512``) ran faster at B = 4 with 1024- and 2048-row chunks than with 512
-#: (``data/measured/gpu_runs/kto_small_batch.csv``).
+#: makes the chunk's matmuls small and its ``dW`` passes (one read and write of the whole accumulator each)
+#: many: the floor trades a logits buffer of ``1024 × V`` for fewer passes.
 MIN_SEQUENCE_CHUNK_ROWS = 1024
 #: A default chunk holds up to ``H / SEQUENCE_CHUNK_HIDDEN_DIVISOR`` rows: its logits buffer is then half the weight
-#: gradient (bf16). At ``H = 4096`` that is 2048 rows, where GRPO's ``full`` took 0.93–0.98× the time of 1024-row
-#: chunks for 250 MiB more (``data/measured/gpu_runs/sequence_chunk_ab.csv``); 4096 rows were faster still, for
-#: 750 MiB more.
+#: gradient (bf16). Larger chunks take less time (fewer ``dW`` passes, larger matmuls) for more memory, in
+#: proportion to the rows; ``chunk_size`` is that dial.
 SEQUENCE_CHUNK_HIDDEN_DIVISOR = 2
 
 
@@ -226,28 +225,49 @@ def sequence_logprobs(
     return sums, sums2, None if grads is None else grads.result()
 
 
-class FusedSequenceLoss(torch.autograd.Function):
-    """A scalar loss whose gradients ``run`` forms in forward; backward scales them by the upstream gradient.
+class SequenceLossResult(NamedTuple):
+    """What a sequence loss's forward (:attr:`SequenceLossCall.forward`) hands back."""
 
-    ``run(x, weight, bias) -> (loss, aux, grads)``: the float32 loss, a tuple of auxiliary tensors
-    (returned after the loss, non-differentiable) and ``(dx, dW, db)`` (None when no gradient is
-    wanted, or None entries). Backward multiplies the saved gradients in place by ``grad_output``
+    outputs: NamedTuple  #: the loss's outputs by name, its ``loss`` field the float32 scalar; none carries a gradient
+    grads: tuple | None  #: ``(dx, dW, db)`` in the leaves' shapes (None entries where not wanted), or None
+
+
+class SequenceLossCall(NamedTuple):
+    """One call of a sequence loss, as :class:`FusedSequenceLoss` receives it beside ``x``, ``weight``, ``bias``.
+
+    ``forward(x, weight, bias, inputs, options)`` is a module-level function of the loss (no closure):
+    it runs the pipeline, whose chunk weights it forms with its own named functions from ``inputs`` and
+    ``options``, and returns a :class:`SequenceLossResult`. ``inputs`` holds the call's
+    non-differentiable tensors (targets, counts, reference log-probs, ...) by name; ``options`` the
+    call's frozen options, which gradients are wanted among them.
+    """
+
+    forward: Callable[..., SequenceLossResult]
+    inputs: NamedTuple
+    options: object
+
+
+class FusedSequenceLoss(torch.autograd.Function):
+    """A scalar loss whose gradients the call's forward forms; backward scales them by the upstream gradient.
+
+    ``apply(x, weight, bias, call)`` with a :class:`SequenceLossCall` returns ``(loss, outputs)``: the
+    loss as an autograd node and the loss's outputs by name (:func:`fused_sequence_loss` puts the node
+    in their ``loss`` field). Backward multiplies the saved gradients in place by ``grad_output``
     with a kernel that reads it on the device (no host sync) and moves nothing when it is 1, then
     hands the buffers out (float16's float32 gradients rounded to float16 only then, after the loss
     scale is applied): a second backward through the same graph is refused.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, run):
-        loss, aux, grads = run(x, weight, bias)
+    def forward(ctx, x, weight, bias, call: SequenceLossCall):
+        outputs, grads = call.forward(x, weight, bias, call.inputs, call.options)
         ctx.save_for_backward(*(grads or (None, None, None)))
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.handed_out = False
-        ctx.mark_non_differentiable(*aux)
-        return (loss, *aux)
+        return outputs.loss, outputs
 
     @staticmethod
-    def backward(ctx, grad_output, *_aux_grads):
+    def backward(ctx, grad_output, _outputs_grad):
         if ctx.handed_out:
             raise RuntimeError(
                 "backward ran twice through a fused preference loss: its gradients are formed in forward and "
@@ -255,6 +275,18 @@ class FusedSequenceLoss(torch.autograd.Function):
             )
         ctx.handed_out = True
         return (*scaled_to_dtypes(ctx.saved_tensors, grad_output, ctx.dtypes), None)
+
+
+def fused_sequence_loss(x, weight, bias, call: SequenceLossCall) -> NamedTuple:
+    """The loss's outputs by name, their ``loss`` the differentiable scalar (:class:`FusedSequenceLoss`)."""
+    loss, outputs = FusedSequenceLoss.apply(x, weight, bias, call)
+    return outputs._replace(loss=loss)
+
+
+def wanted_grads(*tensors) -> tuple[bool, ...]:
+    """Which of ``tensors`` (None allowed) a gradient is wanted for, under the current grad mode."""
+    grad_on = torch.is_grad_enabled()
+    return tuple(bool(t is not None and t.requires_grad and grad_on) for t in tensors)
 
 
 def reference_sums(
@@ -266,34 +298,51 @@ def reference_sums(
     ignore_index: int,
     chunk_size: int | None,
     shard: VocabShard | None = None,
+    logit_scale: float = 1.0,
+    per_token: bool = False,
 ) -> torch.Tensor:
-    """Summed log-probs ``(S,)`` (float32) of ``target`` ``(S, T)`` under the reference head, without
-    gradient (``shard``: the reference head is this rank's slice of a vocabulary-parallel head)."""
+    """The reference head's log-probs of ``target`` ``(S, T)``, float32, without gradient: summed per
+    sequence ``(S,)``, or with ``per_token`` each token's ``(S, T)`` (0 at ignored targets).
+
+    ``logit_scale`` multiplies the reference logits (``1/temperature``); ``shard``: the reference head is
+    this rank's slice of a vocabulary-parallel head."""
     seq_len = target.shape[1]
     rows = ref_x.reshape(-1, ref_x.shape[-1])
+    tokens = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device) if per_token else None
     with torch.no_grad():
         sums, _, _ = sequence_logprobs(
             rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
             rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]), shard=shard,
+            logit_scale=logit_scale, token_logps=tokens,
         )
-    return sums
+    return tokens.view(target.shape) if per_token else sums
 
 
-def validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch: str = "B") -> dict:
+def validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch: str = "B", *,
+                       per_token: bool = False, required: bool = True) -> dict:
     """Exactly one of ``ref_logps`` and ``(ref_x, ref_weight[, ref_bias])``, shaped to fit; returns them by name.
 
-    ``batch`` names the leading size in the messages (``"B"``, or ``"2n"`` for pairs).
+    ``batch`` names the leading size in the messages (``"B"``, or ``"2n"`` for pairs). ``ref_logps`` is
+    ``(batch,)``, or with ``per_token`` ``target.shape``. ``required=False`` allows neither (returns ``{}``).
     """
+    model = (ref_x, ref_weight, ref_bias)
     if ref_logps is not None:
-        if ref_x is not None or ref_weight is not None or ref_bias is not None:
+        if any(t is not None for t in model):
             raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
         v.require_tensor("ref_logps", ref_logps)
         if not ref_logps.is_floating_point():
             raise TypeError(f"ref_logps must be a floating tensor; got {ref_logps.dtype}")
-        v.require_shape("ref_logps", ref_logps, x.shape[:1], f"({batch},)")
+        if per_token:
+            v.require_shape("ref_logps", ref_logps, target.shape, f"({batch}, T) = target.shape")
+        else:
+            v.require_shape("ref_logps", ref_logps, x.shape[:1], f"({batch},)")
         return {"ref_logps": ref_logps}
-    if ref_x is None or ref_weight is None:
+    if all(t is None for t in model):
+        if not required:
+            return {}
         raise ValueError("give ref_logps, or the reference model: ref_x and ref_weight (and optionally ref_bias)")
+    if ref_x is None or ref_weight is None:
+        raise ValueError("the reference model needs ref_x and ref_weight (and optionally ref_bias), or give ref_logps instead")
     return validate_reference_model(target, weight, ref_x, ref_weight, ref_bias, batch)
 
 

@@ -352,3 +352,27 @@ def _check_agreement(table: list[dict], target_names: list[str], ignore_index: i
                 f"{name} holds value(s) outside the global vocabulary [0, {n_classes}) (V = {split} over the "
                 f"ranks) that are not ignore_index={ignore_index} (e.g. {bad})"
             )
+
+
+def shard_heads(process_group, heads: dict, check: Callable[[dict], None], *, rows: Callable[[], int],
+                targets: Callable[[], dict[str, torch.Tensor]], ignore_index: int,
+                options: Callable[[], tuple] = tuple) -> tuple[dict, VocabShard | None]:
+    """A loss call's heads as this process runs them, and its vocabulary shard (None on one process).
+
+    ``heads``: the head tensors by name, ``"weight"`` first (plain tensors, or DTensors sharded
+    ``(Shard(0),)``; None entries allowed); all of them are this rank's rows of the same classes.
+    ``check(heads)`` runs the call's own argument checks on the heads as given back (the local shards
+    with a group), on every rank before the one gather of :func:`establish`, whose ``rows``,
+    ``targets`` and ``options`` it takes. Without a group (:func:`find_group`) it runs ``check`` and
+    gives the heads back unchanged.
+    """
+    group = find_group(process_group, heads)
+    if group is None:
+        check(heads)
+        return heads, None
+    weight = heads["weight"]
+    dtensor_vocab = weight.shape[0] if is_dtensor(weight) else None
+    shards = {name: local(tensor) for name, tensor in heads.items()}
+    shard = establish(group, shards["weight"], lambda: check(shards), rows=rows, targets=targets,
+                      ignore_index=ignore_index, options=options, dtensor_vocab=dtensor_vocab)
+    return shards, shard

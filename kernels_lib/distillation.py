@@ -53,16 +53,18 @@ is Liger's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
 from ._distillation import (
-    SoftLoss, cosine_soft, fused_two_head_loss, jsd_soft, kept_rows, needs_grad, teacher_constant,
-    two_head_rows, validate_heads, validate_options,
+    SoftLoss, TwoHeadInputs, cosine_soft, fused_two_head_loss, jsd_soft, kept_rows, teacher_constant,
+    validate_heads, validate_options,
     two_head_chunk_size,
 )
 from . import _validate as v
+from ._module import loss_module
 from .jsd import _require_beta
 
 
@@ -85,21 +87,10 @@ def _distill(soft: SoftLoss, student_x, student_weight, teacher_x, teacher_weigh
     flat_target = target.reshape(-1).contiguous()
     check = v.check_targets(flat_target, student_weight.shape[0], ignore_index)
     count = kept_rows(flat_target, flat_target.numel(), ignore_index, student_x.device).clamp_min(1.0)
-    teacher = teacher_constant(teacher_x, teacher_weight, teacher_bias)
-    needs = needs_grad(student_x, student_weight, student_bias)
-    w_hard, w_soft = float(weight_hard_loss), float(weight_soft_loss)
-
-    def factors():  # (f_h, f_s) = (w_h / n, w_s · chain / n)
-        return torch.stack([w_hard / count, (w_soft * soft.chain(opts.temperature)) / count])
-
-    def run(x, weight, bias):
-        hard_rows, soft_rows, grads = two_head_rows(
-            (x, weight, bias), teacher, flat_target, soft, opts, with_hard=True, factors=factors, needs=needs,
-        )
-        hard, soft_loss = hard_rows.sum() / count, soft_rows.sum() / count
-        return w_hard * hard + w_soft * soft_loss, (hard, soft_loss), grads
-
-    out = DistillationOutput(*fused_two_head_loss(student_x, student_weight, student_bias, run))
+    inputs = TwoHeadInputs(teacher_constant(teacher_x, teacher_weight, teacher_bias), flat_target, soft, count,
+                           with_hard=True)
+    opts = replace(opts, hard_weight=float(weight_hard_loss), soft_weight=float(weight_soft_loss))
+    out = DistillationOutput(*fused_two_head_loss(student_x, student_weight, student_bias, inputs, opts))
     check.raise_if_bad()  # the targets' range, read now that the call's kernels are queued
     return out
 
@@ -138,8 +129,9 @@ _ARGS_DOC = """
 
 
 @torch.compiler.disable
-def distill_jsd_loss(student_x, student_weight, teacher_x, teacher_weight, target, *, student_bias=None,
-                     teacher_bias=None, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
+def distill_jsd_loss(student_x: torch.Tensor, student_weight: torch.Tensor, teacher_x: torch.Tensor,
+                     teacher_weight: torch.Tensor, target: torch.Tensor, *, student_bias: torch.Tensor | None = None,
+                     teacher_bias: torch.Tensor | None = None, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
                      temperature: float = 1.0, ignore_index: int = -100, chunk_size: int | None = None,
                      accurate: bool = False) -> DistillationOutput:
     return _distill(jsd_soft(_require_beta(beta)), student_x, student_weight, teacher_x, teacher_weight, target,
@@ -156,8 +148,9 @@ distill_jsd_loss.__doc__ = (
 
 
 @torch.compiler.disable
-def distill_cosine_loss(student_x, student_weight, teacher_x, teacher_weight, target, *, student_bias=None,
-                        teacher_bias=None, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5,
+def distill_cosine_loss(student_x: torch.Tensor, student_weight: torch.Tensor, teacher_x: torch.Tensor,
+                        teacher_weight: torch.Tensor, target: torch.Tensor, *, student_bias: torch.Tensor | None = None,
+                        teacher_bias: torch.Tensor | None = None, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5,
                         beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                         chunk_size: int | None = None, accurate: bool = False) -> DistillationOutput:
     v.require_real("beta", beta)
@@ -174,44 +167,30 @@ distill_cosine_loss.__doc__ = (
 )
 
 
-class _DistillationModule(torch.nn.Module):
-    """Holds the options; both heads stay with their models and are passed at each call:
-    ``forward(student_x, student_weight, teacher_x, teacher_weight, target, student_bias=None, teacher_bias=None)``."""
-
-    loss_fn = None
-
-    def __init__(self, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
-                 temperature: float = 1.0, ignore_index: int = -100, chunk_size: int | None = None,
-                 accurate: bool = False):
-        super().__init__()
-        for name, value in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss), ("beta", beta)):
-            v.require_real(name, value)
-        validate_options(temperature, ignore_index, chunk_size, accurate)
-        self.options = dict(weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss, beta=beta,
-                            temperature=temperature, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate)
-
-    def forward(self, student_x, student_weight, teacher_x, teacher_weight, target, student_bias=None, teacher_bias=None):
-        return type(self).loss_fn(student_x, student_weight, teacher_x, teacher_weight, target,
-                                  student_bias=student_bias, teacher_bias=teacher_bias, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+def _validate_module_options(weight_hard_loss, weight_soft_loss, beta, temperature, ignore_index, chunk_size, accurate):
+    """The options the functions check at each call, checked once when a module is built."""
+    for name, value in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss), ("beta", beta)):
+        v.require_real(name, value)
+    validate_options(temperature, ignore_index, chunk_size, accurate)
 
 
-class DistillJSDLoss(_DistillationModule):
-    """``nn.Module`` form of :func:`distill_jsd_loss` (Liger's ``LigerFusedLinearJSDLoss``, x before weight)."""
-
-    loss_fn = staticmethod(distill_jsd_loss)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _require_beta(self.options["beta"])
+def _validate_jsd_module_options(beta, **options):
+    _validate_module_options(beta=beta, **options)
+    _require_beta(beta)
 
 
-class DistillCosineLoss(_DistillationModule):
-    """``nn.Module`` form of :func:`distill_cosine_loss` (Liger's ``LigerFusedLinearCosineSimilarityLoss``)."""
-
-    loss_fn = staticmethod(distill_cosine_loss)
+DistillJSDLoss = loss_module(
+    distill_jsd_loss, "DistillJSDLoss",
+    "``nn.Module`` form of :func:`distill_jsd_loss` (Liger's ``LigerFusedLinearJSDLoss``, x before weight): the "
+    "module holds the options; both heads stay with their models and are passed at each call.",
+    check=_validate_jsd_module_options,
+)
+DistillCosineLoss = loss_module(
+    distill_cosine_loss, "DistillCosineLoss",
+    "``nn.Module`` form of :func:`distill_cosine_loss` (Liger's ``LigerFusedLinearCosineSimilarityLoss``): the "
+    "module holds the options; both heads stay with their models and are passed at each call.",
+    check=_validate_module_options,
+)
 
 
 __all__ = ["DistillationOutput", "distill_jsd_loss", "distill_cosine_loss", "DistillJSDLoss", "DistillCosineLoss",

@@ -44,18 +44,27 @@ Design
 :mod:`kernels_lib._paired_logprobs`, as ORPO: chunks hold whole pairs, ``dz`` is formed in place and
 ``dx``, ``dW``, ``db`` follow in forward (three matmuls; backward only scales by ``grad_output``).
 Memory: one ``chunk × V`` logits buffer, a copy of ``x`` reordered to pairs, and the gradients.
+
+Vocabulary-parallel (``process_group``, or a DTensor head): each rank holds rows of ``W`` (and
+``b``); per chunk the per-token log-probs are merged over the ranks (:mod:`kernels_lib._vocab_parallel`),
+so the pair values, the weights and the loss are the same on every rank; each rank keeps its
+``dW``/``db`` slice and ``dx`` is summed over the ranks once.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from . import _validate as v
+from ._module import loss_module
 from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss
+from . import _vocab_parallel as vp
+from ._sequence_logprobs import SequenceLossCall, SequenceLossResult, fused_sequence_loss, wanted_grads
+from ._vocab_parallel import VocabShard
 
 #: TRL 1.16's CPO loss types (its config's ``"alphapo"`` is ``"simpo"`` with ``cpo_alpha = 0`` and ``alpha``).
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo")
@@ -110,17 +119,28 @@ def cpo_pair_losses(chosen: torch.Tensor, rejected: torch.Tensor, opts: _Options
     return (logits - 1 / (2 * beta)) ** 2  # ipo
 
 
-def _run(x, weight, bias, target, nll_target, counts, opts: _Options):
+class _Inputs(NamedTuple):
+    """The call's non-differentiable inputs, by name."""
+
+    target: torch.Tensor  #: (2n, T) targets
+    nll_target: torch.Tensor | None  #: (2n, T) the NLL's targets, or None for ``target``
+    counts: torch.Tensor  #: (2n,) float32 valid tokens per sequence
+    shard: VocabShard | None  #: this rank's slice of a vocabulary-parallel head, or None
+
+
+def _pair_loss(opts: _Options, chosen, rejected, _pairs) -> torch.Tensor:
+    """:func:`cpo_pair_losses` as the paired pipeline calls it."""
+    return cpo_pair_losses(chosen, rejected, opts)
+
+
+def _forward(x, weight, bias, inputs: _Inputs, opts: _Options) -> SequenceLossResult:
     """The forward of :class:`FusedSequenceLoss`: values and gradients by pairs, then the loss."""
     cpo_alpha = opts.cpo_alpha
-
-    def pair_loss(chosen, rejected, _pairs):
-        return cpo_pair_losses(chosen, rejected, opts)
-
     chosen, rejected, nll, grads = paired_logprobs(
-        x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss),
-        average=opts.loss_type in AVERAGED_LOSS_TYPES, nll_weight=cpo_alpha, nll_target=nll_target,
+        x, weight, bias, inputs.target, inputs.counts, pair_grad=autograd_pair_grad(functools.partial(_pair_loss, opts)),
+        average=opts.loss_type in AVERAGED_LOSS_TYPES, nll_weight=cpo_alpha, nll_target=inputs.nll_target,
         ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, accurate=opts.accurate, needs=opts.needs,
+        shard=inputs.shard,
     )
     loss = cpo_pair_losses(chosen, rejected, opts).mean()
     if nll is None:
@@ -128,11 +148,12 @@ def _run(x, weight, bias, target, nll_target, counts, opts: _Options):
     else:
         loss = loss + cpo_alpha * nll
     chosen_rewards, rejected_rewards = opts.beta * _rewards(chosen, opts.alpha), opts.beta * _rewards(rejected, opts.alpha)
-    aux = (
-        chosen, rejected, chosen_rewards, rejected_rewards, chosen_rewards - rejected_rewards,
-        (chosen_rewards > rejected_rewards).to(torch.float32), nll,
+    outputs = CPOOutput(
+        loss=loss, chosen_logps=chosen, rejected_logps=rejected, chosen_rewards=chosen_rewards,
+        rejected_rewards=rejected_rewards, reward_margins=chosen_rewards - rejected_rewards,
+        reward_accuracies=(chosen_rewards > rejected_rewards).to(torch.float32), nll=nll,
     )
-    return loss, aux, grads
+    return SequenceLossResult(outputs, grads)
 
 
 def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate) -> _Options:
@@ -175,6 +196,7 @@ def fused_linear_cpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> CPOOutput:
     """CPO loss of the head ``x @ weight.T + bias``, never materializing the logits (TRL 1.16's ``CPOTrainer``).
 
@@ -199,6 +221,14 @@ def fused_linear_cpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
+            DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
+            ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
+            sizes; ``x``, the targets (global ids) and the options are the same on every rank, and
+            so are the outputs. ``dx`` comes back complete on every rank, ``dW``/``db`` as the local
+            slices. Every option works. Wire: once per call an all_gather of 13 int64 per rank (the
+            checks over the ranks); per chunk and row 3 float32 (4 with ``nll_target``: the
+            shards' lse max, sum-exp, the target's logit from its owner); once ``dx`` (``2n·T × H``).
 
     Returns:
         :class:`CPOOutput`: the float32 loss (TRL's ``losses.mean() + cpo_alpha * policy_nll_loss``)
@@ -208,22 +238,33 @@ def fused_linear_cpo(
         TypeError: a non-tensor, a wrong dtype (naming the argument), an option of the wrong type.
         ValueError: an odd batch, shapes that do not fit, tensors on different devices, targets out
             of range, a sequence with no valid target, an NLL with no valid token, an unknown loss
-            type, an option out of its range or one the loss type does not read.
+            type, an option out of its range or one the loss type does not read. With a process
+            group: on every rank, as ``fused_linear_cross_entropy`` says.
     """
     opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
-    v.require_same_device(validate_pairs(x, weight, target, bias, nll_target))
-    n_cols = weight.shape[0]
+    with_nll_target = nll_target is not None and cpo_alpha != 0
+
+    def check_arguments(heads):
+        v.require_same_device(validate_pairs(x, heads["weight"], target, heads["bias"], nll_target))
+
+    def targets():
+        named = {"target": target}
+        return {**named, "nll_target": nll_target[: x.shape[0] // 2]} if with_nll_target else named
+
+    heads, shard = vp.shard_heads(
+        process_group, {"weight": weight, "bias": bias}, check_arguments, rows=lambda: x.shape[0] * x.shape[1],
+        targets=targets, ignore_index=ignore_index,
+        options=lambda: (opts, bias is None, nll_target is None, x.dtype, wanted_grads(x, weight, bias)),
+    )
+    weight, bias = heads["weight"], heads["bias"]
+    n_cols = weight.shape[0] if shard is None else shard.n_classes
+    # With a process group every rank passed the check above on the same targets: these decide alike.
     checks = [v.check_targets(target, n_cols, ignore_index, sequences="every")]
-    if nll_target is not None and cpo_alpha != 0:
+    if with_nll_target:
         checks.append(v.check_targets(nll_target[: x.shape[0] // 2], n_cols, ignore_index, "nll_target", sequences="any"))
-    counts = checks[0].counts
-    grad_on = torch.is_grad_enabled()
-    opts = opts._replace(needs=tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
-
-    def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, nll_target, counts, opts)
-
-    out = CPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    opts = opts._replace(needs=wanted_grads(x, weight, bias))
+    inputs = _Inputs(target, nll_target, checks[0].counts, shard)
+    out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, inputs, opts))
     for check in checks:  # the targets' checks, read now that the call's kernels are queued
         check.raise_if_bad()
     return out
@@ -244,6 +285,7 @@ def fused_linear_simpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> CPOOutput:
     """SimPO loss of the head, never materializing the logits: :func:`fused_linear_cpo` with ``loss_type="simpo"``.
 
@@ -255,57 +297,18 @@ def fused_linear_simpo(
     return fused_linear_cpo(
         x, weight, target, bias, beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
         simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, nll_target=nll_target,
-        chunk_size=chunk_size, accurate=accurate,
+        chunk_size=chunk_size, accurate=accurate, process_group=process_group,
     )
 
 
-class FusedLinearCPOLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_cpo`; ``forward(x, weight, target, bias=None, nll_target=None)``.
-
-    Holds the options only (checked here, at construction); the head's ``weight`` and ``bias`` stay with the model.
-    """
-
-    def __init__(
-        self,
-        beta: float = 0.1,
-        loss_type: str = "sigmoid",
-        label_smoothing: float = 0.0,
-        cpo_alpha: float = 1.0,
-        simpo_gamma: float = 0.5,
-        alpha: float = 0.0,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-    ):
-        super().__init__()
-        self.options = dict(
-            beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
-            simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate,
-        )
-        _options(**self.options)
-
-    def forward(self, x, weight, target, bias=None, nll_target=None) -> CPOOutput:
-        return fused_linear_cpo(x, weight, target, bias, nll_target=nll_target, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
-
-
-class FusedLinearSimPOLoss(FusedLinearCPOLoss):
-    """``nn.Module`` form of :func:`fused_linear_simpo` (``loss_type="simpo"``); ``forward`` as :class:`FusedLinearCPOLoss`."""
-
-    def __init__(
-        self,
-        beta: float = 0.1,
-        simpo_gamma: float = 0.5,
-        label_smoothing: float = 0.0,
-        cpo_alpha: float = 1.0,
-        alpha: float = 0.0,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-    ):
-        super().__init__(
-            beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha, simpo_gamma=simpo_gamma,
-            alpha=alpha, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate,
-        )
+FusedLinearCPOLoss = loss_module(
+    fused_linear_cpo, "FusedLinearCPOLoss",
+    "``nn.Module`` form of :func:`fused_linear_cpo`: the module holds the options only (checked at construction); "
+    "the head's ``weight`` and ``bias`` stay with the model.",
+    check=_options,
+)
+FusedLinearSimPOLoss = loss_module(
+    fused_linear_simpo, "FusedLinearSimPOLoss",
+    "``nn.Module`` form of :func:`fused_linear_simpo` (:func:`fused_linear_cpo` with ``loss_type=\"simpo\"``).",
+    check=_options, fixed={"loss_type": "simpo"},
+)

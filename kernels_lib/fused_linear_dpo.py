@@ -54,10 +54,17 @@ and ``dx``, ``dW``, ``db`` follow in forward (three matmuls; backward only scale
 ``grad_output``). The reference model goes first, through chunks of whole sequences, with no
 gradient (one matmul and the stats pass per chunk; nothing kept but its ``2n`` sums). Memory: one
 ``chunk × V`` logits buffer, a copy of ``x`` reordered to pairs, and the gradients.
+
+Vocabulary-parallel (``process_group``, or DTensor heads): each rank holds rows of the policy's
+``W`` (and ``b``) and the same rows of a reference head; per chunk the per-token log-probs are
+merged over the ranks (:mod:`kernels_lib._vocab_parallel`), so the pair values, the weights and the
+loss are the same on every rank; each rank keeps its ``dW``/``db`` slice and ``dx`` is summed over
+the ranks once.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -66,8 +73,13 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate as v
+from ._module import loss_module
 from ._paired_logprobs import autograd_pair_grad, paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss, reference_sums, validate_reference
+from . import _vocab_parallel as vp
+from ._sequence_logprobs import (
+    SequenceLossCall, SequenceLossResult, fused_sequence_loss, reference_sums, validate_reference, wanted_grads,
+)
+from ._vocab_parallel import VocabShard
 
 #: The per-pair loss types of TRL 1.16's DPOTrainer that are formed here (``sft``: the chosen NLL).
 LOSS_TYPES = (
@@ -173,32 +185,42 @@ def dpo_pair_losses(chosen_logratios, rejected_logratios, chosen_counts, rejecte
     return total
 
 
-def _run(x, weight, bias, target, counts, ref, opts: _Options):
+class _Inputs(NamedTuple):
+    """The call's non-differentiable inputs, by name."""
+
+    target: torch.Tensor  #: (2n, T) targets
+    counts: torch.Tensor  #: (2n,) float32 valid tokens per sequence
+    ref: torch.Tensor  #: (2n,) float32 reference log-probs (sums, or averages), chosen then rejected
+    shard: VocabShard | None  #: this rank's slice of a vocabulary-parallel head, or None
+
+
+def _pair_loss(inputs: _Inputs, opts: _Options, chosen, rejected, pairs: slice) -> torch.Tensor:
+    """:func:`dpo_pair_losses` of the pairs ``pairs`` from the policy's values, against the reference's."""
+    n = inputs.ref.shape[0] // 2
+    ref, counts = inputs.ref.view(2, n), inputs.counts.view(2, n)
+    return dpo_pair_losses(chosen - ref[0, pairs], rejected - ref[1, pairs], counts[0, pairs], counts[1, pairs], opts)
+
+
+def _forward(x, weight, bias, inputs: _Inputs, opts: _Options) -> SequenceLossResult:
     """The forward of :class:`FusedSequenceLoss`: policy values and gradients by pairs, then the loss."""
     n = x.shape[0] // 2
-    ref_chosen, ref_rejected = ref[:n], ref[n:]
-    counts_chosen, counts_rejected = counts[:n], counts[n:]
-
-    def pair_loss(chosen, rejected, pairs):
-        return dpo_pair_losses(
-            chosen - ref_chosen[pairs], rejected - ref_rejected[pairs], counts_chosen[pairs], counts_rejected[pairs], opts
-        )
-
+    pair_loss = functools.partial(_pair_loss, inputs, opts)
     sft_weight = sum(w for t, w in zip(opts.loss_types, opts.loss_weights) if t == "sft")
     chosen, rejected, nll, grads = paired_logprobs(
-        x, weight, bias, target, counts, pair_grad=autograd_pair_grad(pair_loss), average=opts.average_log_prob,
-        nll_weight=sft_weight, nll_target=None, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
-        accurate=opts.accurate, needs=opts.needs,
+        x, weight, bias, inputs.target, inputs.counts, pair_grad=autograd_pair_grad(pair_loss),
+        average=opts.average_log_prob, nll_weight=sft_weight, nll_target=None, ignore_index=opts.ignore_index,
+        chunk_size=opts.chunk_size, accurate=opts.accurate, needs=opts.needs, shard=inputs.shard,
     )
     loss = pair_loss(chosen, rejected, slice(None)).mean()
     if nll is not None:
         loss = loss + sft_weight * nll
-    chosen_rewards, rejected_rewards = opts.beta * (chosen - ref_chosen), opts.beta * (rejected - ref_rejected)
-    aux = (
-        chosen, rejected, chosen_rewards, rejected_rewards, chosen_rewards - rejected_rewards,
-        (chosen_rewards > rejected_rewards).to(torch.float32),
+    chosen_rewards, rejected_rewards = opts.beta * (chosen - inputs.ref[:n]), opts.beta * (rejected - inputs.ref[n:])
+    outputs = DPOOutput(
+        loss=loss, chosen_logps=chosen, rejected_logps=rejected, chosen_rewards=chosen_rewards,
+        rejected_rewards=rejected_rewards, reward_margins=chosen_rewards - rejected_rewards,
+        reward_accuracies=(chosen_rewards > rejected_rewards).to(torch.float32),
     )
-    return loss, aux, grads
+    return SequenceLossResult(outputs, grads)
 
 
 def _loss_types(loss_type, loss_weights) -> tuple[tuple[str, ...], tuple[float, ...]]:
@@ -283,6 +305,7 @@ def fused_linear_dpo(
     average_log_prob: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> DPOOutput:
     """DPO loss of the head ``x @ weight.T + bias`` against a reference, never materializing the logits.
 
@@ -315,6 +338,15 @@ def fused_linear_dpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        process_group: split the vocabulary over this ``torch.distributed`` group (or None with
+            DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
+            ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
+            both heads), in group-rank order, of any sizes; ``x``, ``target`` (global ids), the
+            reference inputs and the options are the same on every rank, and so are the outputs.
+            ``dx`` comes back complete on every rank, ``dW``/``db`` as the local slices. Every option
+            works. Wire: once per call an all_gather of 13 int64 per rank (the checks over the
+            ranks); per chunk and row 3 float32 (the shards' lse max, sum-exp, the target's logit
+            from its owner), for the policy and again for a reference head; once ``dx`` (``2n·T × H``).
 
     Returns:
         :class:`DPOOutput`: the float32 loss and the per-pair auxiliaries, which carry no gradient.
@@ -325,61 +357,42 @@ def fused_linear_dpo(
         ValueError: an odd batch, shapes that do not fit, tensors on different devices, targets out
             of range, a sequence with no valid target, both or neither of ``ref_logps`` and the
             reference model, an unknown or unsupported loss type, an option out of its range or
-            one the loss type does not read.
+            one the loss type does not read. With a process group: on every rank, as
+            ``fused_linear_cross_entropy`` says.
     """
     opts = _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type, ignore_index,
                     average_log_prob, chunk_size, accurate)
-    tensors = validate_pairs(x, weight, target, bias)
-    tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, batch="2n"))
-    v.require_same_device(tensors)
-    check = v.check_targets(target, weight.shape[0], ignore_index, sequences="every")
+
+    def check_arguments(heads):
+        tensors = validate_pairs(x, heads["weight"], target, heads["bias"])
+        tensors.update(validate_reference(x, target, heads["weight"], ref_x, heads["ref_weight"], heads["ref_bias"],
+                                          ref_logps, batch="2n"))
+        v.require_same_device(tensors)
+
+    heads, shard = vp.shard_heads(
+        process_group, {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}, check_arguments,
+        rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target}, ignore_index=ignore_index,
+        options=lambda: (opts, bias is None, ref_logps is None, ref_bias is None, x.dtype, wanted_grads(x, weight, bias)),
+    )
+    weight, bias = heads["weight"], heads["bias"]
+    n_cols = weight.shape[0] if shard is None else shard.n_classes
+    # With a process group every rank passed the check above on the same targets: this decides alike.
+    check = v.check_targets(target, n_cols, ignore_index, sequences="every")
     counts = check.counts
     if ref_logps is not None:
         ref = ref_logps.detach().to(torch.float32)
     else:
-        ref = reference_sums(ref_x, ref_weight, ref_bias, target, ignore_index=ignore_index, chunk_size=chunk_size)
+        ref = reference_sums(ref_x, heads["ref_weight"], heads["ref_bias"], target, ignore_index=ignore_index,
+                             chunk_size=chunk_size, shard=shard)
         ref = ref / counts if average_log_prob else ref
-    grad_on = torch.is_grad_enabled()
-    opts = opts._replace(needs=tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
-
-    def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, counts, ref, opts)
-
-    out = DPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    opts = opts._replace(needs=wanted_grads(x, weight, bias))
+    out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, _Inputs(target, counts, ref, shard), opts))
     check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued
     return out
 
 
-class FusedLinearDPOLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_dpo`.
-
-    ``forward(x, weight, target, bias=None, *, ref_x=None, ref_weight=None, ref_bias=None, ref_logps=None)``;
-    the module holds the options only (checked here, at construction).
-    """
-
-    def __init__(
-        self,
-        beta: float = 0.1,
-        loss_type: str | Sequence[str] = "sigmoid",
-        loss_weights: Sequence[float] | None = None,
-        label_smoothing: float = 0.0,
-        discopop_tau: float = 0.05,
-        f_divergence_type: str = "reverse_kl",
-        ignore_index: int = -100,
-        average_log_prob: bool = False,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-    ):
-        super().__init__()
-        self.options = dict(
-            beta=beta, loss_type=loss_type, loss_weights=loss_weights, label_smoothing=label_smoothing,
-            discopop_tau=discopop_tau, f_divergence_type=f_divergence_type, ignore_index=ignore_index,
-            average_log_prob=average_log_prob, chunk_size=chunk_size, accurate=accurate,
-        )
-        _options(**self.options)
-
-    def forward(self, x, weight, target, bias=None, **reference) -> DPOOutput:
-        return fused_linear_dpo(x, weight, target, bias, **reference, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+FusedLinearDPOLoss = loss_module(
+    fused_linear_dpo, "FusedLinearDPOLoss",
+    "``nn.Module`` form of :func:`fused_linear_dpo`: the module holds the options only (checked at construction).",
+    check=_options,
+)

@@ -1,132 +1,105 @@
 r"""Fused linear + GRPO (group relative policy optimization) without the ``B·T × V`` logits.
 
 ``x`` (``B × T × H``) holds the hidden states of ``B`` completions, ``target`` (``B × T``) the
-sampled tokens (aligned, no shift); with the per-token log-probs of the policy head at temperature
-:math:`\tau`, :math:`\ell_{kt} = \log\operatorname{softmax}((x_{kt}W^\top + b)/\tau)_{y_{kt}}`, the
-mask :math:`m_{kt}` (``completion_mask`` and the valid targets), advantages :math:`A_k` (or
+sampled tokens (aligned, no shift). With the policy's per-token log-probs at temperature :math:`\tau`,
+:math:`\ell_{kt} = \log\operatorname{softmax}((x_{kt}W^\top + b)/\tau)_{y_{kt}}`, the mask :math:`m_{kt}`
+(``completion_mask`` times the valid targets, :math:`n_k = \sum_t m_{kt}`), advantages :math:`A_k` (or
 :math:`A_{kt}`), the old policy's :math:`\ell^{\text{old}}` and the reference's :math:`\ell^{\text{ref}}`,
 
 .. math::
 
     \rho_{kt} = \ell_{kt} - \ell^{\text{old}}_{kt} \ \ (\text{token}), \qquad
-    \rho_{k} = \frac{\sum_t m_{kt}(\ell_{kt} - \ell^{\text{old}}_{kt})}{\max(1, \sum_t m_{kt})} \ \ (\text{sequence}),
+    \rho_{k} = \frac{\sum_t m_{kt}(\ell_{kt} - \ell^{\text{old}}_{kt})}{\max(1, n_k)} \ \ (\text{sequence}),
+    \qquad c = e^{\rho},
 
-    c = e^{\rho}, \qquad
     \mathcal{L}_{kt} = -\min\big(c A,\ \operatorname{clip}(c, 1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}})\,A\big)
         + \beta\,\big(e^{\ell^{\text{ref}}_{kt} - \ell_{kt}} - (\ell^{\text{ref}}_{kt} - \ell_{kt}) - 1\big),
 
-and the loss is :math:`L = \sum_{kt} m_{kt}\, g_k\, \mathcal{L}_{kt}` with the normalization of
-``loss_type``: ``grpo`` and ``sapo`` :math:`g_k = 1/(B \max(1, n_k))` (per-sequence mean, then batch
-mean), ``bnpo`` :math:`1/\max(1, \sum m)`, ``dr_grpo`` :math:`1/(B\,L_{\max})`, ``luspo`` :math:`1/B`
-(each sequence's sum: the mean scaled by its length), ``dapo``, ``cispo`` and ``vespo`` :math:`1/N`
-(``num_items_in_batch``, else :math:`\max(1, \sum m)`). ``old_logps=None`` is TRL's
-``num_iterations == 1``: the current log-probs, detached (:math:`c = 1`, gradient :math:`A`).
+    L = \sum_{kt} m_{kt}\, g_k\, \mathcal{L}_{kt},
 
-The other loss types replace the clipped term (``sg``: detached):
+with the normalization :math:`g_k` of ``loss_type``: ``grpo``, ``sapo`` :math:`1/(B \max(1, n_k))`;
+``bnpo`` :math:`1/\max(1, \sum m)`; ``dr_grpo`` :math:`1/(B\,L_{\max})`; ``luspo`` :math:`1/B`;
+``dapo``, ``cispo``, ``vespo`` :math:`1/N` (``num_items_in_batch``, else :math:`\max(1, \sum m)`).
+``old_logps=None`` means one iteration per generation: :math:`\ell^{\text{old}} = \operatorname{sg}(\ell)`,
+so :math:`c = 1` and the gradient is the advantage's. Other loss types replace the clipped term
+(``sg``: detached): ``delta`` caps the first argument of the ``min`` at :math:`\min(c, \delta) A`;
+``cispo`` is :math:`-\operatorname{sg}(\min(c, \varepsilon_{\text{high}}))\,A\,\ell`; ``sapo``
+:math:`-\sigma(\tau_\pm (c - 1))\,\frac{4}{\tau_\pm} A` (:math:`\tau_+` where :math:`A > 0`);
+``vespo`` :math:`-\operatorname{sg}(\varphi_k)\,A\,\ell` with the Gamma weight
+:math:`\varphi = e^{\lambda + k\log w - \lambda w}` of the sequence's clamped log-ratio sum
+:math:`\log w`. ``use_bias_correction_kl`` multiplies the KL term by :math:`c`. ``sampler_logps``
+(the rollout engine's log-probs) adds the detached importance-sampling ratio
+:math:`r = e^{m(\ell^{\text{old}} - \ell^{\text{sampler}})}` per token or per sequence, truncated or
+masked outside ``[clip_min, clip_max]``, which multiplies the policy term (``vespo``: inside
+:math:`w`). The outputs and metrics are TRL 1.16's ``GRPOTrainer`` ones
+(:func:`kernels_lib.reference.fused_linear_grpo` is the float64 baseline).
 
-- ``delta`` (INTELLECT-2's two-sided clipping, ``grpo``/``bnpo``/``dr_grpo``/``dapo``/``luspo``):
-  the first argument of the ``min`` becomes :math:`\min(c, \delta) A` (``coef_2`` is clipped from
-  the uncapped ratio; the clip-ratio metrics read the capped one, as TRL's do, lines 3112–3120);
-- ``cispo``: :math:`-\operatorname{sg}(\min(c, \varepsilon_{\text{high}}))\,A\,\ell_{kt}` (3109–3111;
-  ``epsilon_high`` is the cap itself here, TRL's ε_max); metric ``cispo_clip_ratio`` (3284–3286);
-- ``sapo``: :math:`-\sigma(\tau (c - 1))\,\frac{4}{\tau} A`, :math:`\tau` = ``sapo_temperature_pos``
-  where :math:`A > 0`, else ``sapo_temperature_neg`` (3121–3124);
-- ``luspo``: the clipped term with the ``luspo`` normalization (3175–3183);
-- ``vespo``: :math:`-\operatorname{sg}(\varphi_k)\,A\,\ell_{kt}`, :math:`\varphi = e^{\lambda + k\log w - \lambda w}`
-  with :math:`\log w` the clamped sum of the sequence's clamped log-ratios (plus the clamped log
-  sampling ratios), :math:`k, \lambda` by the sign of :math:`A` (``get_gamma_weights``, 2972–3017;
-  a NaN :math:`\varphi` is set to 0 there, so NaN in ``old_logps`` does not reach a vespo loss);
-  metric ``vespo_phi_seq_mean`` (3287–3289).
-
-``use_bias_correction_kl`` multiplies the KL by :math:`c` (with its gradient, 3104–3105; TRL's
-default is True, this function's False). ``sampler_logps`` (the rollout engine's log-probs, TRL's
-``sampling_per_token_logps``) turns on TRL's vLLM correction (``_generate_and_score_completions``,
-2660–2706): :math:`r = e^{\operatorname{nan\_to\_0}(m(\ell^{\text{old}} - \ell^{\text{sampler}}))}`
-per token, or of the per-sequence sum (``sequence_*`` modes), clamped to ``[clip_min, clip_max]``
-(``*_truncate``) or 0 outside it (``*_mask``), detached, multiplies :math:`\mathcal{L}_{kt}` before
-the KL for every loss type but ``vespo``, which takes it into :math:`w` (3146–3147); without
-``old_logps`` the ratio uses the current log-probs (TRL computes ``old_per_token_logps`` whenever the
-correction is on). A NaN sampler log-prob gives :math:`r = 1` (TRL: a token the engine could not score).
-
-``return_per_token`` adds what TRL forms per token before its means (:class:`GRPOPerToken`: the
-ratio ``coef_1``, the clip flags, the entropy, the sampling ratio), read off the same pass; the
-per-token log-probs are always returned (``per_token_logps``, a next iteration's ``old_logps``).
-
-Not here: ``top_entropy_quantile < 1`` (the entropy mask needs the quantile of every token's entropy
-before the first chunk's weights: refused), ``mask_truncated_completions`` (TRL zeroes the completion
-mask of truncated completions before the loss: pass that ``completion_mask``), the off-policy mask
-and the entropy bonus.
-
-This is TRL 1.16's ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) with the
-options it reads as given here (no entropy mask, bonus or off-policy mask): lines
-3027 (the mask), 3058–3059 (advantages ``(B,)`` unsqueezed), 3065–3066 (``old_per_token_logps``
-defaulting to the detached current ones), 3083–3093 (the log-ratio, token or sequence level), 3095
-(``coef_1``), 3098–3102 (the per-token KL), 3112–3120 (two-sided clipping, ``-min``), 3149–3150
-(``+ beta * per_token_kl``), 3153–3183 (the normalizations; ``dapo``, ``cispo``, ``vespo`` divide by
-``num_items_in_batch`` there, which this function takes as the final normalizer), and the metrics
-3254–3283 (``kl``, ``entropy``, the clip ratios: ``global_masked_mean``, ``masked_seq_mean``,
-``nanmin``/``nanmax``). The loss is TRL's before its division by the gradient-accumulation steps
-(``policy_loss``). The per-token log-probs are TRL's fused head's (``trl/trainer/utils.py``
-``add_fused_lm_head``, lines 1642–1660: logits divided by the temperature, 0 at ``-100`` labels);
-TRL's ``num_items_in_batch`` is the active-token count of the generation batch
-(``grpo_trainer.py`` 2497–2498). See :func:`kernels_lib.reference.fused_linear_grpo`.
+Not here: ``top_entropy_quantile < 1`` (the entropy mask needs a quantile over every token before
+the first chunk's weights), ``mask_truncated_completions`` (pass that ``completion_mask``), the
+off-policy mask and the entropy bonus.
 
 Gradient
 --------
-Backpropagating TRL's expression by hand (torch's rules at ties: ``min`` splits the gradient
-between equal arguments, ``clamp`` passes it on the closed range), with :math:`\lambda_{kt} = m_{kt} g_k`
-the factor of :math:`\mathcal{L}_{kt}` in the loss, :math:`t_1 = cA`, :math:`t_2 = \operatorname{clip}(c)A`,
+Each token's weight :math:`w_{kt} = \partial L / \partial \ell_{kt}` is derived by hand
+(:func:`_token_weights`), with :math:`\lambda_{kt} = m_{kt} g_k`, :math:`t_1 = cA`,
+:math:`t_2 = \operatorname{clip}(c)A`:
 
 .. math::
 
     \frac{\partial \mathcal{L}}{\partial \rho} = -A\,c\,\big(s_1 + s_2\,[1-\varepsilon_{\text{low}} \le c \le 1+\varepsilon_{\text{high}}]\big),
     \qquad s_1 = [t_1 < t_2] + \tfrac12[t_1 = t_2], \quad s_2 = [t_2 < t_1] + \tfrac12[t_1 = t_2],
 
-so the weight of token :math:`(k, t)` is :math:`w_{kt} = \lambda_{kt}\,\partial\mathcal{L}_{kt}/\partial\rho_{kt}`
-at the token level, :math:`w_{kt} = \frac{m_{kt}}{\max(1, n_k)} \sum_{t'} \lambda_{kt'}\,\partial\mathcal{L}_{kt'}/\partial\rho_k`
-at the sequence level, plus the KL term's :math:`\lambda_{kt}\,\beta\,(1 - e^{\ell^{\text{ref}}_{kt} - \ell_{kt}})`
-(formed as ``-expm1``). Times :math:`\mathrm{onehot}(y) - \mathrm{softmax}` (and :math:`1/\tau`) this
-is ``dz``. A NaN ratio takes the unclipped branch (as torch's ``min`` backward does), so NaN reaches
-the gradients too. With ``delta`` the first branch passes only where :math:`c \le \delta` (``clamp``'s
-backward). The sampling ratio multiplies :math:`\lambda_{kt}` of the policy term (not the KL's).
-``sapo``: :math:`\partial\mathcal{L}/\partial\rho = -4 A c\,\sigma(1 - \sigma)` at :math:`\tau(c - 1)`.
-``cispo`` and ``vespo`` act on :math:`\ell` directly: :math:`w_{kt} = -\lambda_{kt} A\,\operatorname{sg}(\cdot)`.
-The bias-corrected KL :math:`\beta c\,\mathrm{KL}` adds :math:`\lambda\beta c\,(1 - e^{\ell^{\text{ref}} - \ell})`
-to :math:`w` and :math:`\lambda\beta\,\mathrm{KL}\,c` to :math:`\partial L/\partial\rho` (spread over the
-sequence at the sequence level like the policy term). All of it needs one sequence's tokens at a
-time, so chunks of whole sequences form it.
+(torch's rules at ties: ``min`` splits the gradient between equal arguments, ``clamp`` passes it on
+the closed range; a NaN ratio takes the first branch, so NaN reaches the gradients), then
+:math:`w_{kt} = \lambda_{kt}\,\partial\mathcal{L}_{kt}/\partial\rho_{kt}` at the token level, or
+:math:`\frac{m_{kt}}{\max(1, n_k)} \sum_{t'} \lambda_{kt'}\,\partial\mathcal{L}_{kt'}/\partial\rho_k` at
+the sequence level, plus the KL's :math:`\lambda_{kt}\,\beta\,(1 - e^{\ell^{\text{ref}}_{kt} - \ell_{kt}})`.
+Times :math:`\mathrm{onehot}(y) - \mathrm{softmax}` (and :math:`1/\tau`) this is ``dz``. The trade:
+a few elementwise ops on the chunk's ``rows`` floats, where autograd of the per-token formula would
+build and walk a graph per chunk; ``tests/test_fused_linear_grpo.py`` holds the two equal at ties,
+for every loss type.
 
 Design
 ------
-:mod:`kernels_lib._sequence_logprobs` with its per-token path: chunks of whole sequences, one
-logits matmul per chunk, the stats pass gives the chunk's per-token log-probs, the weights above
-are formed in torch on those ``rows`` floats (a sequence's weights need that sequence alone, and the
-normalizers are known before the first chunk), then the gradient pass with one weight per row and
-``dx``, ``dW``, ``db`` in the same chunk: three matmuls, all in forward; backward only scales by
-``grad_output``. The reference model (``ref_x``, ``ref_weight``) goes through the same chunks first
-without gradient (one matmul and the stats pass per chunk; only its ``B·T`` log-probs are kept).
-Memory: one ``chunk × V`` logits buffer, ``dx``, ``dW``, ``db`` and a few ``B × T`` float32 tensors.
+:mod:`kernels_lib._sequence_logprobs` with per-token weights: chunks of whole sequences (a
+sequence's weights need that sequence alone, and the normalizers are known before the first chunk),
+one logits matmul per chunk, the stats pass's log-probs, the weights, the gradient pass and ``dx``,
+``dW``, ``db`` in the same chunk: three matmuls, all in forward; backward only scales by
+``grad_output``. A reference head goes through the same chunks first without gradient, keeping only
+its ``B·T`` log-probs. Memory: one ``chunk × V`` logits buffer, the gradients and a few ``B × T``
+float32 tensors. Deterministic: no atomics, fixed reduction orders.
 
-Deterministic: no atomics, fixed reduction orders (as ORPO and KTO).
+Vocabulary-parallel (``process_group``, or DTensor heads): each rank holds rows of the policy's
+``W`` (and ``b``) and the same rows of a reference head; per chunk the per-token log-probs are
+merged over the ranks (:mod:`kernels_lib._vocab_parallel`), so the weights, the loss and the
+metrics are the same on every rank; each rank keeps its ``dW``/``db`` slice and ``dx`` is summed
+over the ranks once. The entropy (``return_entropy``) is not merged over the shards: refused there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
 import torch
 
 from . import _validate as v
-from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, sequence_logprobs, validate_reference_model
+from . import _vocab_parallel as vp
+from ._module import loss_module
+from ._sequence_logprobs import (
+    SequenceLossCall, SequenceLossResult, chunk_rows, fused_sequence_loss, reference_sums, sequence_logprobs,
+    validate_reference, wanted_grads,
+)
+from ._vocab_parallel import VocabShard
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 LEVELS = ("token", "sequence")
-#: The loss types of TRL's clipped surrogate ``-min(c A, clip(c) A)`` (grpo_trainer.py 3112–3120),
+#: The loss types of TRL's clipped surrogate ``-min(c A, clip(c) A)``,
 #: the ones ``delta`` and the clip-ratio metrics apply to.
 CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-#: The loss types divided by ``num_items_in_batch`` (grpo_trainer.py 3168–3174).
+#: The loss types divided by ``num_items_in_batch`` .
 NUM_ITEMS_NORMALIZED = ("dapo", "cispo", "vespo")
 SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -135,7 +108,7 @@ SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence
 class _GRPOOptions:
     """The non-tensor options of one call (the arguments of :func:`fused_linear_grpo` of the same names),
     read by name wherever the loss's formulas need them. Frozen: a call's options cannot change between
-    its forward and the closures that read them chunk by chunk. As the caller gave them until
+    its checks and the chunks that read them. As the caller gave them until
     :meth:`resolved`, whose copy holds the real numbers as floats (the formulas' arithmetic is then the
     same whatever number type was passed) and which gradients are wanted."""
 
@@ -197,28 +170,29 @@ class GRPOPerToken(NamedTuple):
     over the active tokens (``completion_mask`` times the valid targets), ``flags.sum() / active.sum()``.
     A sequence-level value (GSPO's ratio, a ``sequence_*`` sampling ratio) is repeated at each token."""
 
-    importance_ratio: torch.Tensor  #: float32 ``coef_1 = exp(log_importance_weights)`` (line 3095), before ``delta``'s cap
-    is_low_clipped: torch.Tensor | None  #: bool, ``coef_1 < 1 - epsilon_low`` and ``A < 0`` (3272), False at inactive tokens
-    is_high_clipped: torch.Tensor | None  #: bool, ``coef_1 > 1 + epsilon_high`` and ``A > 0`` (3273); cispo: ``coef_1 > epsilon_high`` and ``A > 0`` (3284–3285)
-    is_region_clipped: torch.Tensor | None  #: bool, either of the two (3274); None outside the clipped loss types
+    importance_ratio: torch.Tensor  #: float32 ``coef_1 = exp(log_importance_weights)``, before ``delta``'s cap
+    is_low_clipped: torch.Tensor | None  #: bool, ``coef_1 < 1 - epsilon_low`` and ``A < 0``, False at inactive tokens
+    is_high_clipped: torch.Tensor | None  #: bool, ``coef_1 > 1 + epsilon_high`` and ``A > 0``; cispo: ``coef_1 > epsilon_high`` and ``A > 0``
+    is_region_clipped: torch.Tensor | None  #: bool, either of the two; None outside the clipped loss types
     entropy: torch.Tensor | None  #: float32 per-token entropy, 0 at ignored targets (``return_entropy``), else None
     sampling_ratio: torch.Tensor | None  #: float32 the vLLM importance-sampling ratio (``sampler_logps``), else None
 
 
-# --------------------------------------------------------------------------- TRL's lines, on (B, T) floats
+# --------------------------------------------------------------------------- TRL's expressions, on (B, T) floats
 
 
 def _log_importance_weights(logp, old, mask, level: str):
-    """TRL lines 3083–3093: the log-ratio per token, or its masked mean per sequence ``(B, 1)``.
-    ``old`` None: the detached current log-probs (``logp - logp``: 0, NaN where ``logp`` is not finite)."""
-    log_ratio = logp - (logp if old is None else old)
+    """The log-ratio per token, or its masked mean per sequence ``(B, 1)``.
+    ``old`` None: the detached current log-probs (``logp - sg(logp)``: 0, of gradient 1; NaN where ``logp`` is
+    not finite)."""
+    log_ratio = logp - (logp.detach() if old is None else old)
     if level == "token":
         return log_ratio
     return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
 
 
 def _per_token_kl(logp, ref):
-    """TRL lines 3100–3102: ``exp(ref - logp) - (ref - logp) - 1``."""
+    """The per-token KL ``exp(ref - logp) - (ref - logp) - 1``."""
     return torch.exp(ref - logp) - (ref - logp) - 1
 
 
@@ -227,7 +201,7 @@ def _clip_bounds(opts):
 
 
 def _sampling_ratio(logp, old, sampler, mask, opts):
-    """TRL lines 2660–2706, the vLLM importance-sampling ratio (detached): ``old - sampler`` masked,
+    """The vLLM importance-sampling ratio (detached): ``old - sampler`` masked,
     NaN set to 0 (a token the sampler could not score: ratio 1), summed per sequence in the
     ``sequence_*`` modes, ``exp``, then clamped to ``[clip_min, clip_max]`` (``*_truncate``) or set to
     0 outside it (``*_mask``). ``old`` None: the current log-probs (TRL always computes
@@ -235,7 +209,7 @@ def _sampling_ratio(logp, old, sampler, mask, opts):
     None without ``sampler``."""
     if sampler is None:
         return None
-    diff = torch.nan_to_num(((logp if old is None else old) - sampler) * mask, nan=0.0)
+    diff = torch.nan_to_num(((logp.detach() if old is None else old) - sampler) * mask, nan=0.0)
     mode = opts.vllm_importance_sampling_mode
     if mode.startswith("sequence"):
         diff = diff.sum(-1, keepdim=True)
@@ -248,11 +222,11 @@ def _sampling_ratio(logp, old, sampler, mask, opts):
 
 
 def _gamma_weights(advantages, logp, old, mask, ratio, opts):
-    """TRL lines 2972–3017 (``get_gamma_weights``), VESPO's detached sequence weight
+    """TRL's ``get_gamma_weights``: VESPO's detached sequence weight
     :math:`\\varphi(w) = e^{\\lambda + k \\log w - \\lambda w}` with :math:`\\log w` the clamped sum of the
     sequence's log-ratios (plus the clamped log sampling ratios), ``k``, ``λ`` by the sign of ``A``."""
     lower = math.log(1e-8)
-    log_ratio = logp - (logp if old is None else old)
+    log_ratio = logp.detach() - (logp.detach() if old is None else old)
     seq = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
     if ratio is not None:
         seq = seq + torch.clamp(torch.log(ratio), lower, 20.0).sum(-1, keepdim=True)
@@ -264,45 +238,45 @@ def _gamma_weights(advantages, logp, old, mask, ratio, opts):
 
 
 def _sapo_temperatures(advantages, opts):
-    """TRL line 3122: ``sapo_temperature_pos`` where ``A > 0``, else ``sapo_temperature_neg``."""
+    """``sapo_temperature_pos`` where ``A > 0``, else ``sapo_temperature_neg``."""
     return torch.where(advantages > 0, opts.sapo_temperature_pos, opts.sapo_temperature_neg)
 
 
 def _per_token_loss(logp, old, ref, sampler, advantages, mask, opts):
-    """TRL lines 3083–3150: ``(per_token_loss, kl, metrics)`` (kl None without a reference; metrics
+    """TRL's per-token loss: ``(per_token_loss, kl, metrics)`` (kl None without a reference; metrics
     the loss type's tensors by :class:`GRPOOutput` name, before their means)."""
     coef_1 = torch.exp(_log_importance_weights(logp, old, mask, opts.importance_sampling_level))
     kl = None if ref is None else _per_token_kl(logp, ref)
     if kl is not None and opts.use_bias_correction_kl:
-        kl = kl * coef_1  # line 3104–3105, before delta clamps coef_1
+        kl = kl * coef_1  # before delta clamps coef_1
     ratio = _sampling_ratio(logp, old, sampler, mask, opts)
     loss_type, metrics = opts.loss_type, {}
-    if loss_type == "cispo":  # 3109–3111
-        per_token_loss = -torch.clamp(coef_1, max=opts.epsilon_high) * advantages * logp
+    if loss_type == "cispo":
+        per_token_loss = -torch.clamp(coef_1, max=opts.epsilon_high).detach() * advantages * logp
         metrics["cispo_clip_ratio"] = ((coef_1 > opts.epsilon_high) & (advantages > 0)).to(mask.dtype)
-    elif loss_type in CLIPPED:  # 3112–3120
+    elif loss_type in CLIPPED:
         low, high = _clip_bounds(opts)
         coef_2 = torch.clamp(coef_1, low, high)
         if opts.delta is not None:
             coef_1 = torch.clamp(coef_1, max=opts.delta)
         per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
-        metrics["coef_1"] = coef_1  # the clip ratios (3272–3283) read the delta-clamped ratio
-    elif loss_type == "sapo":  # 3121–3124
+        metrics["coef_1"] = coef_1  # the clip ratios read the delta-clamped ratio
+    elif loss_type == "sapo":
         temperatures = _sapo_temperatures(advantages, opts)
         per_token_loss = -torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures * advantages
-    else:  # vespo, 3125–3137
+    else:  # vespo
         phi = _gamma_weights(advantages, logp, old, mask, ratio, opts)
         per_token_loss = -phi * advantages * logp
         metrics["vespo_phi_seq_mean"] = phi
-    if ratio is not None and loss_type != "vespo":  # 3146–3147
+    if ratio is not None and loss_type != "vespo":
         per_token_loss = per_token_loss * ratio
-    if opts.beta != 0.0:  # 3149–3150
+    if opts.beta != 0.0:
         per_token_loss = per_token_loss + opts.beta * kl
     return per_token_loss, kl, metrics
 
 
 def _normalized(per_token_loss, mask, opts, normalizer):
-    """TRL lines 3153–3183, the normalizations."""
+    """The loss type's normalization of the masked per-token losses."""
     loss_type = opts.loss_type
     if loss_type in ("grpo", "sapo"):
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
@@ -316,14 +290,14 @@ def _normalized(per_token_loss, mask, opts, normalizer):
 
 
 def _masked_seq_mean(x, mask):
-    """TRL lines 3254–3257."""
+    """TRL's per-sequence masked mean (the ``(B, 1)`` case unmasked)."""
     if x.shape[1] == 1:
         return x.squeeze(1)
     return (x * mask).sum(-1) / mask.sum(-1)
 
 
 def _global_masked_mean(x, mask):
-    """TRL lines 3259–3265 on one process (as tensors, not ``.item()``)."""
+    """TRL's masked mean over the batch on one process (as tensors, not ``.item()``)."""
     if x.shape[1] == 1:
         local_sum, local_count = x.sum(), torch.full((), float(x.shape[0]), device=x.device, dtype=x.dtype)
     else:
@@ -339,8 +313,13 @@ def _nan_extreme(x, fn):
     return torch.where(nan.all(), float("nan"), value)
 
 
+#: The clip-ratio metrics of :data:`CLIPPED`, by their :class:`GRPOOutput` names.
+CLIP_METRICS = ("clip_ratio_low_mean", "clip_ratio_low_min", "clip_ratio_high_mean", "clip_ratio_high_max",
+                "clip_ratio_region_mean")
+
+
 def clip_metrics(coef_1, advantages, mask, opts):
-    """TRL lines 3272–3283: low/high/region clip ratios (means), low min and high max over sequences, by
+    """The low/high/region clip ratios (means), low min and high max over sequences, by
     their :class:`GRPOOutput` names."""
     low, high = _clip_bounds(opts)
     is_low = ((coef_1 < low) & (advantages < 0)).to(mask.dtype)
@@ -416,9 +395,9 @@ def _sequence_scale(mask, opts, normalizer):
     if loss_type == "bnpo":
         scale = 1.0 / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
-        scale = torch.full((), 1.0 / (n_seqs * opts.max_completion_length), device=mask.device)
+        scale = torch.full((), 1.0 / (n_seqs * opts.max_completion_length), device=mask.device, dtype=mask.dtype)
     elif loss_type == "luspo":
-        scale = torch.full((), 1.0 / n_seqs, device=mask.device)
+        scale = torch.full((), 1.0 / n_seqs, device=mask.device, dtype=mask.dtype)
     else:
         scale = 1.0 / normalizer
     return scale.reshape(1, 1).expand(n_seqs, 1)
@@ -427,130 +406,91 @@ def _sequence_scale(mask, opts, normalizer):
 # --------------------------------------------------------------------------- the pipeline
 
 
-def _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, temperature, chunk_size):
-    """The reference head's per-token log-probs ``(B, T)``, without gradient, through the same chunks."""
-    n_seqs, seq_len = target.shape
-    rows = ref_x.reshape(-1, ref_x.shape[-1])
-    out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
-    with torch.no_grad():
-        sequence_logprobs(
-            rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
-            rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]),
-            logit_scale=1.0 / temperature, token_logps=out,
-        )
-    return out.view(n_seqs, seq_len)
+class _GRPOInputs(NamedTuple):
+    """The call's non-differentiable inputs, by name: float32 ``(B, T)`` tensors unless said otherwise."""
+
+    target: torch.Tensor  #: (B, T) targets
+    mask: torch.Tensor  #: the completion mask times the valid targets
+    advantages: torch.Tensor  #: (B, 1) or (B, T)
+    old: torch.Tensor | None  #: the sampling policy's log-probs, or None (the current ones, detached)
+    ref: torch.Tensor | None  #: the reference's log-probs, or None
+    sampler: torch.Tensor | None  #: the rollout engine's log-probs, or None
+    normalizer: torch.Tensor  #: a device scalar: num_items_in_batch, or the active tokens
+    shard: VocabShard | None  #: this rank's slice of a vocabulary-parallel head, or None
 
 
-#: The prefix of the per-token values' names among the auxiliary outputs (:func:`_aux_names`), before a
-#: field of :class:`GRPOPerToken`.
-PER_TOKEN = "per_token."
+def _token_coefficients(inputs: _GRPOInputs, opts: _GRPOOptions, scale, rows: slice, logp) -> torch.Tensor:
+    """The pipeline's per-token weights of the chunk's ``rows`` (whole sequences) from their log-probs:
+    :func:`_token_weights` on the chunk's ``(S_c, T)`` block."""
+    seq_len = inputs.target.shape[1]
+    seqs = slice(rows.start // seq_len, rows.stop // seq_len)
+
+    def pick(t):
+        return None if t is None else t[seqs]
+
+    return _token_weights(
+        logp.view(-1, seq_len), pick(inputs.old), pick(inputs.ref), pick(inputs.sampler), inputs.advantages[seqs],
+        inputs.mask[seqs], scale[seqs], opts,
+    ).reshape(-1).to(torch.float32)
 
 
-def _aux_names(opts: _GRPOOptions, has_reference: bool, has_sampler: bool) -> tuple[str, ...]:
-    """The names of the call's auxiliary outputs, in the order :class:`FusedSequenceLoss` returns them after
-    the loss: :class:`GRPOOutput`'s fields the loss type logs, then ``per_token.<field>`` for the present
-    fields of :class:`GRPOPerToken`. Known on the host before the call, so :func:`_run` and the caller
-    pair each tensor with its name from this one list (an autograd Function returns tensors alone)."""
-    names = ["per_token_logps"]
-    if opts.loss_type in CLIPPED:
-        names += ["clip_ratio_low_mean", "clip_ratio_low_min", "clip_ratio_high_mean", "clip_ratio_high_max",
-                  "clip_ratio_region_mean"]
-    if has_reference:
-        names.append("kl")
-    if opts.return_entropy:
-        names.append("entropy")
-    if opts.loss_type == "cispo":
-        names.append("cispo_clip_ratio")
-    if opts.loss_type == "vespo":
-        names.append("vespo_phi_seq_mean")
-    if opts.return_per_token:
-        fields = ["importance_ratio"]
-        if opts.loss_type in CLIPPED:
-            fields += ["is_low_clipped", "is_high_clipped", "is_region_clipped"]
-        elif opts.loss_type == "cispo":
-            fields.append("is_high_clipped")
-        fields += (["entropy"] if opts.return_entropy else []) + (["sampling_ratio"] if has_sampler else [])
-        names += [PER_TOKEN + field for field in fields]
-    return tuple(names)
-
-
-def _run(x, weight, bias, target, mask, advantages, old, ref, sampler, normalizer, opts: _GRPOOptions):
+def _forward(x, weight, bias, inputs: _GRPOInputs, opts: _GRPOOptions) -> SequenceLossResult:
     """The forward of :class:`FusedSequenceLoss`: per-token log-probs, weights and gradients chunk by
-    chunk, then the loss and the metrics from the ``(B, T)`` log-probs; the metrics in the order of
-    :func:`_aux_names`."""
-    n_seqs, seq_len = target.shape
-    scale = _sequence_scale(mask, opts, normalizer)
-
-    def token_coefficients(rows, logp):
-        seqs = slice(rows.start // seq_len, rows.stop // seq_len)
-        block = logp.view(-1, seq_len)
-        pick = (lambda t: None if t is None else t[seqs])  # noqa: E731
-        return _token_weights(
-            block, pick(old), pick(ref), pick(sampler), advantages[seqs], mask[seqs], scale[seqs], opts
-        ).reshape(-1).to(torch.float32)
-
+    chunk, then the loss and the metrics from the ``(B, T)`` log-probs, as a :class:`GRPOOutput`."""
+    n_seqs, seq_len = inputs.target.shape
+    mask, advantages, old, ref, sampler = inputs.mask, inputs.advantages, inputs.old, inputs.ref, inputs.sampler
+    scale = _sequence_scale(mask, opts, inputs.normalizer)
     rows = x.reshape(-1, x.shape[-1])
     logps = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     entropy = torch.empty_like(logps) if opts.return_entropy else None
     _, _, grads = sequence_logprobs(
-        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
+        rows, weight, bias, inputs.target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
         rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
         needs=opts.needs, accurate=opts.accurate, logit_scale=1.0 / opts.temperature,
-        token_coefficients=token_coefficients if any(opts.needs) else None,
-        token_logps=logps, token_entropy=entropy,
+        token_coefficients=functools.partial(_token_coefficients, inputs, opts, scale) if any(opts.needs) else None,
+        token_logps=logps, token_entropy=entropy, shard=inputs.shard,
     )
     logps = logps.view(n_seqs, seq_len)
+    entropy = None if entropy is None else entropy.view(n_seqs, seq_len)
     per_token_loss, kl, metrics = _per_token_loss(logps, old, ref, sampler, advantages, mask, opts)
-    loss = _normalized(per_token_loss, mask, opts, normalizer)
-    aux = {"per_token_logps": logps}
-    if "coef_1" in metrics:
-        aux.update(clip_metrics(metrics["coef_1"], advantages, mask, opts))
-    if kl is not None:
-        aux["kl"] = _global_masked_mean(kl, mask)
-    if entropy is not None:
-        aux["entropy"] = _global_masked_mean(entropy.view(n_seqs, seq_len), mask)
-    for name in ("cispo_clip_ratio", "vespo_phi_seq_mean"):  # TRL 3284–3289
-        if name in metrics:
-            aux[name] = _global_masked_mean(metrics[name], mask)
-    if opts.return_per_token:
-        values = _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts)
-        aux.update((PER_TOKEN + field, value) for field, value in values.items())
+    clipped = clip_metrics(metrics["coef_1"], advantages, mask, opts) if "coef_1" in metrics else {}
+    outputs = GRPOOutput(
+        loss=_normalized(per_token_loss, mask, opts, inputs.normalizer),
+        per_token_logps=logps,
+        **{name: clipped.get(name) for name in CLIP_METRICS},
+        kl=None if kl is None else _global_masked_mean(kl, mask),
+        entropy=None if entropy is None else _global_masked_mean(entropy, mask),
+        **{name: _global_masked_mean(metrics[name], mask) if name in metrics else None
+           for name in ("cispo_clip_ratio", "vespo_phi_seq_mean")},
+        per_token=_per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts)
+        if opts.return_per_token else None,
+    )
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
-    return loss, tuple(aux[name] for name in _aux_names(opts, ref is not None, sampler is not None)), grads
+    return SequenceLossResult(outputs, grads)
 
 
-def _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts) -> dict:
-    """The present fields of :class:`GRPOPerToken` by name (the ratio, the flags where the loss type
-    has them, the entropy, the sampling ratio), each ``(B, T)``."""
+def _per_token_values(logps, old, sampler, advantages, mask, metrics, entropy, opts) -> GRPOPerToken:
+    """:class:`GRPOPerToken`: the ratio, the flags where the loss type has them, the entropy, the sampling
+    ratio, each ``(B, T)`` (None where absent)."""
     shape = logps.shape
     active = mask != 0
     ratio = torch.exp(_log_importance_weights(logps, old, mask, opts.importance_sampling_level))
-    values = {"importance_ratio": ratio.expand(shape).contiguous()}
+    is_low = is_high = is_region = None
     if "coef_1" in metrics:  # the delta-capped ratio, as TRL's clip ratios read it
         low, high = _clip_bounds(opts)
         coef = metrics["coef_1"]
         is_low = ((coef < low) & (advantages < 0)).expand(shape) & active
         is_high = ((coef > high) & (advantages > 0)).expand(shape) & active
-        values.update(is_low_clipped=is_low, is_high_clipped=is_high, is_region_clipped=is_low | is_high)
+        is_region = is_low | is_high
     elif "cispo_clip_ratio" in metrics:
-        values["is_high_clipped"] = (metrics["cispo_clip_ratio"] > 0).expand(shape) & active
-    if entropy is not None:
-        values["entropy"] = entropy.view(shape)
+        is_high = (metrics["cispo_clip_ratio"] > 0).expand(shape) & active
     sampling = _sampling_ratio(logps, old, sampler, mask, opts)
-    if sampling is not None:
-        values["sampling_ratio"] = sampling.expand(shape).contiguous()
-    return values
-
-
-def _outputs(loss: torch.Tensor, aux: tuple, names: tuple[str, ...], return_per_token: bool) -> GRPOOutput:
-    """:class:`GRPOOutput` from the loss and the auxiliary outputs named by :func:`_aux_names` (None where a
-    metric or a per-token field is absent)."""
-    named = dict(zip(names, aux, strict=True))
-    per_token = None
-    if return_per_token:
-        per_token = GRPOPerToken(**{field: named.get(PER_TOKEN + field) for field in GRPOPerToken._fields})
-    return GRPOOutput(loss=loss, **{field: named.get(field) for field in GRPOOutput._fields[1:-1]}, per_token=per_token)
+    return GRPOPerToken(
+        importance_ratio=ratio.expand(shape).contiguous(), is_low_clipped=is_low, is_high_clipped=is_high,
+        is_region_clipped=is_region, entropy=entropy,
+        sampling_ratio=None if sampling is None else sampling.expand(shape).contiguous(),
+    )
 
 
 # --------------------------------------------------------------------------- checks
@@ -579,7 +519,7 @@ def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps,
             f"got {tuple(advantages.shape)}"
         )
     tensors["advantages"] = advantages
-    for name, tensor in (("old_logps", old_logps), ("ref_logps", ref_logps), ("sampler_logps", sampler_logps)):
+    for name, tensor in (("old_logps", old_logps), ("sampler_logps", sampler_logps)):
         if tensor is not None:
             _require_bt_float(name, tensor, target.shape)
             tensors[name] = tensor
@@ -590,12 +530,8 @@ def _validate_tensors(x, weight, target, bias, advantages, old_logps, ref_logps,
         v.require_shape("completion_mask", completion_mask, target.shape, "(B, T) = target.shape")
         tensors["completion_mask"] = completion_mask
     ref_x, ref_weight, ref_bias = ref_model
-    if ref_logps is not None and any(t is not None for t in ref_model):
-        raise ValueError("give either ref_logps or the reference model (ref_x, ref_weight, ref_bias), not both")
-    if ref_logps is None and (ref_x is not None or ref_weight is not None or ref_bias is not None):
-        if ref_x is None or ref_weight is None:
-            raise ValueError("the reference model needs ref_x and ref_weight (and optionally ref_bias)")
-        tensors.update(validate_reference_model(target, weight, ref_x, ref_weight, ref_bias))
+    tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps, per_token=True,
+                                      required=False))
     return tensors
 
 
@@ -606,7 +542,7 @@ def _require_positive(name, value) -> None:
 
 
 def _validate_sampling_options(opts, has_sampler: bool) -> None:
-    """TRL's checks of the vLLM correction (grpo_config.py 1152–1170, grpo_trainer.py 936–941)."""
+    """TRL's checks of the vLLM correction's options."""
     mode = opts.vllm_importance_sampling_mode
     v.require_choice("vllm_importance_sampling_mode", mode, SAMPLING_MODES)
     low, high = opts.vllm_importance_sampling_clip_min, opts.vllm_importance_sampling_clip_max
@@ -742,6 +678,7 @@ def fused_linear_grpo(
     return_per_token: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    process_group=None,
 ) -> GRPOOutput:
     """GRPO loss of the head ``x @ weight.T + bias`` as TRL 1.16's ``GRPOTrainer`` computes it, never materializing the logits.
 
@@ -807,6 +744,16 @@ def fused_linear_grpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        process_group: split the vocabulary over this ``torch.distributed`` group (or None with
+            DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
+            ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
+            both heads), in group-rank order, of any sizes; ``x``, ``target`` (global ids), the other
+            tensors and the options are the same on every rank, and so are the outputs. ``dx`` comes
+            back complete on every rank, ``dW``/``db`` as the local slices. Every option works but
+            ``return_entropy`` (refused: the entropy needs a second per-row sum over the shards).
+            Wire: once per call an all_gather of 13 int64 per rank (the checks over the ranks); per
+            chunk and row 3 float32 (the shards' lse max, sum-exp, the target's logit from its
+            owner), for the policy and again for a reference head; once ``dx`` (``B·T × H``).
 
     Returns:
         :class:`GRPOOutput`: the float32 loss and the metrics TRL logs for the loss type (no
@@ -822,10 +769,6 @@ def fused_linear_grpo(
             outside dapo/cispo/vespo, ``delta`` outside the clipped types, bad clip bounds,
             ``top_entropy_quantile < 1``.
     """
-    tensors = _validate_tensors(
-        x, weight, target, bias, advantages, old_logps, ref_logps, sampler_logps, completion_mask,
-        (ref_x, ref_weight, ref_bias),
-    )
     opts = _GRPOOptions(
         beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         importance_sampling_level=importance_sampling_level, loss_type=loss_type,
@@ -838,90 +781,62 @@ def fused_linear_grpo(
         temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size,
         accurate=accurate, return_per_token=return_per_token,
     )
-    has_reference = ref_logps is not None or ref_x is not None
-    _validate_options(opts, has_reference, num_items_in_batch, has_sampler=sampler_logps is not None)
-    if isinstance(num_items_in_batch, torch.Tensor):
-        tensors["num_items_in_batch"] = num_items_in_batch
-    v.require_same_device(tensors)
-    grad_on = torch.is_grad_enabled()
-    opts = opts.resolved(tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
+
+    def check_arguments(heads):
+        tensors = _validate_tensors(
+            x, heads["weight"], target, heads["bias"], advantages, old_logps, ref_logps, sampler_logps,
+            completion_mask, (ref_x, heads["ref_weight"], heads["ref_bias"]),
+        )
+        has_reference = ref_logps is not None or ref_x is not None
+        _validate_options(opts, has_reference, num_items_in_batch, has_sampler=sampler_logps is not None)
+        if isinstance(num_items_in_batch, torch.Tensor):
+            tensors["num_items_in_batch"] = num_items_in_batch
+        v.require_same_device(tensors)
+        if process_group is not None or vp.is_dtensor(weight):
+            if return_entropy:
+                raise NotImplementedError(
+                    "return_entropy with a vocabulary-parallel head (process_group or a DTensor weight): the "
+                    "entropy would need a second per-row sum over the shards; not implemented"
+                )
+
+    present = [t is not None for t in (bias, old_logps, ref_logps, ref_x, ref_bias, completion_mask, sampler_logps)]
+    heads, shard = vp.shard_heads(
+        process_group, {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}, check_arguments,
+        rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target}, ignore_index=ignore_index,
+        options=lambda: (opts, present, x.dtype, wanted_grads(x, weight, bias)),
+    )
+    weight, bias = heads["weight"], heads["bias"]
+    opts = opts.resolved(wanted_grads(x, weight, bias))
+    n_cols = weight.shape[0] if shard is None else shard.n_classes
     # The range alone: a sequence without a valid token is allowed (TRL clamps its token count to 1: it adds 0).
-    check = v.check_targets(target, weight.shape[0], ignore_index)
+    check = v.check_targets(target, n_cols, ignore_index)
     mask = check.valid.to(torch.float32)
     if completion_mask is not None:
         mask = mask * completion_mask.detach().to(torch.float32)
     if ref_logps is not None:
         ref = ref_logps.detach().to(torch.float32)
     elif ref_x is not None:
-        ref = _reference_token_logps(target, ref_x, ref_weight, ref_bias, ignore_index, opts.temperature, chunk_size)
+        ref = reference_sums(ref_x, heads["ref_weight"], heads["ref_bias"], target, ignore_index=ignore_index,
+                             chunk_size=chunk_size, shard=shard, logit_scale=1.0 / opts.temperature, per_token=True)
     else:
         ref = None
-    old = None if old_logps is None else old_logps.detach().to(torch.float32)
-    sampler = None if sampler_logps is None else sampler_logps.detach().to(torch.float32)
     adv = advantages.detach().to(torch.float32)
-    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-    if num_items_in_batch is None:
-        normalizer = mask.sum().clamp(min=1.0)
-    else:
-        normalizer = v.device_scalar(num_items_in_batch, x.device)
-
-    def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, mask, adv, old, ref, sampler, normalizer, opts)
-
-    loss, *aux = FusedSequenceLoss.apply(x, weight, bias, run)
+    inputs = _GRPOInputs(
+        target=target, mask=mask, advantages=adv.unsqueeze(1) if adv.dim() == 1 else adv,
+        old=None if old_logps is None else old_logps.detach().to(torch.float32), ref=ref,
+        sampler=None if sampler_logps is None else sampler_logps.detach().to(torch.float32),
+        normalizer=mask.sum().clamp(min=1.0) if num_items_in_batch is None
+        else v.device_scalar(num_items_in_batch, x.device),
+        shard=shard,
+    )
+    out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, inputs, opts))
     check.raise_if_bad()  # the targets' range, read now that the call's kernels are queued
-    return _outputs(loss, aux, _aux_names(opts, ref is not None, sampler is not None), return_per_token)
+    return out
 
 
-class FusedLinearGRPOLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_grpo`; ``forward(x, weight, target, bias=None, **tensors)``
-    with the tensors (``advantages``, ``old_logps``, ``ref_logps`` or ``ref_x``/``ref_weight``/``ref_bias``,
-    ``completion_mask``, ``sampler_logps``, ``num_items_in_batch``) by keyword; the module holds the options only."""
-
-    def __init__(
-        self,
-        beta: float = 0.0,
-        epsilon_low: float = 0.2,
-        epsilon_high: float = 0.2,
-        delta: float | None = None,
-        importance_sampling_level: str = "token",
-        loss_type: str = "grpo",
-        max_completion_length: int | None = None,
-        sapo_temperature_pos: float = 1.0,
-        sapo_temperature_neg: float = 1.05,
-        vespo_k_pos: float = 2.0,
-        vespo_lambda_pos: float = 3.0,
-        vespo_k_neg: float = 3.0,
-        vespo_lambda_neg: float = 2.0,
-        use_bias_correction_kl: bool = False,
-        vllm_importance_sampling_mode: str = "sequence_mask",
-        vllm_importance_sampling_clip_min: float | None = None,
-        vllm_importance_sampling_clip_max: float | None = 3.0,
-        top_entropy_quantile: float = 1.0,
-        temperature: float = 1.0,
-        ignore_index: int = -100,
-        return_entropy: bool = False,
-        return_per_token: bool = False,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-    ):
-        super().__init__()
-        self.options = dict(
-            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
-            importance_sampling_level=importance_sampling_level, loss_type=loss_type,
-            max_completion_length=max_completion_length, sapo_temperature_pos=sapo_temperature_pos,
-            sapo_temperature_neg=sapo_temperature_neg, vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
-            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg, use_bias_correction_kl=use_bias_correction_kl,
-            vllm_importance_sampling_mode=vllm_importance_sampling_mode,
-            vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
-            vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max,
-            top_entropy_quantile=top_entropy_quantile, temperature=temperature, ignore_index=ignore_index,
-            return_entropy=return_entropy, return_per_token=return_per_token, chunk_size=chunk_size, accurate=accurate,
-        )
-        _validate_options(_GRPOOptions(**self.options), has_reference=True, num_items_in_batch=None)
-
-    def forward(self, x, weight, target, bias=None, **tensors) -> GRPOOutput:
-        return fused_linear_grpo(x, weight, target, bias, **tensors, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+FusedLinearGRPOLoss = loss_module(
+    fused_linear_grpo, "FusedLinearGRPOLoss",
+    "``nn.Module`` form of :func:`fused_linear_grpo`: the module holds the options only (checked at construction, "
+    "a reference assumed); the tensors go to ``forward`` by keyword.",
+    check=lambda **options: _validate_options(_GRPOOptions(**options), has_reference=True, num_items_in_batch=None),
+)

@@ -53,10 +53,10 @@ from __future__ import annotations
 import torch
 
 from ._distillation import (
-    fused_two_head_loss, jsd_soft, kept_rows, needs_grad, teacher_constant, two_head_rows, validate_heads,
-    validate_options,
+    TwoHeadInputs, fused_two_head_loss, jsd_soft, kept_rows, teacher_constant, validate_heads, validate_options,
 )
 from . import _validate as v
+from ._module import loss_module
 from .jsd import _require_beta
 
 #: The reductions: ``batchmean`` (sum / kept rows), ``sum``, ``mean`` (sum / (kept rows · V)).
@@ -69,6 +69,14 @@ def _divisor(kept: torch.Tensor, reduction: str, n_cols: int) -> torch.Tensor:
         return torch.ones_like(kept)
     rows = kept.clamp_min(1.0)
     return rows * n_cols if reduction == "mean" else rows
+
+
+def _validate_options(beta, temperature, ignore_index, reduction, chunk_size, accurate):
+    """The options checked: ``(soft loss, two-head options)``."""
+    soft = jsd_soft(_require_beta(beta))
+    opts = validate_options(temperature, ignore_index, chunk_size, accurate)
+    v.require_choice("reduction", reduction, REDUCTIONS)
+    return soft, opts
 
 
 @torch.compiler.disable
@@ -124,49 +132,19 @@ def fused_linear_jsd(
     """
     validate_heads(student_x, student_weight, teacher_x, teacher_weight, target, student_bias, teacher_bias,
                    target_required=False)
-    soft = jsd_soft(_require_beta(beta))
-    opts = validate_options(temperature, ignore_index, chunk_size, accurate)
-    v.require_choice("reduction", reduction, REDUCTIONS)
+    soft, opts = _validate_options(beta, temperature, ignore_index, reduction, chunk_size, accurate)
     flat_target = None if target is None else target.reshape(-1).contiguous()
     n_cols = student_weight.shape[0]
     divisor = _divisor(kept_rows(flat_target, student_x.numel() // student_x.shape[-1], ignore_index, student_x.device),
                        reduction, n_cols)
-    teacher = teacher_constant(teacher_x, teacher_weight, teacher_bias)
-    needs = needs_grad(student_x, student_weight, student_bias)
-
-    def factors():  # (f_h, f_s): no hard loss; the soft one's 1 / (D T)
-        return torch.stack([torch.zeros_like(divisor), soft.chain(opts.temperature) / divisor])
-
-    def run(x, weight, bias):
-        _, soft_rows, grads = two_head_rows(
-            (x, weight, bias), teacher, flat_target, soft, opts, with_hard=False, factors=factors, needs=needs,
-        )
-        return soft_rows.sum() / divisor, (), grads
-
-    return fused_two_head_loss(student_x, student_weight, student_bias, run)[0]
+    inputs = TwoHeadInputs(teacher_constant(teacher_x, teacher_weight, teacher_bias), flat_target, soft, divisor,
+                           with_hard=False)
+    return fused_two_head_loss(student_x, student_weight, student_bias, inputs, opts).loss
 
 
-class FusedLinearJSDLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_jsd`; ``forward(student_x, student_weight, teacher_x,
-    teacher_weight, target=None, student_bias=None, teacher_bias=None)``. The module holds the options;
-    both heads stay with their models and are passed at each call."""
-
-    def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
-                 reduction: str = "batchmean", chunk_size: int | None = None, accurate: bool = False):
-        super().__init__()
-        _require_beta(beta)
-        validate_options(temperature, ignore_index, chunk_size, accurate)
-        v.require_choice("reduction", reduction, REDUCTIONS)
-        self.options = dict(beta=beta, temperature=temperature, ignore_index=ignore_index, reduction=reduction,
-                            chunk_size=chunk_size, accurate=accurate)
-
-    def forward(self, student_x, student_weight, teacher_x, teacher_weight, target=None, student_bias=None,
-                teacher_bias=None):
-        return fused_linear_jsd(student_x, student_weight, teacher_x, teacher_weight, target,
-                                student_bias=student_bias, teacher_bias=teacher_bias, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
-
-
+FusedLinearJSDLoss = loss_module(
+    fused_linear_jsd, "FusedLinearJSDLoss",
+    "``nn.Module`` form of :func:`fused_linear_jsd`: the module holds the options; both heads stay with their "
+    "models and are passed at each call.", check=_validate_options,
+)
 __all__ = ["fused_linear_jsd", "FusedLinearJSDLoss", "REDUCTIONS"]

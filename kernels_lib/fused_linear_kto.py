@@ -48,20 +48,25 @@ rank; each rank forms its own ``dz`` and keeps its ``dW``/``db`` slice, and ``dx
 the ranks once.
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured at the published sizes, three runs each:
-``data/measured/gpu_runs/determinism.csv``.
+fixed reduction orders).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
-from ._sequence_logprobs import FusedSequenceLoss, chunk_rows, reference_sums, sequence_logprobs, validate_reference
+from ._module import loss_module
+from ._sequence_logprobs import (
+    SequenceLossCall, SequenceLossResult, chunk_rows, fused_sequence_loss, reference_sums, sequence_logprobs,
+    validate_reference, wanted_grads,
+)
+from ._vocab_parallel import VocabShard
 
 
 class KTOOutput(NamedTuple):
@@ -78,7 +83,7 @@ class KTOOutput(NamedTuple):
 class _KTOOptions:
     """The non-tensor options of one call (the arguments of :func:`fused_linear_kto` of the same names), read by
     name. As the caller gave them until :meth:`resolved`, whose copy holds the real numbers as floats and which
-    gradients are wanted; frozen, so the chunks' closure reads the options the call was checked with."""
+    gradients are wanted; frozen, so the chunks read the options the call was checked with."""
 
     beta: float = 0.1
     ignore_index: int = -100
@@ -108,33 +113,45 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     return _sequence_logps(sums, counts, opts.average_log_prob)
 
 
-def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts: _KTOOptions, shard=None):
-    """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss.
-    ``check``: the targets' :class:`~kernels_lib._validate.TargetCheck`, whose extra count (the
-    True labels, copied before the call's kernels) sizes the split outputs without a sync."""
-    beta, average = opts.beta, opts.average_log_prob
-    desirable_weight, undesirable_weight = opts.desirable_weight, opts.undesirable_weight
-    n_seqs, seq_len = target.shape
-    desirable = labels.to(torch.float32)
+class _KTOInputs(NamedTuple):
+    """The call's non-differentiable inputs, by name."""
+
+    target: torch.Tensor  #: (B, T) targets
+    labels: torch.Tensor  #: (B,) bool, True for a desirable example
+    kl: torch.Tensor  #: the detached KL estimate, a float32 device scalar
+    ref: torch.Tensor  #: (B,) float32 reference log-probs (sums, or averages)
+    counts: torch.Tensor  #: (B,) float32 valid tokens per sequence
+    check: v.TargetCheck  #: the targets' check; its extra count (the True labels) sizes the split outputs
+    shard: VocabShard | None  #: this rank's slice of a vocabulary-parallel head, or None
+
+
+def _coefficients(inputs: _KTOInputs, opts: _KTOOptions, seqs: slice, sums, _sums2):
+    """``∂L/∂log p`` of the chunk's sequences ``seqs`` from their sums (the module docstring's weight)."""
+    beta, counts = opts.beta, inputs.counts[seqs]
+    u = beta * (_sequence_logps(sums, counts, opts.average_log_prob) - inputs.ref[seqs] - inputs.kl)
+    desirable = inputs.labels[seqs].to(torch.float32)
     # d loss_k / d r_k = beta * sigma(u) sigma(-u) * sign_weight_k / B.
-    sign_weight = (undesirable_weight - (desirable_weight + undesirable_weight) * desirable) / n_seqs
+    sign_weight = (opts.undesirable_weight - (opts.desirable_weight + opts.undesirable_weight) * desirable)
+    w = beta * torch.sigmoid(u) * torch.sigmoid(-u) * sign_weight / inputs.labels.shape[0]
+    return (w / counts if opts.average_log_prob else w), None
 
-    def coefficients(seqs, sums, _sums2):
-        u = beta * (_sequence_logps(sums, counts[seqs], average) - ref[seqs] - kl)
-        w = beta * torch.sigmoid(u) * torch.sigmoid(-u) * sign_weight[seqs]
-        return (w / counts[seqs] if average else w), None
 
+def _forward(x, weight, bias, inputs: _KTOInputs, opts: _KTOOptions) -> SequenceLossResult:
+    """The forward of :class:`FusedSequenceLoss`: policy sums, per-sequence weights, gradients, loss."""
+    beta, labels = opts.beta, inputs.labels
+    n_seqs, seq_len = inputs.target.shape
     rows = x.reshape(-1, x.shape[-1])
     sums, _, grads = sequence_logprobs(
-        rows, weight, bias, target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
+        rows, weight, bias, inputs.target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
         rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
-        coefficients=coefficients, needs=opts.needs, accurate=opts.accurate, shard=shard,
+        coefficients=functools.partial(_coefficients, inputs, opts), needs=opts.needs, accurate=opts.accurate,
+        shard=inputs.shard,
     )
-    logps = _sequence_logps(sums, counts, average)
-    r = logps - ref
-    u = beta * (r - kl)
+    logps = _sequence_logps(sums, inputs.counts, opts.average_log_prob)
+    r = logps - inputs.ref
+    u = beta * (r - inputs.kl)
     per_example = torch.where(
-        labels, desirable_weight * (1 - torch.sigmoid(u)), undesirable_weight * (1 - torch.sigmoid(-u))
+        labels, opts.desirable_weight * (1 - torch.sigmoid(u)), opts.undesirable_weight * (1 - torch.sigmoid(-u))
     )
     if grads is not None and grads[0] is not None:
         grads = (grads[0].view(x.shape), *grads[1:])
@@ -142,10 +159,11 @@ def _run(x, weight, bias, target, labels, check, kl, ref, counts, opts: _KTOOpti
     # examples' positions sort first, and the host knows how many there are.
     positions = torch.arange(n_seqs, device=labels.device)
     order = torch.argsort(torch.where(labels, positions, positions + n_seqs))
-    n = check.extra_counts()[0]
+    n = inputs.check.extra_counts()[0]
     chosen, rejected = order[:n], order[n:]
-    aux = (beta * r[chosen], beta * r[rejected], logps[chosen], logps[rejected])
-    return per_example.mean(), aux, grads
+    outputs = KTOOutput(loss=per_example.mean(), chosen_rewards=beta * r[chosen], rejected_rewards=beta * r[rejected],
+                        chosen_logps=logps[chosen], rejected_logps=logps[rejected])
+    return SequenceLossResult(outputs, grads)
 
 
 def _validate(x, weight, target, labels, kl, bias, options: _KTOOptions) -> dict:
@@ -167,13 +185,17 @@ def _validate(x, weight, target, labels, kl, bias, options: _KTOOptions) -> dict
         tensors["kl"] = kl
     elif kl is not None:
         v.require_real("kl", kl)
+    _validate_options(options)
+    return tensors
+
+
+def _validate_options(options: _KTOOptions) -> None:
     v.require_real("beta", options.beta)
     v.require_int("ignore_index", options.ignore_index)
     v.require_bool("average_log_prob", options.average_log_prob)
     for name in ("desirable_weight", "undesirable_weight"):
         v.require_real(name, getattr(options, name))
     v.require_chunk_options(options.chunk_size, options.accurate)
-    return tensors
 
 
 def fused_linear_kto(
@@ -246,78 +268,34 @@ def fused_linear_kto(
             rank, as ``fused_linear_cross_entropy`` says.
     """
     options = _KTOOptions(beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
-    heads = {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}
-    group = vp.find_group(process_group, heads)
-    grad_on = torch.is_grad_enabled()
 
-    def check():
-        tensors = _validate(x, weight, target, preference_labels, kl, bias, options)
-        tensors.update(validate_reference(x, target, weight, ref_x, ref_weight, ref_bias, ref_logps))
+    def check_arguments(heads):
+        tensors = _validate(x, heads["weight"], target, preference_labels, kl, heads["bias"], options)
+        tensors.update(validate_reference(x, target, heads["weight"], ref_x, heads["ref_weight"], heads["ref_bias"],
+                                          ref_logps))
         v.require_same_device(tensors)
 
-    shard = None
-    if group is None:
-        check()
-    else:
-        dtensor_vocab = weight.shape[0] if vp.is_dtensor(weight) else None
-        weight, bias, ref_weight, ref_bias = (vp.local(t) for t in heads.values())
-
-        def call_options():
-            wants = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-            return (options, bias is None, ref_logps is None, ref_bias is None, x.dtype, wants)
-
-        shard = vp.establish(
-            group, weight, check, rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target},
-            ignore_index=ignore_index, options=call_options, dtensor_vocab=dtensor_vocab,
-        )
+    heads, shard = vp.shard_heads(
+        process_group, {"weight": weight, "bias": bias, "ref_weight": ref_weight, "ref_bias": ref_bias}, check_arguments,
+        rows=lambda: x.shape[0] * x.shape[1], targets=lambda: {"target": target}, ignore_index=ignore_index,
+        options=lambda: (options, bias is None, ref_logps is None, ref_bias is None, x.dtype,
+                         wanted_grads(x, weight, bias)),
+    )
+    weight, bias = heads["weight"], heads["bias"]
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: this decides alike.
     check = v.check_targets(target, n_cols, ignore_index, sequences="every", extra=(preference_labels.sum(),))
     counts = check.counts
-    ref = _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, options, shard)
-    kl = v.device_scalar(0.0 if kl is None else kl, x.device)
-    opts = options.resolved(tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias)))
-
-    def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, preference_labels, check, kl, ref, counts, opts, shard)
-
-    out = KTOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    ref = _reference_logps(target, counts, ref_x, heads["ref_weight"], heads["ref_bias"], ref_logps, options, shard)
+    inputs = _KTOInputs(target, preference_labels, v.device_scalar(0.0 if kl is None else kl, x.device), ref, counts,
+                        check, shard)
+    opts = options.resolved(wanted_grads(x, weight, bias))
+    out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, inputs, opts))
     check.raise_if_bad()  # the targets' checks, read now that the call's kernels are queued
     return out
 
 
-class FusedLinearKTOLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_kto`.
-
-    ``forward(x, weight, target, preference_labels, kl=None, *, bias=None, ref_x=None, ref_weight=None,
-    ref_bias=None, ref_logps=None)``; the module holds the options (β, weights, ...) only.
-    """
-
-    def __init__(
-        self,
-        beta: float = 0.1,
-        ignore_index: int = -100,
-        average_log_prob: bool = False,
-        desirable_weight: float = 1.0,
-        undesirable_weight: float = 1.0,
-        chunk_size: int | None = None,
-        accurate: bool = False,
-    ):
-        super().__init__()
-        v.require_real("beta", beta)
-        v.require_int("ignore_index", ignore_index)
-        v.require_bool("average_log_prob", average_log_prob)
-        v.require_real("desirable_weight", desirable_weight)
-        v.require_real("undesirable_weight", undesirable_weight)
-        v.require_chunk_options(chunk_size, accurate)
-        self.options = dict(
-            beta=beta, ignore_index=ignore_index, average_log_prob=average_log_prob,
-            desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
-            chunk_size=chunk_size, accurate=accurate,
-        )
-
-    def forward(self, x, weight, target, preference_labels, kl=None, **tensors) -> KTOOutput:
-        return fused_linear_kto(x, weight, target, preference_labels, kl, **tensors, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+FusedLinearKTOLoss = loss_module(
+    fused_linear_kto, "FusedLinearKTOLoss", "``nn.Module`` form of :func:`fused_linear_kto`: the module holds the options only.",
+    check=lambda **options: _validate_options(_KTOOptions(**options)),
+)

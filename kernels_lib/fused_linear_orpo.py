@@ -56,13 +56,13 @@ of ``dx`` back: ``2·2n·T·H`` elements, small next to the logits). Memory: one
 float32 while accumulating when ``accurate``).
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured at the published sizes, three runs each:
-``data/measured/gpu_runs/determinism.csv``.
+fixed reduction orders).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -71,8 +71,10 @@ import torch.nn.functional as F
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._module import loss_module
 from ._paired_logprobs import paired_logprobs, validate_pairs
-from ._sequence_logprobs import FusedSequenceLoss
+from ._sequence_logprobs import SequenceLossCall, SequenceLossResult, fused_sequence_loss, wanted_grads
+from ._vocab_parallel import VocabShard
 
 
 class ORPOOutput(NamedTuple):
@@ -109,7 +111,7 @@ def _pair_weights(chosen, rejected, beta: float):
 @dataclasses.dataclass(frozen=True)
 class _ORPOOptions:
     """The non-tensor options of one call (the arguments of :func:`fused_linear_orpo` of the same names), read by
-    name, ``beta`` a float; and which gradients are wanted. Frozen: the chunks' closure reads what was checked."""
+    name, ``beta`` a float; and which gradients are wanted. Frozen: the chunks read what was checked."""
 
     beta: float
     ignore_index: int
@@ -118,24 +120,44 @@ class _ORPOOptions:
     needs: tuple[bool, bool, bool]  #: whether dx, dW, db are wanted
 
 
-def _run(x, weight, bias, target, nll_target, counts, opts: _ORPOOptions, shard=None):
+class _ORPOInputs(NamedTuple):
+    """The call's non-differentiable inputs, by name."""
+
+    target: torch.Tensor  #: (2n, T) targets
+    nll_target: torch.Tensor | None  #: (2n, T) the NLL's targets, or None for ``target``
+    counts: torch.Tensor  #: (2n,) float32 valid tokens per sequence
+    shard: VocabShard | None  #: this rank's slice of a vocabulary-parallel head, or None
+
+
+def _pair_grad(opts: _ORPOOptions, chosen, rejected, _pairs):
+    """:func:`_pair_weights` at the call's ``beta``, as the paired pipeline calls it."""
+    return _pair_weights(chosen, rejected, opts.beta)
+
+
+def _forward(x, weight, bias, inputs: _ORPOInputs, opts: _ORPOOptions) -> SequenceLossResult:
     """The forward of :class:`FusedSequenceLoss`: sums chunk by chunk, weights, gradients, then the loss."""
     beta = opts.beta
     chosen, rejected, nll, grads = paired_logprobs(
-        x, weight, bias, target, counts, pair_grad=lambda c, r, _pairs: _pair_weights(c, r, beta), average=True,
-        nll_weight=1.0, nll_target=nll_target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
-        accurate=opts.accurate, needs=opts.needs, shard=shard,
+        x, weight, bias, inputs.target, inputs.counts, pair_grad=functools.partial(_pair_grad, opts), average=True,
+        nll_weight=1.0, nll_target=inputs.nll_target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
+        accurate=opts.accurate, needs=opts.needs, shard=inputs.shard,
     )
     o = log_odds(chosen, rejected)
     ratio = F.logsigmoid(o)
-    loss = nll - beta * ratio.mean()
-    aux = (chosen, rejected, beta * chosen, beta * rejected, ratio.mean(), o.mean(), nll)
-    return loss, aux, grads
+    outputs = ORPOOutput(
+        loss=nll - beta * ratio.mean(), chosen_logps=chosen, rejected_logps=rejected, chosen_rewards=beta * chosen,
+        rejected_rewards=beta * rejected, log_odds_ratio=ratio.mean(), log_odds_chosen=o.mean(), nll=nll,
+    )
+    return SequenceLossResult(outputs, grads)
 
 
 def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate) -> None:
     tensors = validate_pairs(x, weight, target, bias, nll_target)
     v.require_same_device(tensors)
+    _validate_options(beta, ignore_index, chunk_size, accurate)
+
+
+def _validate_options(beta, ignore_index, chunk_size, accurate) -> None:
     v.require_real("beta", beta)
     v.require_int("ignore_index", ignore_index)
     v.require_chunk_options(chunk_size, accurate)
@@ -190,66 +212,35 @@ def fused_linear_orpo(
             of range, a sequence with no valid target, an NLL with no valid token. With a process
             group: on every rank, as ``fused_linear_cross_entropy`` says.
     """
-    group = vp.find_group(process_group, {"weight": weight, "bias": bias})
-    grad_on = torch.is_grad_enabled()
+    def check_arguments(heads):
+        _validate(x, heads["weight"], target, heads["bias"], nll_target, beta, ignore_index, chunk_size, accurate)
 
-    def check():
-        _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate)
+    def targets():
+        named = {"target": target}
+        return named if nll_target is None else {**named, "nll_target": nll_target[: x.shape[0] // 2]}
 
-    shard = None
-    if group is None:
-        check()
-    else:
-        dtensor_vocab = weight.shape[0] if vp.is_dtensor(weight) else None
-        weight, bias = vp.local(weight), vp.local(bias)
-
-        def targets():
-            named = {"target": target}
-            return named if nll_target is None else {**named, "nll_target": nll_target[: x.shape[0] // 2]}
-
-        def options():
-            wants = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-            return beta, ignore_index, chunk_size, accurate, bias is None, x.dtype, wants
-
-        shard = vp.establish(
-            group, weight, check, rows=lambda: x.shape[0] * x.shape[1], targets=targets, ignore_index=ignore_index,
-            options=options, dtensor_vocab=dtensor_vocab,
-        )
+    heads, shard = vp.shard_heads(
+        process_group, {"weight": weight, "bias": bias}, check_arguments, rows=lambda: x.shape[0] * x.shape[1],
+        targets=targets, ignore_index=ignore_index,
+        options=lambda: (beta, ignore_index, chunk_size, accurate, bias is None, x.dtype, wanted_grads(x, weight, bias)),
+    )
+    weight, bias = heads["weight"], heads["bias"]
     n_cols = weight.shape[0] if shard is None else shard.n_classes
     # With a process group every rank passed the check above on the same targets: these decide alike.
     checks = [v.check_targets(target, n_cols, ignore_index, sequences="every")]
     if nll_target is not None:
         checks.append(v.check_targets(nll_target[: x.shape[0] // 2], n_cols, ignore_index, "nll_target", sequences="any"))
-    counts = checks[0].counts
-    needs = tuple(bool(t is not None and t.requires_grad and grad_on) for t in (x, weight, bias))
-    opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, needs)
-
-    def run(x_, w_, b_):
-        return _run(x_, w_, b_, target, nll_target, counts, opts, shard)
-
-    out = ORPOOutput(*FusedSequenceLoss.apply(x, weight, bias, run))
+    opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, wanted_grads(x, weight, bias))
+    inputs = _ORPOInputs(target, nll_target, checks[0].counts, shard)
+    out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, inputs, opts))
     for check in checks:  # the targets' checks, read now that the call's kernels are queued
         check.raise_if_bad()
     return out
 
 
-class FusedLinearORPOLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`fused_linear_orpo`; ``forward(x, weight, target, bias=None, nll_target=None)``.
-
-    Holds the options only; the head's ``weight`` and ``bias`` stay with the model.
-    """
-
-    def __init__(
-        self, beta: float = 0.1, ignore_index: int = -100, chunk_size: int | None = None, accurate: bool = False
-    ):
-        super().__init__()
-        v.require_real("beta", beta)
-        v.require_int("ignore_index", ignore_index)
-        v.require_chunk_options(chunk_size, accurate)
-        self.options = dict(beta=beta, ignore_index=ignore_index, chunk_size=chunk_size, accurate=accurate)
-
-    def forward(self, x, weight, target, bias=None, nll_target=None) -> ORPOOutput:
-        return fused_linear_orpo(x, weight, target, bias, nll_target=nll_target, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={val!r}" for k, val in self.options.items())
+FusedLinearORPOLoss = loss_module(
+    fused_linear_orpo, "FusedLinearORPOLoss",
+    "``nn.Module`` form of :func:`fused_linear_orpo`: the module holds the options only; the head's ``weight`` and "
+    "``bias`` stay with the model.",
+    check=_validate_options,
+)

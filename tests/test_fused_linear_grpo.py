@@ -15,6 +15,7 @@ the published CSV, inputs, the check table, a tiny CPU sweep, the Liger adapter 
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 from collections import defaultdict
@@ -1003,3 +1004,77 @@ def test_loss_types_script_and_table(tmp_path):
         bench.loss_type_table(pd.concat([rows, other.iloc[:1]]))
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path), "--size", "small", "--loss-types", "nope"])
+
+
+# --------------------------------------------------------------------------- hand-derived weights at ties
+
+
+def _tie_block(level: str):
+    """A ``(6, 5)`` float64 block whose ratios sit on every tie of the clipped surrogate: ``c = 1`` exactly
+    (``t1 = t2`` inside the clip range), ``c`` on both clip bounds (``clamp``'s closed range), ``c`` on
+    ``delta``, ``A = 0`` (``t1 = t2 = 0``), and ordinary tokens; masked and fractional-mask tokens.
+    Returns ``(logp, old, ref, sampler, advantages, mask, bounds)`` with the bounds ``(low, high, delta)``
+    three of the token-level ratios themselves (so that ``1 - ε_low``, ``1 + ε_high`` and ``δ`` equal them)."""
+    gen = torch.Generator().manual_seed(5)
+    logp = -torch.rand(6, 5, generator=gen, dtype=torch.float64) * 3
+    rho = torch.randn(6, 5, generator=gen, dtype=torch.float64) * 0.4
+    rho[0] = 0.0  # c = 1: the two arguments of min are equal
+    rho[1, :3] = -0.25  # on 1 - eps_low
+    rho[2, :3] = 0.3  # on 1 + eps_high
+    rho[3, :2] = 0.6  # on delta
+    old = logp - rho
+    c = torch.exp(logp - old)  # the ratios as the loss forms them (logp - old rounds): the bounds are three of them
+    c_low, c_high, c_delta = c[1, 0].item(), c[2, 0].item(), c[3, 0].item()
+    ref = logp + torch.randn(6, 5, generator=gen, dtype=torch.float64) * 0.3
+    sampler = old + torch.randn(6, 5, generator=gen, dtype=torch.float64) * 0.2
+    advantages = torch.tensor([[0.7], [-1.1], [0.9], [1.3], [0.0], [-0.4]], dtype=torch.float64)
+    mask = torch.ones(6, 5, dtype=torch.float64)
+    mask[5, 3:] = 0.0
+    mask[4, 1] = 0.5
+    if level == "sequence":  # whole sequences at c = 1, and on the bounds, at the sequence level too
+        old[1] = logp[1] + 0.25
+        old[2] = logp[2] - 0.3
+    return logp, old, ref, sampler, advantages, mask, (c_low, c_high, c_delta)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_token_weights_equal_autograd_at_ties(loss_type, level):
+    """The hand-derived per-token weights (``_token_weights``) equal autograd of the per-token loss and its
+    normalization on a chunk's log-prob block, at the ties of ``min`` and ``clamp`` (torch's rules), with
+    and without the KL, its bias correction, a sampling ratio and ``delta``, for every loss type."""
+    grpo = importlib.import_module("kernels_lib.fused_linear_grpo")  # the module (the package's name is the function)
+
+    logp, old, ref, sampler, advantages, mask, (c_low, c_high, c_delta) = _tie_block(level)
+    # The exact bounds: 1 - (1 - c) == c and (c - 1) + 1 == c for c in [0.5, 2] (Sterbenz).
+    assert 1 - (1 - c_low) == c_low and 1 + (c_high - 1) == c_high
+    if level == "token":  # the ties are there: the bounds and c = 1 are hit exactly
+        c = torch.exp(logp - old)
+        assert (c == 1).any() and (c == c_low).any() and (c == c_high).any() and (c == c_delta).any()
+    variants = [dict(), dict(beta=0.2), dict(beta=0.3, use_bias_correction_kl=True),
+                dict(sampler=True, vllm_importance_sampling_mode="token_truncate"),
+                dict(sampler=True, vllm_importance_sampling_mode="sequence_mask" if loss_type != "vespo" else "token_mask")]
+    if loss_type in CLIPPED:
+        variants.append(dict(delta=c_delta, beta=0.1))
+    variants.append(dict(on_policy=True, beta=0.2))  # old_logps=None: the ratio is 1 (a tie), its gradient 1
+    checked = 0
+    for variant in variants:
+        variant = dict(variant)
+        with_sampler = variant.pop("sampler", False)
+        previous = None if variant.pop("on_policy", False) else old
+        opts = grpo._GRPOOptions(
+            epsilon_low=1 - c_low, epsilon_high=(c_high - 1) if loss_type != "cispo" else c_high,
+            importance_sampling_level=level, loss_type=loss_type, max_completion_length=7, **variant,
+        ).resolved((True, True, False))
+        normalizer = torch.tensor(11.0, dtype=torch.float64)
+        s = sampler if with_sampler else None
+        r = ref if opts.beta != 0.0 else None
+        block = logp.clone().requires_grad_()
+        per_token_loss, _, _ = grpo._per_token_loss(block, previous, r, s, advantages, mask, opts)
+        (expected,) = torch.autograd.grad(grpo._normalized(per_token_loss, mask, opts, normalizer), block)
+        scale = grpo._sequence_scale(mask, opts, normalizer)
+        got = grpo._token_weights(logp, previous, r, s, advantages, mask, scale, opts)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14, msg=lambda m: f"{variant}: {m}")
+        checked += 1
+    assert checked == len(variants)

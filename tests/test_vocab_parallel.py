@@ -25,7 +25,10 @@ import torch.distributed as dist
 
 from process_groups import GLOO_CPU_MARKS, outcomes, spawn_group
 import kernels_lib  # noqa: F401  (sets up the backend before the kernels are defined)
-from kernels_lib import fused_linear_cross_entropy, fused_linear_kto, fused_linear_orpo, reference
+from kernels_lib import (
+    fused_linear_cpo, fused_linear_cross_entropy, fused_linear_dpo, fused_linear_grpo, fused_linear_kto, fused_linear_orpo,
+    fused_linear_simpo, reference,
+)
 
 pytestmark = GLOO_CPU_MARKS
 
@@ -37,7 +40,9 @@ ERROR_WITHIN_S = 20
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
 
 # name -> (loss, options, input kind). Input kinds: flce rows (2 × 8 tokens; every 5th ignored) or
-# all ignored; orpo (2 pairs × 4 tokens); kto (4 sequences × 4 tokens, a reference head).
+# all ignored; orpo (2 pairs × 4 tokens, also DPO's, CPO's and SimPO's); kto (4 sequences × 4 tokens, a
+# reference head or its log-probs, as DPO's); grpo (4 completions × 4 tokens, advantages, old, sampler and
+# reference log-probs or a reference head, a completion mask).
 CASES = {
     "flce_mean": ("flce", {}, "rows"),
     "flce_sum_smoothing_zloss_softcap": (
@@ -61,6 +66,20 @@ CASES = {
     "kto_reference_head": ("kto", dict(ref="head", chunk_size=4, desirable_weight=1.3), "kto"),
     "kto_ref_logps_average": ("kto", dict(ref="logps", average_log_prob=True, bias=False), "kto"),
     "kto_dtensor": ("kto", dict(ref="head", dtensor=True), "kto"),
+    "dpo_reference_head_sft_chunks": (
+        "dpo", dict(ref="head", loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5], chunk_size=8), "orpo"
+    ),
+    "dpo_ref_logps_average_dtensor": ("dpo", dict(ref="logps", average_log_prob=True, loss_type="hinge", dtensor=True), "orpo"),
+    "cpo_nll_target_smoothing": ("cpo", dict(nll_target="nll", label_smoothing=0.1, bias=False), "orpo"),
+    "simpo_alphapo_dtensor": ("simpo", dict(cpo_alpha=0.0, alpha=0.3, dtensor=True), "orpo"),
+    "grpo_reference_head_per_token": (
+        "grpo", dict(ref="head", beta=0.1, temperature=0.8, chunk_size=4, return_per_token=True), "grpo"
+    ),
+    "grpo_sequence_dapo_sampler": (
+        "grpo", dict(ref="logps", beta=0.05, importance_sampling_level="sequence", loss_type="dapo", sampler=True,
+                     vllm_importance_sampling_mode="sequence_truncate", accurate=True), "grpo"
+    ),
+    "grpo_cispo_dtensor": ("grpo", dict(ref=None, loss_type="cispo", epsilon_high=1.1, dtensor=True), "grpo"),
 }
 
 
@@ -71,7 +90,7 @@ def make_inputs(case: str, dtype=torch.float32):
     options = dict(options)
     seed = sorted(CASES).index(case)
     gen = torch.Generator().manual_seed(seed)
-    lead = {"rows": (2, 8), "ignored": (2, 8), "orpo": (4, 4), "kto": (4, 4)}[kind]
+    lead = {"rows": (2, 8), "ignored": (2, 8), "orpo": (4, 4), "kto": (4, 4), "grpo": (4, 4)}[kind]
     x = torch.randn(*lead, H, generator=gen)
     w = torch.randn(V, H, generator=gen) * H**-0.5 * 2
     b = torch.randn(V, generator=gen) if options.pop("bias", True) else None
@@ -90,13 +109,19 @@ def make_inputs(case: str, dtype=torch.float32):
     if loss == "kto":
         extra["labels"] = torch.tensor([True, False, False, True])
         extra["kl"] = 0.05
-        ref = options.pop("ref")
-        if ref == "head":
-            extra["ref_x"] = torch.randn(*lead, H, generator=gen)
-            extra["ref_weight"] = torch.randn(V, H, generator=gen) * H**-0.5 * 2
-            extra["ref_bias"] = torch.randn(V, generator=gen)
-        else:
-            extra["ref_logps"] = -torch.rand(lead[0], generator=gen) * 8
+    if loss == "grpo":
+        extra["advantages"] = torch.randn(lead[0], generator=gen)
+        extra["old_logps"] = -torch.rand(*lead, generator=gen) * 8
+        extra["completion_mask"] = (torch.rand(*lead, generator=gen) > 0.2).float()
+        if options.pop("sampler", False):
+            extra["sampler_logps"] = extra["old_logps"] + torch.randn(*lead, generator=gen) * 0.1
+    ref = options.pop("ref", None)
+    if ref == "head":
+        extra["ref_x"] = torch.randn(*lead, H, generator=gen)
+        extra["ref_weight"] = torch.randn(V, H, generator=gen) * H**-0.5 * 2
+        extra["ref_bias"] = torch.randn(V, generator=gen)
+    elif ref == "logps":
+        extra["ref_logps"] = -torch.rand(*(lead if loss == "grpo" else lead[:1]), generator=gen) * 8
     dtype = options.pop("dtype", dtype)
     return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype), target, options, extra
 
@@ -106,18 +131,17 @@ def evaluate(case: str, x, w, b, target, options, extra, *, functions=None, **gr
     upstream gradient through every differentiable output. Returns ``(outputs, (dx, dW, db))``,
     float64 copies, the gradients of DTensor leaves as their local shards."""
     loss_name = CASES[case][0]
-    flce, orpo, kto = functions or (fused_linear_cross_entropy, fused_linear_orpo, fused_linear_kto)
+    functions = functions or FUNCTIONS
     leaves = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and not _is_dtensor(t) else t
               for t in (x, w, b)]
     x, w, b = leaves
-    if loss_name == "flce":
-        out = flce(x, w, target, b, **options, **group)
-    elif loss_name == "orpo":
-        out = orpo(x, w, target, b, **options, **group)
-    else:
+    loss = functions[loss_name]
+    if loss_name == "kto":
         ref = {k: extra[k] for k in ("ref_x", "ref_weight", "ref_bias", "ref_logps") if k in extra}
-        out = kto(x, w, target, extra["labels"], extra["kl"], bias=b, **ref, **options, **group)
-    outputs = list(out) if isinstance(out, tuple) else [out]
+        out = loss(x, w, target, extra["labels"], extra["kl"], bias=b, **ref, **options, **group)
+    else:  # the other tensors (a reference, GRPO's) by keyword
+        out = loss(x, w, target, b, **extra, **options, **group)
+    outputs = list(_tensors(out))
     # The loss, and the entropy where it has a gradient (reduction "none"); the rest are logged values.
     with_entropy = options.get("return_token_stats") and options.get("reduction") == "none"
     differentiable = outputs[:1] + (outputs[2:3] if with_entropy else [])
@@ -128,6 +152,22 @@ def evaluate(case: str, x, w, b, target, options, extra, *, functions=None, **gr
     grads = [None if t is None else next(got) for t in leaves]
     grads = [None if g is None else (g.to_local() if _is_dtensor(g) else g).detach().double() for g in grads]
     return [o.detach().double() for o in outputs], grads
+
+
+FUNCTIONS = {
+    "flce": fused_linear_cross_entropy, "orpo": fused_linear_orpo, "kto": fused_linear_kto, "dpo": fused_linear_dpo,
+    "cpo": fused_linear_cpo, "simpo": fused_linear_simpo, "grpo": fused_linear_grpo,
+}
+REFERENCE_FUNCTIONS = {name: getattr(reference, function.__name__) for name, function in FUNCTIONS.items()}
+
+
+def _tensors(out):
+    """The tensors of an output, depth first (nested named tuples: GRPO's per-token values), None left out."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, tuple):
+        for item in out:
+            yield from _tensors(item)
 
 
 def _is_dtensor(t) -> bool:
@@ -192,6 +232,7 @@ def _error_calls(rank, world, mesh, subgroup):
     xk, wk, bk, tk, ko, ke = make_inputs("kto_reference_head")
     tk_bad = tk.clone()
     tk_bad.view(-1)[-1] = V + 3
+    xg, wg, _, tg, _, eg = make_inputs("grpo_reference_head_per_token")
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     return {
@@ -214,6 +255,14 @@ def _error_calls(rank, world, mesh, subgroup):
         ),
         "kto_target_beyond_global_vocab": lambda: fused_linear_kto(
             xk, _shard_rows(wk, rank, SPLITS[world]), tk_bad, ke["labels"], ref_logps=torch.zeros(4),
+            process_group=dist.group.WORLD,
+        ),
+        "grpo_entropy_on_a_shard": lambda: fused_linear_grpo(
+            xg, _shard_rows(wg, rank, SPLITS[world]), tg, advantages=eg["advantages"], return_entropy=True,
+            process_group=dist.group.WORLD,
+        ),
+        "dpo_ranks_disagree_on_options": lambda: fused_linear_dpo(
+            xo, _shard_rows(wo, rank, SPLITS[world]), to, ref_logps=torch.zeros(4), beta=0.1 + 0.1 * (rank == 0),
             process_group=dist.group.WORLD,
         ),
         "dtensor_on_other_group": lambda: fused_linear_cross_entropy(
@@ -271,8 +320,7 @@ def single_process(case: str):
 
     ref_options = {k: double(val) for k, val in options.items()}
     ref_extra = {k: double(val) for k, val in extra.items()}
-    functions = (reference.fused_linear_cross_entropy, reference.fused_linear_orpo, reference.fused_linear_kto)
-    ref = evaluate(case, double(x), double(w), double(b), target, ref_options, ref_extra, functions=functions)
+    ref = evaluate(case, double(x), double(w), double(b), target, ref_options, ref_extra, functions=REFERENCE_FUNCTIONS)
     return one, ref
 
 
@@ -321,6 +369,8 @@ EXPECTED_ERRORS = {  # name -> (type on every rank, text in every rank's message
     "ranks_disagree_on_targets": ("ValueError", "disagree on target"),
     "ranks_disagree_on_options": ("ValueError", "disagree on the options"),
     "kto_target_beyond_global_vocab": ("ValueError", "outside the global vocabulary"),
+    "grpo_entropy_on_a_shard": ("NotImplementedError", "return_entropy with a vocabulary-parallel head"),
+    "dpo_ranks_disagree_on_options": ("ValueError", "disagree on the options"),
     "dtensor_on_other_group": ("ValueError", "process_group is not the group of weight's device mesh"),
     "dtensor_replicated": ("ValueError", "(Shard(0),)"),
 }
