@@ -78,6 +78,7 @@ import torch
 
 from . import _validate as v
 from . import _vocab_parallel as vp
+from ._module import loss_module
 from ._target_totals import target_totals
 from .kernels.cross_entropy_rows import launch_cross_entropy_rows
 from .kernels.scale_gradient import launch_scale_gradient
@@ -306,27 +307,16 @@ def cross_entropy(
     return loss
 
 
-class CrossEntropyLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`cross_entropy`, as ``torch.nn.CrossEntropyLoss`` (``weight`` a buffer;
-    ``process_group`` for logits split by class over its ranks)."""
+def _validate_options(ignore_index, reduction, label_smoothing, inplace) -> None:
+    v.require_choice("reduction", reduction, REDUCTIONS)
+    v.require_int("ignore_index", ignore_index)
+    v.require_probability("label_smoothing", label_smoothing)
+    v.require_bool("inplace", inplace)
 
-    def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, inplace: bool = False, process_group=None):
-        super().__init__()
-        v.require_choice("reduction", reduction, REDUCTIONS)
-        v.require_int("ignore_index", ignore_index)
-        v.require_probability("label_smoothing", label_smoothing)
-        v.require_bool("inplace", inplace)
-        self.register_buffer("weight", weight)
-        self.ignore_index, self.reduction, self.label_smoothing, self.inplace = ignore_index, reduction, label_smoothing, inplace
-        self.process_group = process_group
 
-    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(
-            logits, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
-            label_smoothing=self.label_smoothing, inplace=self.inplace, process_group=self.process_group,
-        )
-
-    def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, inplace={self.inplace}")
+CrossEntropyLoss = loss_module(
+    cross_entropy, "CrossEntropyLoss",
+    "``nn.Module`` form of :func:`cross_entropy`, as ``torch.nn.CrossEntropyLoss`` (``weight`` a buffer; "
+    "``process_group`` for logits split by class over its ranks).",
+    check=_validate_options, buffers=("weight",), held=("process_group",),
+)

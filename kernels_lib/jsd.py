@@ -61,6 +61,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
+from ._module import loss_module
 from ._row_divergence import REDUCTIONS, RowDivergenceFunction, validate
 from .kernels.jsd import launch_jsd
 
@@ -72,6 +73,12 @@ def _require_beta(beta) -> float:
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (the teacher's weight in the mixture); got {beta!r}")
     return float(beta)
+
+
+def _validate_options(beta, ignore_index, reduction) -> None:
+    _require_beta(beta)
+    v.require_int("ignore_index", ignore_index)
+    v.require_choice("reduction", reduction, REDUCTIONS)
 
 
 def jsd(
@@ -114,22 +121,7 @@ def jsd(
     )
 
 
-class JSDLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`jsd`: ``JSDLoss(beta=0.5)(student_logp, teacher_logp, target=None)``."""
-
-    def __init__(self, beta: float = 0.5, ignore_index: int = -100, reduction: str = "batchmean"):
-        super().__init__()
-        v.require_choice("reduction", reduction, REDUCTIONS)
-        v.require_int("ignore_index", ignore_index)
-        self.beta, self.ignore_index, self.reduction = _require_beta(beta), ignore_index, reduction
-
-    def forward(self, student_logp, teacher_logp, target=None):
-        return jsd(
-            student_logp, teacher_logp, beta=self.beta, ignore_index=self.ignore_index, target=target,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
-
-
+JSDLoss = loss_module(
+    jsd, "JSDLoss", "``nn.Module`` form of :func:`jsd`: ``JSDLoss(beta=0.5)(student_logp, teacher_logp, target=None)``.",
+    check=_validate_options,
+)

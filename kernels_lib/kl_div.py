@@ -17,8 +17,7 @@ upstream gradient is 1 (the usual ``loss.backward()``; decided on the GPU, with 
 With ``reduction="none"`` forward writes the pointwise loss and backward forms ``-t * g``.
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured at the published sizes, three runs each:
-``data/measured/gpu_runs/determinism.csv``.
+fixed reduction orders).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
+from ._module import loss_module
 from .kernels.kl_div_backward import launch_kl_div_backward
 from .kernels.scale_gradient import launch_scale_gradient
 from .kernels.kl_div_forward import launch_kl_div_forward, num_programs
@@ -112,9 +112,7 @@ def kl_div(
     v.require_tensor("target", target)
     v.require_float("input", input)
     v.require_float("target", target)
-    v.require_choice("reduction", reduction, REDUCTIONS)
-    if not isinstance(log_target, bool):
-        raise TypeError(f"log_target must be a bool; got {type(log_target).__name__}")
+    _validate_options(reduction, log_target)
     v.require_same_shape("input", input, "target", target)
     v.require_nonempty("input", input)
     v.require_same_device({"input": input, "target": target})
@@ -124,18 +122,13 @@ def kl_div(
     return _KLDivFunction.apply(input, target, reduction, log_target, needs_grad)
 
 
-class KLDivLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`kl_div` (default ``reduction="batchmean"``, unlike torch's ``"mean"``)."""
+def _validate_options(reduction, log_target) -> None:
+    v.require_choice("reduction", reduction, REDUCTIONS)
+    if not isinstance(log_target, bool):
+        raise TypeError(f"log_target must be a bool; got {type(log_target).__name__}")
 
-    def __init__(self, reduction: str = "batchmean", log_target: bool = False):
-        super().__init__()
-        v.require_choice("reduction", reduction, REDUCTIONS)
-        if not isinstance(log_target, bool):  # as kl_div would, but at construction, not at the first call
-            raise TypeError(f"log_target must be a bool; got {type(log_target).__name__}")
-        self.reduction, self.log_target = reduction, log_target
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
-
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}, log_target={self.log_target}"
+KLDivLoss = loss_module(
+    kl_div, "KLDivLoss", "``nn.Module`` form of :func:`kl_div` (default ``reduction=\"batchmean\"``, unlike torch's "
+    "``\"mean\"``).", check=_validate_options,
+)

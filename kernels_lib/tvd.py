@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
+from ._module import loss_module
 from ._row_divergence import REDUCTIONS, RowDivergenceFunction, validate
 from .kernels.tvd import launch_tvd
 
@@ -68,17 +69,10 @@ def tvd(
     return RowDivergenceFunction.apply(p, q, target, launch_tvd, {}, ignore_index, reduction, needs_grad)
 
 
-class TVDLoss(torch.nn.Module):
-    """``nn.Module`` form of :func:`tvd`: ``TVDLoss()(p, q, target=None)``."""
+def _validate_options(ignore_index, reduction) -> None:
+    v.require_int("ignore_index", ignore_index)
+    v.require_choice("reduction", reduction, REDUCTIONS)
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "batchmean"):
-        super().__init__()
-        v.require_choice("reduction", reduction, REDUCTIONS)
-        v.require_int("ignore_index", ignore_index)
-        self.ignore_index, self.reduction = ignore_index, reduction
 
-    def forward(self, p, q, target=None):
-        return tvd(p, q, ignore_index=self.ignore_index, target=target, reduction=self.reduction)
-
-    def extra_repr(self) -> str:
-        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+TVDLoss = loss_module(tvd, "TVDLoss", "``nn.Module`` form of :func:`tvd`: ``TVDLoss()(p, q, target=None)``.",
+                      check=_validate_options)
