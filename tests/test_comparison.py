@@ -4,6 +4,7 @@ floor from that run's own ceilings, memory against the leanest peer that allocat
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -113,3 +114,18 @@ def test_a_peer_near_its_published_figure_or_on_a_faster_published_gpu_is_kept()
     assert comparison.far_from_published(run, _published({4096: 0.5}, gpu="NVIDIA B200")) == {}, "published on a faster GPU"
     table = comparison.comparison(run, _ceilings(), published=_published({4096: 1.5}))
     assert "× liger" in table and table.loc[4096, "fastest peer"] == "liger"
+
+
+def test_fastest_and_leanest_peers_are_picked_in_one_place():
+    """Per x: the least time among the peers not far from their published figure; the least memory among the
+    peers with at least MIN_PEER_MB (a smaller one is no base for a ratio)."""
+    speed = pd.DataFrame({"liger": [2.0, 1.0], "torch": [3.0, 4.0], "cce": [1.0, float("nan")]}, index=[1, 2])
+    peer, ms = comparison.fastest_peers(speed, far={"cce"})
+    assert list(peer) == ["liger", "liger"] and list(ms) == [2.0, 1.0]
+    peer, ms = comparison.fastest_peers(speed)
+    assert list(peer) == ["cce", "liger"] and list(ms) == [1.0, 1.0]
+    memory = pd.DataFrame({"liger": [0.5, 30.0], "torch": [20.0, 10.0]}, index=[1, 2])
+    peer, mb = comparison.leanest_peers(memory)
+    assert list(peer) == ["torch", "torch"] and list(mb) == [20.0, 10.0]
+    assert comparison.leanest_peers(memory[["liger"]].iloc[:1])[0].empty
+    assert math.isnan(comparison.memory_bases(0.5)) and comparison.memory_bases(2.0) == 2.0

@@ -81,6 +81,32 @@ def peers_of(run: pd.DataFrame, ours: str = "kernels_lib") -> list[str]:
     return [p for p in speed.columns if p != ours and "[" not in p and p != FLOOR]
 
 
+def memory_bases(memory):
+    """``memory`` (MB beyond the inputs: a number, a Series or a frame) where it can be the base of a ratio, NaN
+    below :data:`MIN_PEER_MB`."""
+    if isinstance(memory, pd.Series | pd.DataFrame):
+        return memory.where(memory >= MIN_PEER_MB)
+    return memory if pd.notna(memory) and memory >= MIN_PEER_MB else math.nan
+
+
+def fastest_peers(speed: pd.DataFrame, far=()) -> tuple[pd.Series, pd.Series]:
+    """Per x (row) of the peers' ``full`` times (a column each): the fastest peer and its time, the peers in ``far``
+    (:func:`far_from_published`) left out; rows where no peer has a time are dropped."""
+    timed = speed[[p for p in speed.columns if p not in far]].dropna(how="all")
+    if not timed.shape[1] or not len(timed):
+        return pd.Series(dtype=object), pd.Series(dtype=float)
+    return timed.idxmin(axis=1), timed.min(axis=1)
+
+
+def leanest_peers(memory: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per x (row) of the peers' memory (a column each): the leanest peer and its MB, among :func:`memory_bases`;
+    rows where no peer has a base are dropped."""
+    lean = memory_bases(memory).dropna(how="all")
+    if not lean.shape[1] or not len(lean):
+        return pd.Series(dtype=object), pd.Series(dtype=float)
+    return lean.idxmin(axis=1), lean.min(axis=1)
+
+
 def comparison(run: pd.DataFrame, ceilings: pd.DataFrame, *, ours: str = "kernels_lib", kernel_name: str | None = None,
                published: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per x (index, named after the run's axis) of one run: ``ours``' ``full`` time in ms, its time over each
@@ -105,16 +131,15 @@ def comparison(run: pd.DataFrame, ceilings: pd.DataFrame, *, ours: str = "kernel
     table["kernels_lib ms" if ours == "kernels_lib" else f"{ours} ms"] = speed[ours]
     for peer in peers:
         table[f"× {peer} ({FAR})" if peer in far else f"× {peer}"] = speed[ours] / speed[peer]
-    timed = [p for p in peers if p not in far]
-    fastest = speed[timed].dropna(how="all") if timed else pd.DataFrame()
-    table["fastest peer"] = fastest.idxmin(axis=1).reindex(table.index) if len(fastest) else None
-    table["× fastest peer"] = speed[ours] / speed[timed].min(axis=1) if timed else math.nan
+    fastest, fastest_ms = fastest_peers(speed[peers], far)
+    table["fastest peer"] = fastest.reindex(table.index) if len(fastest) else None
+    table["× fastest peer"] = speed[ours] / fastest_ms.reindex(table.index) if len(fastest) else math.nan
     table["× floor"] = speed[ours] / floor_ms(run, ceilings, kernel_name).reindex(table.index)
     memory = memory.reindex(table.index)
     table["kernels_lib MB" if ours == "kernels_lib" else f"{ours} MB"] = memory.get(ours)
-    lean = memory[[p for p in peers if p in memory]].where(lambda m: m >= MIN_PEER_MB).dropna(how="all")
-    table["leanest peer"] = lean.idxmin(axis=1).reindex(table.index) if len(lean) else None
-    table["memory × leanest"] = (memory.get(ours) / lean.min(axis=1).reindex(table.index)) if len(lean) and ours in memory else math.nan
+    leanest, leanest_mb = leanest_peers(memory[[p for p in peers if p in memory]])
+    table["leanest peer"] = leanest.reindex(table.index) if len(leanest) else None
+    table["memory × leanest"] = (memory.get(ours) / leanest_mb.reindex(table.index)) if len(leanest) and ours in memory else math.nan
     table.index.name = str(run.x_name.iloc[0]) if "x_name" in run else "x"
     return table
 

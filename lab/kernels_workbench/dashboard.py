@@ -277,7 +277,7 @@ def chart_rows(chart: Chart, ceilings: pd.DataFrame) -> pd.DataFrame:
     for peer in peer_list:
         t = speed.loc[(peer, x)] if (peer, x) in speed.index else pd.Series(nan)
         m = memory.loc[(peer, x)] if (peer, x) in memory.index else pd.Series(nan)
-        memory_ratio = m["ratio"] if m["peer value"] >= 1 else float("nan")
+        memory_ratio = m["ratio"] if pd.notna(comparison.memory_bases(m["peer value"])) else float("nan")
         out.append({**common, "key": f"{chart.key}/{peer}", "kind": "ratio", "peer": peer, "ours ms": t["ours"], "peer ms": t["peer value"],
                     "time ratio": t["ratio"], "time tone": tone(t["ratio"]), "ours MB": m["ours"], "peer MB": m["peer value"],
                     "memory ratio": memory_ratio, "memory tone": tone(memory_ratio), "peer note": comparison.FAR if peer in far else ""})
@@ -333,17 +333,19 @@ def headlines(board: pd.DataFrame) -> pd.DataFrame:
     for (chart, gpu), rows in board.groupby(["chart", "gpu"], sort=False):
         ratios = rows[rows.kind == "ratio"]
         ratios = ratios[~ratios.peer.str.startswith("kernels_lib")]  # kernels_lib at TP = 1 is its own baseline, not a peer
-        timed = ratios[ratios["time ratio"].notna() & (ratios["peer note"] != comparison.FAR)]  # a far peer is not the fastest
-        sized = ratios[ratios["memory ratio"].notna()]
-        fastest = timed.loc[timed["peer ms"].idxmin()] if len(timed) else None
-        leanest = sized.loc[sized["peer MB"].idxmin()] if len(sized) else None
+        by_peer = ratios.set_index("peer")
+        far = set(by_peer.index[by_peer["peer note"] == comparison.FAR])  # a far peer is not the fastest
+        fastest_peer, _ = comparison.fastest_peers(by_peer[["peer ms"]].T.where(by_peer[["time ratio"]].T.notna().values), far)
+        leanest_peer, _ = comparison.leanest_peers(by_peer[["peer MB"]].T.where(by_peer[["memory ratio"]].T.notna().values))
+        fastest = by_peer.loc[fastest_peer.iloc[0]].rename(fastest_peer.iloc[0]) if len(fastest_peer) else None
+        leanest = by_peer.loc[leanest_peer.iloc[0]].rename(leanest_peer.iloc[0]) if len(leanest_peer) else None
         floor = rows[rows.kind == "floor"]
         first = rows.iloc[0]
         out.append({"report": first.report, "chart": chart, "gpu": gpu, "gpu label": first["gpu label"], "x_name": first.x_name,
                     "x": first.x, "run": first.run,
-                    "fastest peer": None if fastest is None else fastest.peer, "fastest key": None if fastest is None else fastest.key,
+                    "fastest peer": None if fastest is None else fastest.name, "fastest key": None if fastest is None else fastest.key,
                     "time ratio": float("nan") if fastest is None else fastest["time ratio"],
-                    "leanest peer": None if leanest is None else leanest.peer, "leanest key": None if leanest is None else leanest.key,
+                    "leanest peer": None if leanest is None else leanest.name, "leanest key": None if leanest is None else leanest.key,
                     "memory ratio": float("nan") if leanest is None else leanest["memory ratio"],
                     "floor key": floor.key.iloc[0] if len(floor) else None,
                     "floor ratio": floor["time ratio"].iloc[0] if len(floor) else float("nan")})
