@@ -451,7 +451,8 @@ def fused_linear_cross_entropy(
         is per token, ``−log p(target)`` at ``ε = λ = 0`` (its negative is the token log-prob, with
         gradient). With ``mean`` and every target ignored the loss is 0 and all gradients are 0
         (torch gives NaN), so a batch of pure padding does not poison training. NaN in ``x``,
-        ``weight`` or ``bias`` gives a NaN loss.
+        ``weight`` or ``bias`` gives a NaN loss; a NaN in a row of ``x`` whose target is ignored reaches
+        nothing (the row is dropped; with ``skip_ignored=False`` it reaches ``dW`` through ``0 · NaN``).
 
     Mixed precision: under ``torch.autocast`` the head's matmuls run in the autocast dtype (the
     operands are rounded to it, as ``nn.Linear`` would be, so ``x``, ``weight`` and ``bias`` may differ
