@@ -1,22 +1,28 @@
 r"""Hugging Face causal LMs on :func:`~kernels_lib.fused_linear_cross_entropy`: the loss without the logits.
 
-Two patches of a loaded ``*ForCausalLM`` instance (the class is left alone), both on its ``forward``:
+Two patches of a loaded causal LM instance (the class is left alone), both on its ``forward``:
 
-* :func:`patch`: ``model(..., labels=...)`` returns the loss of Transformers' ``ForCausalLMLoss``
-  computed straight from the last hidden states and the LM head, never forming the ``B × T × V``
-  logits. With hidden states :math:`h_t` (after ``logits_to_keep``), the head :math:`W, b` (tied
-  embeddings included: the head's weight *is* the tied parameter) and the shifted labels
-  :math:`y_t = \text{labels}_{t+1}` (the last position gets ``-100``; or ``shift_labels`` as given),
+* :func:`patch`: ``model(..., labels=...)`` returns the loss the model's own forward computes, from its
+  last hidden states and its LM head, never forming the ``B × T × V`` logits. With hidden states
+  :math:`h_t` (the head's input, after ``logits_to_keep``), the head :math:`W, b` (tied embeddings
+  included: the head's weight *is* the tied parameter) and the targets :math:`y_t`,
 
   .. math::
 
-      z_t = c(W h_t + b), \qquad
-      L = \frac{1}{D} \sum_{t:\ y_t \ne -100} \big(\log \textstyle\sum_v e^{z_{tv}} - z_{t y_t}\big),
+      z_t = c(a\,(W h_t + b)) / T, \qquad
+      L = \frac{1}{D} \sum_{t:\ y_t \ne -100} \big(\log \textstyle\sum_v e^{z_{tv}} - z_{t y_t}\big) \;(+\ \text{terms not of the logits}),
 
-  where :math:`c(z) = s\tanh(z/s)` is Gemma's final-logit softcap (``config.final_logit_softcapping``;
-  the identity elsewhere) and :math:`D` is ``num_items_in_batch`` when given (what ``Trainer`` passes
-  under gradient accumulation), else the number of valid labels. One difference from Transformers:
-  a batch whose labels are all ``-100`` gives loss 0 (and zero gradients) where Transformers gives NaN.
+  where :math:`a` and :math:`T` are the logit scales the forward applies before and after the cap
+  (Cohere's ``logit_scale``, Granite's ``1 / logits_scaling``, Falcon-H1's ``lm_head_multiplier``, ...),
+  :math:`c(z) = s\tanh(z/s)` its softcap (Gemma's ``final_logit_softcapping``; the identity elsewhere), each
+  read where and when the forward reads it. With Transformers' ``ForCausalLMLoss`` the targets are the
+  labels shifted by one (the last position gets ``-100``; or ``shift_labels`` as given) and :math:`D` is
+  ``num_items_in_batch`` when given (what ``Trainer`` passes under gradient accumulation), else the number
+  of valid labels; with an unshifted ``CrossEntropyLoss`` (Bart-style decoders) the labels as given and
+  the mean. Terms the forward adds to the loss from elsewhere (an MoE router's auxiliary loss,
+  ``router_aux_loss_coef × aux_loss`` under ``output_router_logits``) are added by the forward's own
+  statements. One difference from Transformers: a batch whose labels are all ``-100`` gives loss 0 (and
+  zero gradients) where Transformers gives NaN.
 * :func:`add_fused_lm_head`: TRL 1.16's fused-head protocol: ``model(..., labels=..., fused_lm_head=True)``
   returns a ``FusedCausalLMOutput`` of per-token log-probabilities, entropy, ``log Σ p²``, mean
   logit and top-1 flags computed by kernels_lib, so that TRL's trainers run on it unchanged (see :func:`use_in_trl`).
@@ -24,13 +30,29 @@ Two patches of a loaded ``*ForCausalLM`` instance (the class is left alone), bot
 Without labels the model's original forward runs, unchanged (generation and inference give the same
 logits as before). :func:`unpatch` restores the forward the model had before the first patch.
 
-Supported: the ``*ForCausalLM`` classes in :data:`SUPPORTED` (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
-Gemma 3 text, Phi-3), whose forward is ``backbone -> lm_head (-> softcap) -> ForCausalLMLoss``;
-anything else is refused with an error naming the model type. Checked with Transformers 5.17 and
-5.24 (the backbone is reached through ``model.base_model``, the head through
-``get_output_embeddings()``, and the output carries whatever cache field the installed version's
-``CausalLMOutputWithPast`` has: ``past_key_values`` or ``cache``). The head's ``weight`` and ``bias``
-are read directly, not through its ``forward``; at each call, whatever would change that forward's
+Which models: any class whose forward is backbone -> head -> logit transforms -> loss, found from the
+model itself (:func:`forward_pattern`), not from a list. The forward's source is read
+(``inspect.getsource``) and must be, at its top level: statements up to one that forms the logits as
+``self.<head>(hidden)`` (optionally ``.float()``, times or over a scale), with ``self.<head>`` the model's
+``get_output_embeddings()``; then only known transforms of the logits (``logits * E``, ``logits / E``,
+Gemma's softcap block or ``tanh(logits / E) * E``) and statements that do not touch them; then
+``if labels is not None:`` computing ``loss`` with ``self.loss_function`` (which must be Transformers'
+``ForCausalLMLoss``) or an unshifted ``CrossEntropyLoss()``; after it, statements that use the logits
+only to hand them on (``logits=logits``, a tuple) and may add to ``loss`` (the router's auxiliary loss).
+The forward is then rewritten once per class: the statements up to the head run as written (the backbone
+is called as the model calls it, ``model.model``, ``transformer``, ``model.decoder``, a multimodal
+``*ForConditionalGeneration``'s language model alike), the head's call and the transforms run only when
+the logits are kept, the loss comes from the head's input through kernels_lib with the transforms' values
+(evaluated at each call, where the forward evaluates them), and everything after the loss runs as written
+(the model's own output class, its auxiliary loss, its ``return_dict`` handling); its decorators are applied
+again. Anything else is refused when patching, with a ValueError naming the class, its ``model_type`` and the
+statement that departs (a z-loss or another term of the logits, an unknown transform, a head that is not the
+output embeddings such as BERT's ``cls`` transform, a custom loss): never a silent difference. Every class of
+the installed Transformers' ``AutoModelForCausalLM`` mapping is checked on a tiny random configuration against
+its own loss and gradients (``kernels_workbench.hf_coverage``, ``tests/test_hf_coverage.py``, the table of
+notebook 05).
+
+The head's ``weight`` and ``bias`` are read directly, not through its ``forward``; at each call, whatever would change that forward's
 output is either computed (peft's LoRA on the head, folded into the loss exactly: see :func:`patch`)
 or refused with an error naming it (other adapters, forward hooks, a replaced ``forward``), never
 bypassed. peft models are accepted as they are (the patch goes on the causal LM inside). Sharded heads are used whole, as their framework
@@ -45,47 +67,28 @@ Under ``torch.compile`` the kernel call is one graph break (the kernels_lib func
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import inspect
+import re
 import sys
+import textwrap
 import types
 from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
-from transformers.utils.generic import can_return_tuple
+from transformers.modeling_outputs import ModelOutput
 
 from .fused_linear_cross_entropy import CrossEntropyOutput, fused_linear_cross_entropy
 
-try:  # recent Transformers 5.x; 5.17 inlines the same slicing (an int keeps the last k positions, else an index)
-    from transformers.modeling_utils import slice_logits_to_keep
-except ImportError:  # pragma: no cover - the installed Transformers decides
+__all__ = ["ForwardPattern", "forward_pattern", "patch", "unpatch", "is_patched", "add_fused_lm_head", "use_in_trl", "FUSED_HEAD_OUTPUTS"]
 
-    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep) -> torch.Tensor:
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        return hidden_states[:, keep, :]
-
-
-__all__ = ["SUPPORTED", "patch", "unpatch", "is_patched", "add_fused_lm_head", "use_in_trl", "FUSED_HEAD_OUTPUTS"]
-
-#: The ``*ForCausalLM`` classes :func:`patch` accepts, and whether their forward softcaps the logits.
-SUPPORTED = {
-    "LlamaForCausalLM": False,
-    "MistralForCausalLM": False,
-    "Qwen2ForCausalLM": False,
-    "Qwen3ForCausalLM": False,
-    "Phi3ForCausalLM": False,
-    "Gemma2ForCausalLM": True,
-    "Gemma3ForCausalLM": True,
-}
 #: The per-token fields of TRL's ``FusedCausalLMOutput`` (all of them, computed by kernels_lib).
 FUSED_HEAD_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 IGNORE_INDEX = -100
 _STATE = "_kernels_lib_hf"
-#: What the output carries from the backbone: ``cache`` or ``past_key_values`` (by version), hidden states, attentions.
-_BACKBONE_FIELDS = tuple(f.name for f in dataclasses.fields(CausalLMOutputWithPast) if f.name not in ("loss", "logits"))
 
 
 @dataclasses.dataclass
@@ -93,10 +96,7 @@ class _LossOptions:
     chunk_size: int | None
     accurate: bool
     keep_logits: bool | None  # None: the logits when inferring (eval mode, no grad), as Trainer.evaluate needs them
-    softcaps: bool  # the family's forward applies config.final_logit_softcapping (read at each call, as it does)
-
-    def softcap(self, model) -> float | None:
-        return model.config.final_logit_softcapping if self.softcaps else None
+    pattern: ForwardPattern  # the class's forward, read and rewritten (forward_pattern)
 
     def keeps_logits(self, model) -> bool:
         if self.keep_logits is not None:
@@ -127,23 +127,19 @@ class _State:
 # --------------------------------------------------------------------------------------------- checks
 
 
-def _supported_class(model) -> str:
-    """The supported class ``model`` is (or derives from), or a ValueError naming the model type and what is missing."""
-    name = next((cls.__name__ for cls in type(model).__mro__ if cls.__name__ in SUPPORTED), None)
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    what = f"{type(model).__name__} (model_type={model_type!r})"
-    if name is None:
-        raise ValueError(f"kernels_lib.hf does not support {what}; supported: {', '.join(SUPPORTED)}")
+def _check_model(model, *, backbone: bool = False) -> ForwardPattern:
+    """The model's :class:`ForwardPattern`, its head computable by kernels_lib (and, with ``backbone``, its
+    ``base_model`` a backbone), or a ValueError naming the class and ``model_type`` and why."""
+    pattern = forward_pattern(model)
+    what = f"{type(model).__name__} (model_type={getattr(model.config, 'model_type', None)!r})"
     try:  # checked again at each call: an adapter or a hook may come after patching
         _resolve_head(model.get_output_embeddings(), at_call=False)
     except ValueError as error:
         reason = str(error).removeprefix("kernels_lib.hf: ")
         raise ValueError(f"kernels_lib.hf: {what} has no nn.Linear LM head kernels_lib can compute: {reason}") from None
-    if model.base_model is model:
+    if backbone and model.base_model is model:
         raise ValueError(f"kernels_lib.hf: {what} has no backbone {model.base_model_prefix!r} (model.base_model)")
-    if SUPPORTED[name] and not hasattr(model.config, "final_logit_softcapping"):
-        raise ValueError(f"kernels_lib.hf: the config of {what} has no final_logit_softcapping (None or a float)")
-    return name
+    return pattern
 
 
 # ------------------------------------------------------------------------------------ the installed forward
@@ -190,21 +186,8 @@ def _dispatch(model, fused_lm_head: bool, args, kwargs):
     elif state.loss is not None:
         arguments = _arguments(state, model, args, kwargs)
         if arguments.get("labels") is not None or arguments.get("shift_labels") is not None:
-            return _loss_forward(model, **arguments)
+            return state.loss.pattern.forward(model, *args, **kwargs)
     return _previous_forward(model, state)(*args, **kwargs)
-
-
-def _passthrough(backbone_outputs) -> dict:
-    """The fields of ``CausalLMOutputWithPast`` that come from the backbone (cache, hidden states, attentions)."""
-    return {name: getattr(backbone_outputs, name, None) for name in _BACKBONE_FIELDS}
-
-
-def _logits(model, hidden_states: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """The logits exactly as the model's forward forms them (head, then Gemma's softcap)."""
-    logits = model.get_output_embeddings()(hidden_states)
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
 
 
 def _check_labels(name: str, labels: torch.Tensor, hidden_states: torch.Tensor, logits_to_keep) -> None:
@@ -225,39 +208,383 @@ def _keeps_all(logits_to_keep) -> bool:
     return isinstance(logits_to_keep, int) and logits_to_keep == 0
 
 
-@can_return_tuple
-def _loss_forward(
-    model, labels=None, shift_labels=None, num_items_in_batch=None, logits_to_keep=0, **backbone_kwargs
-) -> CausalLMOutputWithPast:
-    """The model's forward with ``ForCausalLMLoss`` from :func:`fused_linear_cross_entropy` (no logits unless kept)."""
-    options = getattr(model, _STATE).loss
-    softcap = options.softcap(model)
-    outputs = model.base_model(**backbone_kwargs)
-    hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-    if shift_labels is None:
-        _check_labels("labels", labels, hidden_states, logits_to_keep)
-        shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+# ------------------------------------------------------------------------- the model's forward, read from its source
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPattern:
+    """What :func:`patch` reads from a class's ``forward`` (:func:`forward_pattern`): the attribute it calls as the
+    head, the loss it computes, the transforms it applies to the logits (expressions evaluated at each call, where
+    the forward evaluates them) and the statements after the loss it keeps as written (an MoE router's auxiliary
+    loss, the output); ``forward`` is the rewritten forward that :func:`patch` runs when labels are given."""
+
+    cls: str
+    head: str
+    loss: str  # "ForCausalLMLoss" (shifted labels, num_items_in_batch) or "CrossEntropyLoss" (unshifted, mean)
+    transforms: tuple[str, ...]
+    kept: tuple[str, ...]
+    reads: tuple[str, ...] = dataclasses.field(repr=False, compare=False)  # the transforms' expressions of self alone
+    forward: object = dataclasses.field(repr=False, compare=False)
+
+    def describe(self) -> str:
+        """One line: backbone -> head -> transforms -> loss (+ what is kept after it)."""
+        steps = ["backbone", f"self.{self.head}", *self.transforms, self.loss]
+        return " -> ".join(steps) + (f" (+ {'; '.join(self.kept)})" if self.kept else "")
+
+
+class _Refused(ValueError):
+    """A forward that departs from backbone -> head -> transforms -> loss; the message is the reason."""
+
+
+_SKIPPED_DECORATORS = ("auto_docstring",)  # writes documentation only; every other decorator is re-applied
+_SAME_VALUE_METHODS = ("float", "contiguous")  # on the head's output: the loss is formed in float32 anyway
+_TANH = ("torch.tanh", "nn.functional.tanh", "F.tanh", "torch.nn.functional.tanh")
+
+
+def _names(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _is_name(node, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _assigns(statement, name: str) -> bool:
+    return isinstance(statement, ast.Assign) and len(statement.targets) == 1 and _is_name(statement.targets[0], name)
+
+
+def _peel(node):
+    """``x.float()`` / ``x.contiguous()`` -> ``x``."""
+    while (isinstance(node, ast.Call) and not node.args and not node.keywords and isinstance(node.func, ast.Attribute)
+           and node.func.attr in _SAME_VALUE_METHODS):
+        node = node.func.value
+    return node
+
+
+def _is_none_test(test, left=None) -> bool:
+    """``X is not None`` (``labels is not None`` when ``left`` is given)."""
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.IsNot)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
+            and (left is None or _is_name(test.left, left)))
+
+
+def _scale_op(statement, logits: str):
+    """``logits = logits * E`` or ``/ E`` (also ``*=``, ``/=``) -> ("mul" | "div", E); else None."""
+    if isinstance(statement, ast.AugAssign) and _is_name(statement.target, logits):
+        op, value = statement.op, statement.value
+    elif _assigns(statement, logits) and isinstance(statement.value, ast.BinOp) and _is_name(_peel(statement.value.left), logits):
+        op, value = statement.value.op, statement.value.right
     else:
-        _check_labels("shift_labels", shift_labels, hidden_states, logits_to_keep)
-    head = model.get_output_embeddings()
+        return None
+    if isinstance(op, (ast.Mult, ast.Div)) and logits not in _names(value):
+        return ("mul" if isinstance(op, ast.Mult) else "div", value)
+    return None
+
+
+def _softcap_op(statement, logits: str):
+    """Gemma's cap, ``if E is not None: logits = logits / E; logits = tanh(logits); logits = logits * E`` (E may be
+    a walrus), or ``logits = tanh(logits / E) * E`` -> ("softcap", E); else None."""
+    same = lambda a, b: ast.dump(a) == ast.dump(b)  # noqa: E731
+    tanh = lambda node: isinstance(node, ast.Call) and ast.unparse(node.func) in _TANH and len(node.args) == 1  # noqa: E731
+    if isinstance(statement, ast.If) and not statement.orelse and len(statement.body) == 3 and _is_none_test(statement.test):
+        cap = statement.test.left
+        inner = ast.Name(cap.target.id, ast.Load()) if isinstance(cap, ast.NamedExpr) else cap
+        first, middle, last = statement.body
+        first, last = _scale_op(first, logits), _scale_op(last, logits)
+        if (first and last and first[0] == "div" and last[0] == "mul" and same(first[1], inner) and same(last[1], inner)
+                and _assigns(middle, logits) and tanh(middle.value) and _is_name(middle.value.args[0], logits)):
+            return ("softcap", cap)
+        return None
+    if _assigns(statement, logits):
+        value = statement.value
+        if (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult) and tanh(value.left)
+                and isinstance(value.left.args[0], ast.BinOp) and isinstance(value.left.args[0].op, ast.Div)
+                and _is_name(_peel(value.left.args[0].left), logits) and same(value.left.args[0].right, value.right)
+                and logits not in _names(value.right)):
+            return ("softcap", value.right)
+    return None
+
+
+def _loss_logits_name(section) -> str | None:
+    """The name the loss section takes the logits from: ``self.loss_function``'s first argument (or ``logits=``),
+    or what ``CrossEntropyLoss`` gets ``.view``-ed."""
+    for node in ast.walk(section):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.loss_function":
+            given = node.args[:1] + [k.value for k in node.keywords if k.arg == "logits"]
+            return given[0].id if given and isinstance(given[0], ast.Name) else None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "view"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id != "labels"):
+            return node.func.value.id
+    return None
+
+
+def _loss_kind(section, logits: str):
+    """The loss section ``if labels is not None: ...`` -> ("ForCausalLMLoss", the ``self.loss_function`` call) or
+    ("CrossEntropyLoss", None) for ``CrossEntropyLoss()(logits.view(-1, V), labels.view(-1))``; else None."""
+    body = list(section.body)
+    if body and _assigns(body[0], "labels") and ast.unparse(body[0].value) == f"labels.to({logits}.device)":
+        body = body[1:]
+    if len(body) == 1 and _assigns(body[0], "loss") and isinstance(body[0].value, ast.Call):
+        call = body[0].value
+        others = call.args[1:] + [k.value for k in call.keywords if k.arg != "logits"]
+        if ast.unparse(call.func) == "self.loss_function" and not any(logits in _names(o) for o in others):
+            return "ForCausalLMLoss", call
+    if len(body) == 2 and all(isinstance(s, ast.Assign) and len(s.targets) == 1 for s in body):
+        made, used = body
+        call = used.value
+        if (ast.unparse(made.value) == "CrossEntropyLoss()" and _assigns(used, "loss") and isinstance(call, ast.Call)
+                and ast.unparse(call.func) == ast.unparse(made.targets[0]) and len(call.args) == 2 and not call.keywords
+                and re.fullmatch(rf"{logits}\.view\(-1, [\w.()-]+\)", ast.unparse(call.args[0]))
+                and ast.unparse(call.args[1]) == "labels.view(-1)"):
+            return "CrossEntropyLoss", None
+    return None
+
+
+def _hands_logits_on(statement, logits: str) -> bool:
+    """Whether ``statement`` uses ``logits`` only to hand it on (``logits=logits`` in a call, an element of a tuple),
+    so that it means the same when the logits are not formed (None)."""
+    parents = {child: node for node in ast.walk(statement) for child in ast.iter_child_nodes(node)}
+    return all(
+        isinstance(parents.get(node), (ast.keyword, ast.Tuple))
+        for node in ast.walk(statement) if isinstance(node, ast.Name) and node.id == logits and isinstance(node.ctx, ast.Load)
+    ) and not any(isinstance(node, ast.Name) and node.id == logits and not isinstance(node.ctx, ast.Load)
+                  for node in ast.walk(statement))
+
+
+def _short(node, limit: int = 110) -> str:
+    text = " ".join(ast.unparse(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse(code: str):
+    return ast.parse(code).body[0]
+
+
+@functools.cache
+def _pattern_of(cls) -> ForwardPattern:
+    """Read ``cls.forward`` and rewrite it: the statements up to the head as written; the head's call and the logit
+    transforms only when the logits are kept; the loss from the head's input by kernels_lib; the statements after the
+    loss as written (they may hand the logits on, nothing else). Raises :class:`_Refused` with the reason."""
+    raw = inspect.unwrap(cls.forward)
+    try:
+        definition = ast.parse(textwrap.dedent(inspect.getsource(raw))).body[0]
+    except (OSError, TypeError, SyntaxError) as error:
+        raise _Refused(f"the source of its forward cannot be read ({error})") from None
+    body = definition.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if any(isinstance(n, ast.Call) and _is_name(n.func, "super") for n in ast.walk(definition)):
+        raise _Refused("its forward calls super()")
+    at = next((i for i, s in enumerate(body) if isinstance(s, ast.If) and _is_none_test(s.test, "labels")
+               and any(_is_name(t, "loss") for n in ast.walk(s) for t in getattr(n, "targets", [getattr(n, "target", None)]))), None)
+    if at is None:
+        raise _Refused("its forward has no top-level `if labels is not None:` computing `loss`")
+    section = body[at]
+    logits = _loss_logits_name(section)
+    kind = _loss_kind(section, logits) if logits else None
+    if kind is None:
+        raise _Refused(f"its loss is not Transformers' ForCausalLMLoss nor an unshifted CrossEntropyLoss: {_short(section, 300)}")
+    loss, call = kind
+    head_at = next((i for i in range(at) if _assigns(body[i], logits)), None)
+    if head_at is None:
+        raise _Refused(f"its forward forms `{logits}` in a branch or a loop, not as one statement")
+    head_value = body[head_at].value
+    ops, outer = [], _peel(head_value)
+    if isinstance(outer, ast.BinOp) and isinstance(outer.op, (ast.Mult, ast.Div)) and isinstance(_peel(outer.left), ast.Call):
+        ops.append(("mul" if isinstance(outer.op, ast.Mult) else "div", outer.right))
+        outer = _peel(outer.left)
+    if not (isinstance(outer, ast.Call) and isinstance(outer.func, ast.Attribute) and _is_name(outer.func.value, "self")
+            and len(outer.args) == 1 and not outer.keywords and not isinstance(outer.args[0], ast.Starred)):
+        raise _Refused(f"its forward forms the logits as `{_short(body[head_at])}`, not as self.<head>(hidden states)")
+    head, hidden = outer.func.attr, outer.args[0]
+    if any(logits in _names(s) for s in body[:head_at]):
+        raise _Refused(f"its forward uses `{logits}` before the head")
+    rewritten = list(body[:head_at])
+    rewritten.append(_parse(f"_kl_h = {ast.unparse(hidden)}"))
+    rewritten.append(_parse("_kl_ops = []"))
+    rewritten.append(_parse(f"{logits} = ({ast.unparse(head_value)}) if _kl_.keeps_logits(self) else None"))
+    for op in ops:
+        rewritten.append(_parse(f"_kl_ops.append(({op[0]!r}, {ast.unparse(op[1])}))"))
+    for statement in body[head_at + 1:at]:
+        op = _softcap_op(statement, logits) or _scale_op(statement, logits)
+        if op is not None:
+            ops.append(op)
+            rewritten.append(_parse(f"_kl_ops.append(({op[0]!r}, {ast.unparse(op[1])}))"))
+            guard = _parse(f"if {logits} is not None:\n    pass")
+            guard.body = [statement]
+            rewritten.append(guard)
+        elif logits in _names(statement) or ("loss" in _names(statement) and ast.unparse(statement) != "loss = None"):
+            raise _Refused(f"its forward applies `{_short(statement)}` to the logits, a transform kernels_lib does not know")
+        else:
+            rewritten.append(statement)
+    varkw = definition.args.kwarg.arg if definition.args.kwarg else None
+    keep = "logits_to_keep" if any(a.arg == "logits_to_keep" for a in definition.args.args + definition.args.kwonlyargs) else "0"
+    if loss == "ForCausalLMLoss":
+        test = "labels is not None" + (f" or {varkw}.get('shift_labels') is not None" if varkw else "")
+        args = ", ".join([ast.unparse(a) for a in call.args] + [ast.unparse(k) if k.arg is None else f"{k.arg}={ast.unparse(k.value)}" for k in call.keywords])
+        args = args.replace("**", "**") if args else ""
+        replacement = _parse(f"if {test}:\n    loss = _kl_.causal_loss(self, _kl_h, _kl_ops, {keep}, {args})")
+    else:
+        replacement = _parse(f"if labels is not None:\n    loss = _kl_.unshifted_loss(self, _kl_h, _kl_ops, {keep}, labels)")
+    rewritten.append(replacement)
+    kept = []
+    for statement in body[at + 1:]:
+        if not _hands_logits_on(statement, logits) or "loss_function" in ast.unparse(statement):
+            raise _Refused(f"its forward uses the logits after the loss: `{_short(statement)}`")
+        if any(isinstance(n, ast.AugAssign) and _is_name(n.target, "loss") or isinstance(n, ast.Assign)
+               and any(_is_name(t, "loss") for t in n.targets) for n in ast.walk(statement)):
+            kept.append(_short(statement, 80))  # a term added to the loss, as the model adds it (a router's aux loss)
+    rewritten.extend(body[at + 1:])
+    function = ast.FunctionDef(name=definition.name, args=definition.args, body=rewritten, decorator_list=[],
+                               returns=None, type_params=[])
+    maker = ast.FunctionDef(name="_kl_make", args=_parse("def f(_kl_): pass").args,
+                            body=[function, ast.Return(ast.Name(definition.name, ast.Load()))],
+                            decorator_list=[], returns=None, type_params=[])
+    module = ast.fix_missing_locations(ast.Module(body=[maker], type_ignores=[]))
+    namespace: dict = {}
+    exec(compile(module, f"<kernels_lib.hf: {cls.__qualname__}.forward, rewritten>", "exec"), raw.__globals__, namespace)
+    forward = namespace["_kl_make"](_REWRITE_HELPERS)
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(forward, attribute, getattr(raw, attribute))
+    for decorator in reversed(definition.decorator_list):
+        if ast.unparse(decorator).split("(")[0] not in _SKIPPED_DECORATORS:
+            forward = eval(compile(ast.Expression(decorator), "<decorator>", "eval"), raw.__globals__)(forward)
+    names = {"mul": "× {}", "div": "÷ {}", "softcap": "softcap({})"}
+    transforms = tuple(names[k].format(_short(v.value if isinstance(v, ast.NamedExpr) else v, 60)) for k, v in ops)
+    values = [v.value if isinstance(v, ast.NamedExpr) else v for _, v in ops]
+    reads = tuple(ast.unparse(v) for v in values if _names(v) <= {"self"})
+    return ForwardPattern(cls.__name__, head, loss, transforms, tuple(kept), reads, forward)
+
+
+def _scalar(value, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            raise ValueError(f"kernels_lib.hf: the {what} is a tensor with a gradient (learnable); kernels_lib takes a constant")
+        if value.numel() != 1:
+            raise ValueError(f"kernels_lib.hf: the {what} has shape {tuple(value.shape)}; kernels_lib takes one number")
+        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"kernels_lib.hf: the {what} is {value!r}; kernels_lib takes a number")
+
+
+def _logit_transform(ops) -> tuple[float, float | None, float]:
+    """The forward's transforms, in order, as the kernel's ``c = softcap_s(a·z) / T``: (a, s, T)."""
+    scale, cap, after = 1.0, None, 1.0
+    for kind, value in ops:
+        if kind == "softcap":
+            if value is None:
+                continue
+            if cap is not None:
+                raise ValueError("kernels_lib.hf: the forward softcaps the logits twice; kernels_lib applies one cap")
+            cap = _scalar(value, "logit softcap")
+            continue
+        factor = _scalar(value, "logit scale")
+        factor = factor if kind == "mul" else 1.0 / factor
+        if cap is None:
+            scale *= factor
+        else:
+            after *= factor
+    return scale, cap, 1.0 / after
+
+
+def _check_loss_function(model) -> None:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    if model.loss_function is not ForCausalLMLoss:
+        raise ValueError(
+            f"kernels_lib.hf: {type(model).__name__}.loss_function is {getattr(model.loss_function, '__qualname__', model.loss_function)!r}"
+            f" (loss_type={getattr(model, 'loss_type', None)!r}), not Transformers' ForCausalLMLoss"
+        )
+
+
+def _head_loss(model, hidden, target, ops, num_items_in_batch, ignore_index, shift: bool):
+    """The fused loss of the head's input against ``target`` (``shift``: labels, padded and shifted inside the loss's
+    one graph break, so that a compiled forward stays one graph before it), with the forward's transforms."""
+    options = getattr(model, _STATE).loss
+    scale, cap, temperature = _logit_transform(ops)
 
     def loss_of(weight, bias, hidden, target):
+        if shift:
+            target = F.pad(target, (0, 1), value=ignore_index)[..., 1:]
         return fused_linear_cross_entropy(
             hidden.reshape(-1, hidden.shape[-1]).to(weight.device),
             weight,
             target.reshape(-1).to(weight.device),
             bias,
-            ignore_index=IGNORE_INDEX,
-            softcap=softcap,
+            ignore_index=ignore_index,
+            softcap=cap,
+            logit_scale=scale,
+            temperature=temperature,
             num_items_in_batch=num_items_in_batch,
             chunk_size=options.chunk_size,
             accurate=options.accurate,
             host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
         )
 
-    loss = _with_full_head(head, loss_of, hidden_states, shift_labels)
-    logits = _logits(model, hidden_states, softcap) if options.keeps_logits(model) else None
-    return CausalLMOutputWithPast(loss=loss, logits=logits, **_passthrough(outputs))
+    return _with_full_head(model.get_output_embeddings(), loss_of, hidden, target)
+
+
+def _causal_loss(model, hidden, ops, logits_to_keep, logits, labels, vocab_size=None, num_items_in_batch=None,
+                 ignore_index=IGNORE_INDEX, shift_labels=None, **_):
+    """``ForCausalLMLoss`` (its signature) from the head's input: labels padded and shifted, or ``shift_labels``."""
+    _check_loss_function(model)
+    if shift_labels is None:
+        _check_labels("labels", labels, hidden, logits_to_keep)
+        return _head_loss(model, hidden, labels, ops, num_items_in_batch, ignore_index, shift=True)
+    _check_labels("shift_labels", shift_labels, hidden, logits_to_keep)
+    return _head_loss(model, hidden, shift_labels, ops, num_items_in_batch, ignore_index, shift=False)
+
+
+def _unshifted_loss(model, hidden, ops, logits_to_keep, labels):
+    """``CrossEntropyLoss()(logits.view(-1, V), labels.view(-1))``: no shift, the mean over labels other than -100."""
+    _check_labels("labels", labels, hidden, logits_to_keep)
+    return _head_loss(model, hidden, labels, ops, None, IGNORE_INDEX, shift=False)
+
+
+_REWRITE_HELPERS = types.SimpleNamespace(
+    keeps_logits=lambda model: getattr(model, _STATE).loss.keeps_logits(model),
+    causal_loss=_causal_loss,
+    unshifted_loss=_unshifted_loss,
+)
+
+
+def forward_pattern(model_or_class) -> ForwardPattern:
+    """How :func:`patch` reads the forward of a model (or of its class), or a ValueError naming the class and why it
+    is refused. For an instance, the head the forward calls must be ``get_output_embeddings()``, the loss function
+    Transformers' ``ForCausalLMLoss``, and every config value the transforms read present."""
+    cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+    model_type = getattr(getattr(model_or_class, "config", None), "model_type", None) or getattr(
+        getattr(cls, "config_class", None), "model_type", None)
+    what = f"{cls.__name__} (model_type={model_type!r})"
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise ValueError(f"kernels_lib.hf: {what} is not a torch module")
+    try:
+        pattern = _pattern_of(cls)
+    except _Refused as refusal:
+        raise ValueError(f"kernels_lib.hf does not support {what}: {refusal}") from None
+    if isinstance(model_or_class, type):
+        return pattern
+    model = model_or_class
+    head = model.get_output_embeddings()
+    called = getattr(model, pattern.head, None)
+    if called is not head:
+        raise ValueError(
+            f"kernels_lib.hf does not support {what}: its forward calls self.{pattern.head} "
+            f"({type(called).__name__}) on the hidden states, which is not its output embeddings "
+            f"(get_output_embeddings() is {type(head).__name__}): the forward computes more than the head"
+        )
+    for expression in pattern.reads:  # evaluated again at each call, where the forward evaluates it
+        try:
+            eval(expression, {}, {"self": model})
+        except AttributeError as error:
+            raise ValueError(f"kernels_lib.hf: {what}'s forward reads {expression}, which fails: {error}") from None
+    if pattern.loss == "ForCausalLMLoss":
+        try:
+            _check_loss_function(model)
+        except ValueError as error:
+            raise ValueError(f"kernels_lib.hf does not support {what}: {str(error).removeprefix('kernels_lib.hf: ')}") from None
+    return pattern
 
 
 # ------------------------------------------------------------------- the head at call time (plain, LoRA, refused)
@@ -594,8 +921,8 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
     a unit of its own or that ZeRO-3 partitions. Checked when patching and again at every call.
 
     Args:
-        model: a loaded instance of a class in :data:`SUPPORTED` (the class itself is not modified), or a
-            peft model wrapping one.
+        model: a loaded causal LM whose forward :func:`forward_pattern` reads (the class itself is not
+            modified), or a peft model wrapping one.
         chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`; ``chunk_size``
             None means the function's default (:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`:
             ``H`` rows, at least 2048, ``N / 32`` for long batches). The loss makes no host sync (``host_checks=False``): a label outside
@@ -604,17 +931,17 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
             (default) when inferring (eval mode and ``torch.is_grad_enabled()`` False).
 
     Raises:
-        ValueError: an unsupported model, naming its class and ``model_type`` and the supported classes,
-            or a supported class missing what the patch needs (an ``nn.Linear`` head, a backbone,
-            ``final_logit_softcapping`` on Gemma configs), or a head it cannot compute (above). At the
+        ValueError: an unsupported model, naming its class and ``model_type`` and the statement of its
+            forward that departs from the pattern (:func:`forward_pattern`), or one missing what the patch needs
+            (an ``nn.Linear`` head, a config value its transforms read), or a head it cannot compute (above). At the
             call: ``labels`` (or ``shift_labels``) not of the ``(batch, sequence)`` shape of ``input_ids``
             (after ``logits_to_keep``), naming the argument and both shapes; a head it cannot compute.
     """
     if keep_logits is not None and not isinstance(keep_logits, bool):
         raise TypeError(f"keep_logits must be True, False or None; got {keep_logits!r}")
     causal_lm = _causal_lm(model)
-    softcaps = SUPPORTED[_supported_class(causal_lm)]
-    _install(causal_lm).loss = _LossOptions(chunk_size, accurate, keep_logits, softcaps)
+    pattern = _check_model(causal_lm)
+    _install(causal_lm).loss = _LossOptions(chunk_size, accurate, keep_logits, pattern)
     return model
 
 
@@ -744,8 +1071,8 @@ def add_fused_lm_head(
       mean of the scaled logits, without gradient;
     * ``is_top1`` (if in ``outputs``): whether the label is the most likely token;
     * ``label_mask``: ``labels != -100``; ``loss`` :math:`= -\sum \text{log\_probs} / D`, :math:`D` =
-      ``num_items_in_batch`` or the number of valid labels (at least 1); ``aux_loss`` None (no MoE
-      family is supported).
+      ``num_items_in_batch`` or the number of valid labels (at least 1); ``aux_loss`` None (a model whose forward adds a
+      router's auxiliary loss is refused).
 
     All five come from the one pass over each logits chunk that forms the log-sum-exp. Without ``fused_lm_head=True`` the forward is the previous one (under :func:`patch` too).
 
@@ -761,7 +1088,13 @@ def add_fused_lm_head(
     if unknown:
         raise ValueError(f"outputs must be among {', '.join(FUSED_HEAD_OUTPUTS)}; got {', '.join(unknown)}")
     model = _causal_lm(model)
-    _supported_class(model)
+    pattern = _check_model(model, backbone=True)
+    if pattern.loss != "ForCausalLMLoss" or pattern.kept:
+        what = "adds to its loss (" + "; ".join(pattern.kept) + ")" if pattern.kept else "does not use ForCausalLMLoss"
+        raise ValueError(
+            f"kernels_lib.hf: {type(model).__name__}'s forward {what}, which TRL's fused-head protocol (shifted labels, "
+            f"no auxiliary loss here) would drop; use kernels_lib.hf.patch for this model"
+        )
     text_config = model.config.get_text_config()
     _install(model).head = _HeadOptions(
         temperature=temperature,

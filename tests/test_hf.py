@@ -195,25 +195,99 @@ def test_unpatch_restores_a_previous_instance_forward():
     assert model.__dict__["forward"] is theirs
 
 
+class _ZLossLlama(transformers.LlamaForCausalLM):
+    """A forward that adds a term of the logits to the loss, which kernels_lib does not compute."""
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+            loss = loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class _ClampedLlama(transformers.LlamaForCausalLM):
+    """A forward that transforms the logits in a way kernels_lib does not know (a clamp)."""
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        logits = logits.clamp(-5.0, 5.0)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class _LogitsAfterLossLlama(transformers.LlamaForCausalLM):
+    """A forward that uses the logits after the loss (an extra output computed from them)."""
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits.float() * 2)
+
+
+@pytest.mark.parametrize(
+    "cls, reason",
+    [
+        (_ZLossLlama, r"its loss is not Transformers' ForCausalLMLoss.*logsumexp"),
+        (_ClampedLlama, r"its forward applies `logits = logits.clamp\(-5.0, 5.0\)` to the logits"),
+        (_LogitsAfterLossLlama, r"its forward uses the logits after the loss"),
+    ],
+    ids=["extra-loss-term", "unknown-transform", "logits-after-loss"],
+)
+def test_forwards_that_depart_from_the_pattern_are_refused_by_name(cls, reason):
+    """A forward other than backbone -> head -> known transforms -> ForCausalLMLoss (+ terms not of the logits) is
+    refused when patching, naming the class and the statement: never patched with a silent difference."""
+    model = cls(tiny_model("llama").config).eval()
+    with pytest.raises(ValueError, match=rf"does not support {cls.__name__} \(model_type='llama'\): {reason}"):
+        hf.patch(model)
+    with pytest.raises(ValueError, match=cls.__name__):
+        hf.add_fused_lm_head(model)
+    with pytest.raises(ValueError, match=cls.__name__):
+        hf.forward_pattern(cls)
+    assert not hf.is_patched(model)
+
+
 def test_unsupported_models_are_refused():
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=2))
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel \(model_type='gpt2'\).*supported: LlamaForCausalLM"):
-        hf.patch(gpt2)
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        hf.add_fused_lm_head(gpt2)
+    bert = transformers.BertLMHeadModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        is_decoder=True))
+    with pytest.raises(ValueError, match=r"BertLMHeadModel \(model_type='bert'\).*self\.cls \(BertOnlyMLMHead\).*"
+                                         r"not its output embeddings"):
+        hf.patch(bert)
     classifier = transformers.LlamaForSequenceClassification(tiny_model("llama").config)
     with pytest.raises(ValueError, match="LlamaForSequenceClassification"):
         hf.patch(classifier)
 
     gemma = tiny_model("gemma2")
     gemma.config = tiny_model("llama").config  # a config without Gemma's final_logit_softcapping
-    with pytest.raises(ValueError, match="Gemma2ForCausalLM.*no final_logit_softcapping"):
+    with pytest.raises(ValueError, match=r"Gemma2ForCausalLM.*reads self.config.final_logit_softcapping.*no attribute"):
         hf.patch(gemma)
     llama = tiny_model("llama")
     llama.lm_head = torch.nn.Identity()
-    with pytest.raises(ValueError, match="LlamaForCausalLM.*no nn.Linear LM head"):
+    with pytest.raises(ValueError, match="LlamaForCausalLM.*(no nn.Linear LM head|not its output embeddings)"):
         hf.patch(llama)
-    assert not hf.is_patched(gpt2) and not hf.is_patched(gemma) and not hf.is_patched(llama)
+    assert not hf.is_patched(bert) and not hf.is_patched(gemma) and not hf.is_patched(llama)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "cohere", "granitemoe", "mixtral", "bart"])
+def test_found_from_the_forward(model_type):
+    """Classes outside the seven families, found from their forward: GPT-2 (``self.transformer``), Cohere's
+    ``logit_scale``, Granite-MoE's ``logits_scaling`` (divides) with its router's auxiliary loss, Mixtral's
+    auxiliary loss, Bart's decoder with an unshifted ``CrossEntropyLoss``. Loss and every gradient, the
+    transforms set so that a missed one is off by far more than the tolerance."""
+    from kernels_workbench import hf_coverage
+
+    row = hf_coverage.check(model_type, hf_coverage.causal_lm_mapping()[model_type])
+    assert row.result == "matched", row
+    assert row.loss_rel_err < LOSS_TOL and row.grad_rel_err < GRAD_TOL
 
 
 # --------------------------------------------------------------------------- Transformers' loss semantics
