@@ -97,6 +97,7 @@ class _LossOptions:
     accurate: bool
     keep_logits: bool | None  # None: the logits when inferring (eval mode, no grad), as Trainer.evaluate needs them
     pattern: ForwardPattern  # the class's forward, read and rewritten (forward_pattern)
+    skip_ignored: bool = True  # ignored rows dropped before the matmuls (one host sync a step)
 
     def keeps_logits(self, model) -> bool:
         if self.keep_logits is not None:
@@ -519,7 +520,8 @@ def _head_loss(model, hidden, target, ops, num_items_in_batch, ignore_index, shi
             num_items_in_batch=num_items_in_batch,
             chunk_size=options.chunk_size,
             accurate=options.accurate,
-            host_checks=False,  # a training step: no host sync (a bad label is a device-side assert, as in torch)
+            host_checks=False,  # a bad label is a device-side assert, as in torch
+            skip_ignored=options.skip_ignored,
         )
 
     return _with_full_head(model.get_output_embeddings(), loss_of, hidden, target)
@@ -867,7 +869,8 @@ def _with_full_head(head, compute, *inputs):
 # ------------------------------------------------------------------------------------------ public: patch
 
 
-def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool | None = None):
+def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_logits: bool | None = None,
+          skip_ignored: bool = True):
     r"""Make ``model``'s loss come from :func:`~kernels_lib.fused_linear_cross_entropy`; returns ``model``.
 
     With ``labels`` (or pre-shifted ``shift_labels``) the forward runs the backbone, slices its last
@@ -925,8 +928,13 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
             modified), or a peft model wrapping one.
         chunk_size, accurate: passed to :func:`~kernels_lib.fused_linear_cross_entropy`; ``chunk_size``
             None means the function's default (:func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`:
-            ``H`` rows, at least 2048, ``N / 32`` for long batches). The loss makes no host sync (``host_checks=False``): a label outside
-            the vocabulary is a device-side assert, as with Transformers' own loss on CUDA.
+            ``H`` rows, at least 2048, ``N / 32`` for long batches). The labels are not checked on the host
+            (``host_checks=False``): a label outside the vocabulary is a device-side assert, as with Transformers'
+            own loss on CUDA.
+        skip_ignored: drop the positions whose label is ``-100`` (the prompt in SFT, the padding) before the
+            head's matmuls, so that the loss costs what its valid tokens cost; exact (the loss and every gradient
+            are unchanged). The trade: one host sync per step (the count of valid rows sets the size of the
+            gathered rows). False keeps the step free of host syncs, for small launch-bound steps.
         keep_logits: also return the logits when labels are given: True always, False never, None
             (default) when inferring (eval mode and ``torch.is_grad_enabled()`` False).
 
@@ -941,7 +949,7 @@ def patch(model, *, chunk_size: int | None = None, accurate: bool = False, keep_
         raise TypeError(f"keep_logits must be True, False or None; got {keep_logits!r}")
     causal_lm = _causal_lm(model)
     pattern = _check_model(causal_lm)
-    _install(causal_lm).loss = _LossOptions(chunk_size, accurate, keep_logits, pattern)
+    _install(causal_lm).loss = _LossOptions(chunk_size, accurate, keep_logits, pattern, skip_ignored)
     return model
 
 

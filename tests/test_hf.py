@@ -32,14 +32,16 @@ def _inputs(**overrides):
 # --------------------------------------------------------------------------- loss and gradients per family
 
 
+@pytest.mark.parametrize("skip_ignored", [True, False], ids=["ignored-dropped", "ignored-kept"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_loss_and_every_gradient_match_unpatched(family, tied):
-    """Padding (attention mask 0) and ignored labels; chunks of 8 rows so that several chunks are summed."""
+def test_loss_and_every_gradient_match_unpatched(family, tied, skip_ignored):
+    """Padding (attention mask 0) and ignored labels, dropped before the head's matmuls or not; chunks of 8 rows
+    so that several chunks are summed."""
     model = tiny_model(family, tied=tied)
     inputs = _inputs()
     ref_loss, ref_grads = loss_and_grads(model, **inputs)
-    hf.patch(model, chunk_size=8)
+    hf.patch(model, chunk_size=8, skip_ignored=skip_ignored)
     loss, grads = loss_and_grads(model, **inputs)
     assert loss.dtype == torch.float32
     assert rel_err(loss, ref_loss) < LOSS_TOL

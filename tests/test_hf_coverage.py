@@ -11,6 +11,8 @@ kernels_workbench.hf_coverage`` rewrites the file). The kernel itself is checked
 from __future__ import annotations
 
 import math
+import os
+import random
 
 import pytest
 import torch
@@ -129,3 +131,18 @@ def test_cache_is_reused_only_under_its_fingerprint(tmp_path, monkeypatch):
     assert hf_coverage.coverage({"cohere": "CohereForCausalLM"}, cache=path) == rows
     monkeypatch.setattr(hf_coverage, "fingerprint", lambda kernel="torch": "another")
     assert hf_coverage.read_cache(path) == {}
+
+
+def test_a_fresh_sample_of_the_walk_agrees_with_its_rows(rows):
+    """The rows are not taken on trust: each run checks a fresh random sample again, the matched ones through the
+    fused kernel itself (the walk used the torch stand-in), and each must give its row's result. The seed is in
+    the message; ``KERNELS_LIB_HF_SAMPLE_SEED`` repeats a sample."""
+    seed = int(os.environ.get("KERNELS_LIB_HF_SAMPLE_SEED", random.SystemRandom().randrange(2**31)))
+    pick = random.Random(seed)
+    by_result = {result: [row for row in rows if row.result == result] for result in ("matched", "refused")}
+    sample = pick.sample(by_result["matched"], 12) + pick.sample(by_result["refused"], 4)
+    for row in sample:
+        again = hf_coverage.check(row.model_type, row.cls, kernel="kernels_lib" if row.result == "matched" else "torch")
+        assert again.result == row.result, f"seed {seed}: {row.cls} ({row.model_type}) was {row.result}, now {again}"
+        if again.result == "matched":
+            assert again.loss_rel_err < hf_coverage.LOSS_TOL and again.grad_rel_err < hf_coverage.GRAD_TOL, f"seed {seed}: {again}"
