@@ -76,10 +76,11 @@ class Row:
 
 def torch_linear_cross_entropy(x, weight, target, bias=None, *, ignore_index=-100, softcap=None, logit_scale=1.0,
                                temperature=1.0, num_items_in_batch=None, chunk_size=None, accurate=False,
-                               host_checks=True):
+                               host_checks=True, skip_ignored=True):
     """:func:`kernels_lib.fused_linear_cross_entropy` for the arguments :func:`kernels_lib.hf.patch` passes, in torch:
     ``c = softcap_s(a·(x Wᵀ + b)) / T``, cross-entropy against ``target``, the mean over valid rows or the sum over
-    ``num_items_in_batch`` (float32 logits, formed whole)."""
+    ``num_items_in_batch`` (float32 logits, formed whole over every row: dropping the ignored rows first, as the
+    kernel does by default, changes no value)."""
     logits = F.linear(x, weight, bias).float() * logit_scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
