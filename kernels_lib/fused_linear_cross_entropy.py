@@ -73,8 +73,7 @@ once more, so the kernel is unchanged); ``return_token_stats`` for the per-token
 hit, read in the same pass as the log-sum-exp; and ``torch.autocast``, whose dtype the matmuls take.
 
 Deterministic: the same inputs give bitwise the same loss and gradients run to run (no atomics;
-fixed reduction orders). Measured at the published sizes, three runs each:
-``data/measured/gpu_runs/determinism.csv``.
+fixed reduction orders), checked at the published sizes on a GPU, three runs each.
 """
 
 from __future__ import annotations

@@ -31,15 +31,15 @@ adapter adds to keep torch's semantics where ours differ:
   accumulator, our ``accurate=True``; ``"auto"`` is our default, ``accurate=False`` (torch's CUDA pick,
   ``"compact"``; its CPU pick for half inputs is ``"accurate"`` because its low-precision CPU matmuls
   are emulated, which ours are not: on a CPU our matmuls run in float32). What the choice trades
-  (``dW``'s error against float64, for a ``V × H`` float32 buffer) is in
-  ``data/measured/gpu_runs/fused_linear_cross_entropy_precision.csv``. ``options=None`` (torch's
+  (``dW``'s error against float64, for a ``V × H`` float32 buffer) is measured in notebook 01.
+  ``options=None`` (torch's
   reference path, which materializes the logits) runs our default too: the point of the switch is
   not to hold them.
 * ``batch_chunk_size`` is our ``chunk_size``; ``chunking_method="aspect_ratio[:k]"`` computes the
   chunk torch's heuristic names, :math:`2^{\lceil \log_2 \lceil N / \lceil V/H \rceil \rceil \rceil} / k`
   rows (at most ``N``): a chunk whose logits are about the size of ``input``, over ``k``; ``"auto"``
-  is our :func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`, measured on a GPU
-  (``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``), not torch's A100 pick; ``None`` is one chunk.
+  is our :func:`~kernels_lib.fused_linear_cross_entropy.default_chunk_size`, chosen from GPU measurements
+  (notebook 01), not torch's A100 pick; ``None`` is one chunk.
   Both given and disagreeing is refused, as torch refuses it.
 * ``acc_dtype``: None, float32 or ``input``'s dtype (ours accumulates the loss in float32 in every case,
   and ``dW`` as ``acc_policy`` says); another is refused.

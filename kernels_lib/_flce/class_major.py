@@ -14,8 +14,7 @@ while ``N ≤ H`` (``S`` = :data:`CLASS_MAJOR_SLAB_ROWS`: 66 MiB at H = 4096 in 
 
 Up to ``H`` rows the logits take no memory of their own, so the peak of ``full`` is about the gradients'
 alone, about half the chunked route's at the same time; with the gradients deferred to backward,
-``forward`` with a gradient does the logits' work alone. Measured beside every peer:
-``data/measured/gpu_runs/fused_linear_cross_entropy_frontier.csv``.
+``forward`` with a gradient does the logits' work alone. Measured beside every peer in notebook 01.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ from .options import _Options
 
 #: Rows of ``dW`` each matmul of the class-major route forms; its buffer holds as many rows beyond ``V``.
 #: 8448 = 33 × 256: at H = 4096 a slab is 33 × 32 tiles of 256 × 128, 1056 = 8 × 132 (eight full waves on
-#: a Hopper GPU's 132 SMs), a little faster than slabs of 8192 for 2 MB more of buffer
-#: (``data/measured/gpu_runs/fused_linear_cross_entropy_class_major_stages.csv``).
+#: a Hopper GPU's 132 SMs), a little faster than slabs of 8192 for 2 MB more of buffer (the stages study in
+#: ``studies/``).
 CLASS_MAJOR_SLAB_ROWS = 8448
 
 
