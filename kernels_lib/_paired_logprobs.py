@@ -104,6 +104,7 @@ def paired_logprobs(
     accurate: bool,
     needs: tuple[bool, bool, bool],
     shard=None,
+    skip_ignored: bool = False,
 ) -> PairedLogprobs:
     """The chosen and rejected values of every pair, the NLL, and the gradients of ``L`` (module docstring).
 
@@ -117,7 +118,8 @@ def paired_logprobs(
         nll_weight: ``α``; 0 leaves the NLL out (not computed; ``nll`` is None).
         nll_target: optional ``(2n, T)`` targets of the NLL (the chosen half is read), else ``target``.
         chunk_size: rows per chunk, rounded down to whole pairs (``2T`` rows), at least one pair.
-        accurate, needs, shard: as :func:`~kernels_lib._sequence_logprobs.sequence_logprobs`.
+        accurate, needs, shard, skip_ignored: as :func:`~kernels_lib._sequence_logprobs.sequence_logprobs`
+            (a chunk holds whole pairs of kept rows).
     """
     n_pairs, seq_len = x.shape[0] // 2, x.shape[1]
     counts = interleave(counts)  # pair order
@@ -146,6 +148,7 @@ def paired_logprobs(
     sums, sums2, grads = sequence_logprobs(
         x_rows, weight, bias, y, seq_len=seq_len, rows_per_chunk=rows, ignore_index=ignore_index,
         target2=y2, coefficients=coefficients, needs=needs, accurate=accurate, shard=shard,
+        skip_ignored=skip_ignored, group_seqs=2,
     )
     values = (sums / counts if average else sums).view(n_pairs, 2)
     nll = None

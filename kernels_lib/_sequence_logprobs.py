@@ -33,6 +33,20 @@ gradient pass reads one weight per row. ``token_logps`` (and ``token_entropy``) 
 values for the caller; ``logit_scale`` multiplies the logits as they are formed (``1/temperature``),
 and the pipeline applies the same factor to the weights (the chain rule through the scaled logits).
 
+Masked rows (``skip_ignored``, :func:`row_plan`): the rows whose target is ``ignore_index`` (in both
+targets, with ``target2``) add 0 to every sum and every gradient, yet each costs its share of the three
+matmuls. With ``skip_ignored`` the valid rows are gathered first (of ``x``, of the targets, with the
+sequence each belongs to); a chunk is whole sequences (whole groups: pairs) of gathered rows, up to
+``rows_per_chunk`` of them; a sequence's sum is the segment sum of its gathered rows, laid out
+``(S_c, T)`` with 0 at the dropped rows (the same terms in the same order as without); a sequence's
+weight is read at each of its rows; per-token weights are formed on the chunk's ``(S_c, T)`` block
+(log-prob 0 at the dropped rows) and read back at the gathered rows; ``dx``, ``token_logps`` and
+``token_entropy`` are scattered back, 0 at the dropped rows. The cost: the valid tokens of each sequence
+size the chunks, so they are read on the host (one sync per call: on CUDA the CPU waits for the work
+queued before the loss); nothing is gathered when no row is ignored, nor while a CUDA graph is being
+captured. ``skip_ignored=False`` keeps every row, with no sync. With every row ignored, row 0 stands for
+them all (it adds 0 everywhere).
+
 Mixed precision: :func:`sequence_logprobs` resolves the head's matmul dtype from its ``x``
 (:func:`kernels_lib._autocast.compute_dtype_for`: the autocast dtype inside ``torch.autocast``, else
 ``x``'s) and runs the chunk loop with autocast off, so every loss built on it, and every reference
@@ -57,7 +71,7 @@ from . import _validate as v
 from ._autocast import compute_dtype_for
 from .chunks.gradient_sums import GradientSums, scaled_to_dtypes
 from .chunks.matmuls import logits_chunk
-from .chunks.operands import Operands
+from .chunks.operands import Operands, chunk_slices
 from ._vocab_parallel import VocabShard
 from .kernels.token_logprobs import launch_token_logprobs, launch_token_logprobs_grad
 
@@ -91,11 +105,60 @@ def chunk_rows(chunk_size: int | None, group_rows: int, n_rows: int, hidden: int
     return max(1, budget // group_rows) * group_rows
 
 
-def chunk_buffers(x, weight, bias, seq_len: int, rows_per_chunk: int, target2, needs, accurate: bool,
+class RowPlan(NamedTuple):
+    """The rows a call runs when some are ignored (:func:`row_plan`), and its chunks over them."""
+
+    index: torch.Tensor  #: (n_kept,) int64 the kept rows, ascending
+    seq: torch.Tensor  #: (n_kept,) int64 the sequence of each kept row
+    chunks: tuple  #: ``(rows, seqs)`` per chunk: a slice of the kept rows and the slice of sequences they cover
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def row_plan(target: torch.Tensor, ignore_index: int, seq_len: int, rows_per_chunk: int, group_seqs: int = 1,
+             enabled: bool = True, target2: torch.Tensor | None = None) -> RowPlan | None:
+    """The valid rows of the flat ``target`` (``S·T``; valid in ``target`` or ``target2``) and chunks of whole groups of ``group_seqs``
+    sequences over them (each at most ``rows_per_chunk`` valid rows, or one group), or None to run every
+    row (``enabled`` False, a CUDA graph being captured, or no row ignored).
+
+    The valid tokens per sequence are read on the host (the one sync). With every row ignored row 0
+    stands for them all (its target ignored: it adds 0 everywhere)."""
+    if not enabled or _capturing(target.device):
+        return None
+    n_rows = target.shape[0]
+    n_seqs = n_rows // seq_len
+    valid = target != ignore_index
+    if target2 is not None:
+        valid |= target2 != ignore_index
+    counts = valid.view(n_seqs, seq_len).sum(1).tolist()  # the host sync: the counts size the chunks
+    n_kept = sum(counts)
+    if n_kept == n_rows:
+        return None
+    if n_kept == 0:
+        index = torch.zeros(1, dtype=torch.int64, device=target.device)
+        return RowPlan(index, index, ((slice(0, 1), slice(0, n_seqs)),))
+    # The kept rows in order without a second sync: a stable sort puts the valid rows first.
+    index = torch.argsort((~valid).to(torch.int8), stable=True)[:n_kept]
+    chunks, first_row, first_seq, rows = [], 0, 0, 0
+    for start in range(0, n_seqs, group_seqs):
+        group = sum(counts[start:start + group_seqs])
+        if rows and rows + group > rows_per_chunk:
+            chunks.append((slice(first_row, first_row + rows), slice(first_seq, start)))
+            first_row, first_seq, rows = first_row + rows, start, 0
+        rows += group
+    if rows:
+        chunks.append((slice(first_row, first_row + rows), slice(first_seq, n_seqs)))
+    else:  # trailing sequences with no valid row join the last chunk
+        chunks[-1] = (chunks[-1][0], slice(chunks[-1][1].start, n_seqs))
+    return RowPlan(index, index // seq_len, tuple(chunks))
+
+
+def chunk_buffers(x, weight, bias, n_seqs: int, rows_per_chunk: int, target2, needs, accurate: bool,
                   compute_dtype: torch.dtype, logit_scale: float):
     """What :func:`sequence_logprobs` fills chunk by chunk: the operands, each chunk's ``lse`` and log-probs
     (float32, one chunk long), the per-sequence sums and the gradient sums (None when no gradient is wanted)."""
-    n_seqs = x.shape[0] // seq_len
     ops = Operands(x, weight, bias, rows_per_chunk, compute_dtype, pre=logit_scale)
     lse, logp = (torch.empty(ops.chunk_size, dtype=torch.float32, device=x.device) for _ in range(2))
     logp2 = None if target2 is None else torch.empty_like(logp)
@@ -105,27 +168,50 @@ def chunk_buffers(x, weight, bias, seq_len: int, rows_per_chunk: int, target2, n
     return ops, lse, logp, logp2, sums, sums2, grads
 
 
+def sequence_sums(values: torch.Tensor, seq_len: int, positions: torch.Tensor | None, n_seqs: int) -> torch.Tensor:
+    """A chunk's per-row values summed per sequence: whole ``T``-row sequences, or with ``positions`` (each
+    kept row's place in the chunk's ``(S_c, T)`` block) the segment sums of the kept rows, laid out in the
+    block with 0 at the dropped rows so that each sum adds the same terms in the same order as without."""
+    if positions is not None:
+        values = values.new_zeros(n_seqs * seq_len).index_copy_(0, positions, values)
+    return values.view(-1, seq_len).sum(1)
+
+
 def keep_chunk_logprobs(rows: slice, seqs: slice, n: int, seq_len: int, target, y2, lse, logp, logp2, sums, sums2,
-                        token_logps, shard, ignore_index: int) -> None:
+                        token_logps, shard, ignore_index: int, positions: torch.Tensor | None = None) -> None:
     """A chunk's token log-probs merged across a vocabulary shard, summed per sequence, and kept per token."""
     if shard is not None:
         pairs = [(target[rows], logp[:n])] + ([] if y2 is None else [(y2, logp2[:n])])
         shard.merge_token_logprobs(lse[:n], pairs, ignore_index)
-    sums[seqs] = logp[:n].view(-1, seq_len).sum(1)
+    n_seqs = seqs.stop - seqs.start
+    sums[seqs] = sequence_sums(logp[:n], seq_len, positions, n_seqs)
     if sums2 is not None:
-        sums2[seqs] = logp2[:n].view(-1, seq_len).sum(1)
+        sums2[seqs] = sequence_sums(logp2[:n], seq_len, positions, n_seqs)
     if token_logps is not None:
         token_logps[rows] = logp[:n]
 
 
 def chunk_weights(rows: slice, seqs: slice, n: int, seq_len: int, logp, sums, sums2, coefficients,
-                  token_coefficients, logit_scale: float):
-    """``(w, w2, rows_per_weight)``: a chunk's ``∂L/∂z`` weights per sequence (or per token), times ``logit_scale``."""
+                  token_coefficients, logit_scale: float, local: torch.Tensor | None = None,
+                  positions: torch.Tensor | None = None):
+    """``(w, w2, rows_per_weight)``: a chunk's ``∂L/∂z`` weights per sequence (or per token), times ``logit_scale``.
+
+    With kept rows (``local``: each row's sequence within the chunk, ``positions``: its row within the
+    chunk's ``(S_c, T)`` block) the weights are read per row: a sequence's at its rows, and the per-token
+    weights formed on the block (log-prob 0 at the dropped rows) at the kept rows."""
     if token_coefficients is not None:
-        w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+        if positions is None:
+            w, w2, rows_per_weight = token_coefficients(rows, logp[:n]), None, 1
+        else:
+            block = logp.new_zeros((seqs.stop - seqs.start) * seq_len).index_copy_(0, positions, logp[:n])
+            w = token_coefficients(slice(seqs.start * seq_len, seqs.stop * seq_len), block).index_select(0, positions)
+            w2, rows_per_weight = None, 1
     else:
         w, w2 = coefficients(seqs, sums[seqs], None if sums2 is None else sums2[seqs])
         rows_per_weight = seq_len
+        if local is not None:
+            w, w2 = w.index_select(0, local), None if w2 is None else w2.index_select(0, local)
+            rows_per_weight = 1
     if logit_scale != 1.0:  # dL/dz = logit_scale · dL/d(logit_scale · z)
         w, w2 = w * logit_scale, None if w2 is None else w2 * logit_scale
     return w, w2, rows_per_weight
@@ -143,6 +229,13 @@ def two_pass_gradient(grads, logits, x_c, w_ops, rows: slice, target, y2, lse, l
         ignore_index=ignore_index, target2=y2, weight2=None if w2 is None else w2.contiguous(), col_offset=col_offset,
     )
     grads.add_chunk(logits, x_c, w_ops, rows, unscale)
+
+
+def scatter_kept(values: torch.Tensor, plan: RowPlan, n_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The kept rows' ``values`` written at their rows of ``out`` (or of a new tensor) of ``n_rows`` rows,
+    0 at the dropped rows."""
+    out = values.new_empty((n_rows, *values.shape[1:])) if out is None else out
+    return out.zero_().index_copy_(0, plan.index, values)
 
 
 def sequence_logprobs(
@@ -163,6 +256,8 @@ def sequence_logprobs(
     token_logps: torch.Tensor | None = None,
     token_entropy: torch.Tensor | None = None,
     shard: VocabShard | None = None,
+    skip_ignored: bool = False,
+    group_seqs: int = 1,
 ):
     """Per-sequence summed log-probs of ``target`` (and ``target2``), and the fused gradients.
 
@@ -185,6 +280,10 @@ def sequence_logprobs(
             ``target`` (0 at ignored rows) and its softmax's entropy (0 at ignored rows).
         shard: this rank's slice of a vocabulary split over a process group (module docstring);
             ``weight``/``bias`` are then the shard's rows, the targets global. No ``token_entropy``.
+        skip_ignored: drop the rows whose ``target`` (and ``target2``) is ``ignore_index`` before the
+            matmuls (the module docstring).
+        group_seqs: the sequences the caller's ``coefficients`` needs in one chunk (2: a pair);
+            ``rows_per_chunk`` is a multiple of ``group_seqs · seq_len``.
 
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
@@ -198,31 +297,55 @@ def sequence_logprobs(
     if shard is not None and token_entropy is not None:
         raise NotImplementedError("token_entropy on a vocabulary shard (process_group): not implemented")
     compute_dtype = compute_dtype_for(x)  # the autocast dtype inside torch.autocast, else x's
+    n_rows, n_seqs = x.shape[0], x.shape[0] // seq_len
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
         col_offset = 0 if shard is None else shard.offset
-        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(x, weight, bias, seq_len, rows_per_chunk, target2,
-                                                                  needs, accurate, compute_dtype, logit_scale)
-        for rows, x_c, buffer in ops.chunks():
+        plan = row_plan(target, ignore_index, seq_len, rows_per_chunk, group_seqs, skip_ignored, target2)
+        if plan is None:
+            kept_x, kept_target, kept_target2, kept_logps, kept_entropy = x, target, target2, token_logps, token_entropy
+            chunk_list = [(rows, slice(rows.start // seq_len, rows.stop // seq_len))
+                          for rows in chunk_slices(n_rows, min(rows_per_chunk, n_rows))]
+        else:
+            kept_x, kept_target = x.index_select(0, plan.index), target.index_select(0, plan.index)
+            kept_target2 = None if target2 is None else target2.index_select(0, plan.index)
+            kept_logps, kept_entropy = (None if t is None else t.new_empty(plan.index.shape[0])
+                                        for t in (token_logps, token_entropy))
+            chunk_list = list(plan.chunks)
+        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(
+            kept_x, weight, bias, n_seqs, max(r.stop - r.start for r, _ in chunk_list), kept_target2, needs, accurate,
+            compute_dtype, logit_scale,
+        )
+        for (rows, seqs), (_, x_c, buffer) in zip(chunk_list, ops.chunks([r for r, _ in chunk_list])):
             n = rows.stop - rows.start
-            seqs = slice(rows.start // seq_len, rows.stop // seq_len)
-            y2 = None if target2 is None else target2[rows]
+            local = positions = None
+            if plan is not None:
+                local = plan.seq[rows] - seqs.start
+                positions = plan.index[rows] - seqs.start * seq_len
+            y2 = None if kept_target2 is None else kept_target2[rows]
             logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
             launch_token_logprobs(
-                logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+                logits, kept_target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
                 target2=y2, logp2=None if y2 is None else logp2[:n],
-                entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+                entropy=None if kept_entropy is None else kept_entropy[rows], col_offset=col_offset,
             )
-            keep_chunk_logprobs(rows, seqs, n, seq_len, target, y2, lse, logp, logp2, sums, sums2, token_logps, shard,
-                                ignore_index)
+            keep_chunk_logprobs(rows, seqs, n, seq_len, kept_target, y2, lse, logp, logp2, sums, sums2, kept_logps,
+                                shard, ignore_index, positions)
             if grads is None:
                 continue
             w, w2, rows_per_weight = chunk_weights(rows, seqs, n, seq_len, logp, sums, sums2, coefficients,
-                                                   token_coefficients, logit_scale)
-            two_pass_gradient(grads, logits, x_c, ops.w, rows, target, y2, lse[:n], logp[:n], w, w2, rows_per_weight,
-                              ignore_index, col_offset)
+                                                   token_coefficients, logit_scale, local, positions)
+            two_pass_gradient(grads, logits, x_c, ops.w, rows, kept_target, y2, lse[:n], logp[:n], w, w2,
+                              rows_per_weight, ignore_index, col_offset)
         if shard is not None and grads is not None and grads.dx is not None:
             shard.sum_(grads.dx)
-    return sums, sums2, None if grads is None else grads.result()
+        result = None if grads is None else grads.result()
+        if plan is not None:
+            for kept, out in ((kept_logps, token_logps), (kept_entropy, token_entropy)):
+                if out is not None:
+                    scatter_kept(kept, plan, n_rows, out)
+            if result is not None and result[0] is not None:
+                result = (scatter_kept(result[0], plan, n_rows), *result[1:])
+    return sums, sums2, result
 
 
 class SequenceLossResult(NamedTuple):
@@ -300,12 +423,14 @@ def reference_sums(
     shard: VocabShard | None = None,
     logit_scale: float = 1.0,
     per_token: bool = False,
+    skip_ignored: bool = False,
 ) -> torch.Tensor:
     """The reference head's log-probs of ``target`` ``(S, T)``, float32, without gradient: summed per
     sequence ``(S,)``, or with ``per_token`` each token's ``(S, T)`` (0 at ignored targets).
 
     ``logit_scale`` multiplies the reference logits (``1/temperature``); ``shard``: the reference head is
-    this rank's slice of a vocabulary-parallel head."""
+    this rank's slice of a vocabulary-parallel head; ``skip_ignored``: the ignored rows dropped before the
+    matmuls, as in :func:`sequence_logprobs`."""
     seq_len = target.shape[1]
     rows = ref_x.reshape(-1, ref_x.shape[-1])
     tokens = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device) if per_token else None
@@ -313,7 +438,7 @@ def reference_sums(
         sums, _, _ = sequence_logprobs(
             rows, ref_weight, ref_bias, target.reshape(-1), seq_len=seq_len, ignore_index=ignore_index,
             rows_per_chunk=chunk_rows(chunk_size, seq_len, rows.shape[0], ref_weight.shape[1]), shard=shard,
-            logit_scale=logit_scale, token_logps=tokens,
+            logit_scale=logit_scale, token_logps=tokens, skip_ignored=skip_ignored,
         )
     return tokens.view(target.shape) if per_token else sums
 

@@ -44,12 +44,13 @@ class Operands:
         """The rows ``rows`` of ``x`` in the matmul dtype."""
         return self.x[rows].to(self.compute_dtype).to(self.w.dtype)
 
-    def chunks(self):
+    def chunks(self, slices=None):
         """Yield ``(rows, x_c, buffer_c)`` chunk by chunk: the chunk's operand and its rows of the reused
-        ``chunk_size × V`` buffer, the logits not yet formed."""
+        ``chunk_size × V`` buffer, the logits not yet formed. ``slices``: the chunks' rows, each at most
+        ``chunk_size`` long (default: consecutive ``chunk_size`` rows)."""
         if self.buffer is None:
             self.buffer = torch.empty((self.chunk_size, self.w.shape[0]), dtype=self.w.dtype, device=self.x.device)
-        for rows in chunk_slices(self.x.shape[0], self.chunk_size):
+        for rows in chunk_slices(self.x.shape[0], self.chunk_size) if slices is None else slices:
             x_c = self.operand(rows)
             yield rows, x_c, self.buffer[: x_c.shape[0]]
 
