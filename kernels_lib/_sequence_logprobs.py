@@ -42,8 +42,8 @@ sequence each belongs to); a chunk is whole sequences (whole groups: pairs) of g
 weight is read at each of its rows; per-token weights are formed on the chunk's ``(S_c, T)`` block
 (log-prob 0 at the dropped rows) and read back at the gathered rows; ``dx``, ``token_logps`` and
 ``token_entropy`` are scattered back, 0 at the dropped rows. The cost: the valid tokens of each sequence
-size the chunks, so they are read on the host (one sync per call: on CUDA the CPU waits for the work
-queued before the loss); nothing is gathered when no row is ignored, nor while a CUDA graph is being
+size the chunks, so they are read on the host (one sync per pipeline run, so per head a loss runs: on
+CUDA the CPU waits for the work queued before the loss); nothing is gathered when no row is ignored, nor while a CUDA graph is being
 captured. ``skip_ignored=False`` keeps every row, with no sync. With every row ignored, row 0 stands for
 them all (it adds 0 everywhere).
 

@@ -98,6 +98,7 @@ class _Options(NamedTuple):
     ignore_index: int = -100
     chunk_size: int | None = None
     accurate: bool = False
+    skip_ignored: bool = True
     needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
 
@@ -140,6 +141,7 @@ def _forward(x, weight, bias, inputs: _Inputs, opts: _Options) -> SequenceLossRe
         x, weight, bias, inputs.target, inputs.counts, pair_grad=autograd_pair_grad(functools.partial(_pair_loss, opts)),
         average=opts.loss_type in AVERAGED_LOSS_TYPES, nll_weight=cpo_alpha, nll_target=inputs.nll_target,
         ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, accurate=opts.accurate, needs=opts.needs,
+        skip_ignored=opts.skip_ignored,
         shard=inputs.shard,
     )
     loss = cpo_pair_losses(chosen, rejected, opts).mean()
@@ -156,7 +158,8 @@ def _forward(x, weight, bias, inputs: _Inputs, opts: _Options) -> SequenceLossRe
     return SequenceLossResult(outputs, grads)
 
 
-def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate) -> _Options:
+def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate,
+             skip_ignored=True) -> _Options:
     """Check every option (the functions' and the modules'); returns the loss's."""
     v.require_real("beta", beta)
     if beta <= 0:
@@ -176,8 +179,9 @@ def _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ig
         v.require_real(name, value)
     v.require_int("ignore_index", ignore_index)
     v.require_chunk_options(chunk_size, accurate)
+    v.require_bool("skip_ignored", skip_ignored)
     return _Options(float(beta), loss_type, float(label_smoothing), float(simpo_gamma), float(alpha), float(cpo_alpha),
-                    ignore_index, chunk_size, accurate)
+                    ignore_index, chunk_size, accurate, skip_ignored)
 
 
 def fused_linear_cpo(
@@ -196,6 +200,7 @@ def fused_linear_cpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> CPOOutput:
     """CPO loss of the head ``x @ weight.T + bias``, never materializing the logits (TRL 1.16's ``CPOTrainer``).
@@ -221,6 +226,11 @@ def fused_linear_cpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
+            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
+            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
+            is one host sync per head the call runs (the policy's, and the reference model's when given);
+            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
             DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
             ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
@@ -241,7 +251,8 @@ def fused_linear_cpo(
             type, an option out of its range or one the loss type does not read. With a process
             group: on every rank, as ``fused_linear_cross_entropy`` says.
     """
-    opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate)
+    opts = _options(beta, loss_type, label_smoothing, cpo_alpha, simpo_gamma, alpha, ignore_index, chunk_size, accurate,
+                    skip_ignored)
     with_nll_target = nll_target is not None and cpo_alpha != 0
 
     def check_arguments(heads):
@@ -285,6 +296,7 @@ def fused_linear_simpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> CPOOutput:
     """SimPO loss of the head, never materializing the logits: :func:`fused_linear_cpo` with ``loss_type="simpo"``.
@@ -297,7 +309,7 @@ def fused_linear_simpo(
     return fused_linear_cpo(
         x, weight, target, bias, beta=beta, loss_type="simpo", label_smoothing=label_smoothing, cpo_alpha=cpo_alpha,
         simpo_gamma=simpo_gamma, alpha=alpha, ignore_index=ignore_index, nll_target=nll_target,
-        chunk_size=chunk_size, accurate=accurate, process_group=process_group,
+        chunk_size=chunk_size, accurate=accurate, skip_ignored=skip_ignored, process_group=process_group,
     )
 
 

@@ -126,6 +126,7 @@ class _Options(NamedTuple):
     average_log_prob: bool = False
     chunk_size: int | None = None
     accurate: bool = False
+    skip_ignored: bool = True
     needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
 
@@ -210,6 +211,7 @@ def _forward(x, weight, bias, inputs: _Inputs, opts: _Options) -> SequenceLossRe
         x, weight, bias, inputs.target, inputs.counts, pair_grad=autograd_pair_grad(pair_loss),
         average=opts.average_log_prob, nll_weight=sft_weight, nll_target=None, ignore_index=opts.ignore_index,
         chunk_size=opts.chunk_size, accurate=opts.accurate, needs=opts.needs, shard=inputs.shard,
+        skip_ignored=opts.skip_ignored,
     )
     loss = pair_loss(chosen, rejected, slice(None)).mean()
     if nll is not None:
@@ -244,7 +246,7 @@ def _loss_types(loss_type, loss_weights) -> tuple[tuple[str, ...], tuple[float, 
 
 
 def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type, ignore_index,
-             average_log_prob, chunk_size, accurate) -> _Options:
+             average_log_prob, chunk_size, accurate, skip_ignored=True) -> _Options:
     """Check every option (the function's and the module's); returns the loss's."""
     v.require_real("beta", beta)
     if beta <= 0:
@@ -281,8 +283,9 @@ def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_div
             " the length would count twice"
         )
     v.require_chunk_options(chunk_size, accurate)
+    v.require_bool("skip_ignored", skip_ignored)
     return _Options(float(beta), types, weights, float(label_smoothing), float(discopop_tau), f_divergence_type,
-                    ignore_index, average_log_prob, chunk_size, accurate)
+                    ignore_index, average_log_prob, chunk_size, accurate, skip_ignored)
 
 
 def fused_linear_dpo(
@@ -305,6 +308,7 @@ def fused_linear_dpo(
     average_log_prob: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> DPOOutput:
     """DPO loss of the head ``x @ weight.T + bias`` against a reference, never materializing the logits.
@@ -338,6 +342,11 @@ def fused_linear_dpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
+            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
+            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
+            is one host sync per head the call runs (the policy's, and the reference model's when given);
+            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
             ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
@@ -361,7 +370,7 @@ def fused_linear_dpo(
             ``fused_linear_cross_entropy`` says.
     """
     opts = _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type, ignore_index,
-                    average_log_prob, chunk_size, accurate)
+                    average_log_prob, chunk_size, accurate, skip_ignored)
 
     def check_arguments(heads):
         tensors = validate_pairs(x, heads["weight"], target, heads["bias"])
@@ -383,7 +392,7 @@ def fused_linear_dpo(
         ref = ref_logps.detach().to(torch.float32)
     else:
         ref = reference_sums(ref_x, heads["ref_weight"], heads["ref_bias"], target, ignore_index=ignore_index,
-                             chunk_size=chunk_size, shard=shard)
+                             chunk_size=chunk_size, shard=shard, skip_ignored=skip_ignored)
         ref = ref / counts if average_log_prob else ref
     opts = opts._replace(needs=wanted_grads(x, weight, bias))
     out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, _Inputs(target, counts, ref, shard), opts))

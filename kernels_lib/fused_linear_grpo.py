@@ -136,6 +136,7 @@ class _GRPOOptions:
     return_per_token: bool = False
     chunk_size: int | None = None
     accurate: bool = False
+    skip_ignored: bool = True
     needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
     def resolved(self, needs: tuple[bool, bool, bool]) -> "_GRPOOptions":
@@ -448,7 +449,7 @@ def _forward(x, weight, bias, inputs: _GRPOInputs, opts: _GRPOOptions) -> Sequen
         rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
         needs=opts.needs, accurate=opts.accurate, logit_scale=1.0 / opts.temperature,
         token_coefficients=functools.partial(_token_coefficients, inputs, opts, scale) if any(opts.needs) else None,
-        token_logps=logps, token_entropy=entropy, shard=inputs.shard,
+        token_logps=logps, token_entropy=entropy, shard=inputs.shard, skip_ignored=opts.skip_ignored,
     )
     logps = logps.view(n_seqs, seq_len)
     entropy = None if entropy is None else entropy.view(n_seqs, seq_len)
@@ -605,6 +606,7 @@ def _validate_options(opts, has_reference: bool, num_items_in_batch, has_sampler
         raise ValueError(f"temperature must be > 0; got {opts.temperature}")
     v.require_int("ignore_index", opts.ignore_index)
     v.require_chunk_options(opts.chunk_size, opts.accurate)
+    v.require_bool("skip_ignored", opts.skip_ignored)
     v.require_bool("return_entropy", opts.return_entropy)
     v.require_bool("return_per_token", opts.return_per_token)
     length = opts.max_completion_length
@@ -678,6 +680,7 @@ def fused_linear_grpo(
     return_per_token: bool = False,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> GRPOOutput:
     """GRPO loss of the head ``x @ weight.T + bias`` as TRL 1.16's ``GRPOTrainer`` computes it, never materializing the logits.
@@ -744,6 +747,13 @@ def fused_linear_grpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
+            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
+            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
+            is one host sync per head the call runs (the policy's, and the reference model's when given);
+            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
+            The positions only ``completion_mask`` leaves out still run (their ``per_token_logps`` are
+            read); give them ``ignore_index`` in ``target`` to drop them too (they then read 0).
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
             ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
@@ -779,7 +789,7 @@ def fused_linear_grpo(
         vllm_importance_sampling_clip_min=vllm_importance_sampling_clip_min,
         vllm_importance_sampling_clip_max=vllm_importance_sampling_clip_max, top_entropy_quantile=top_entropy_quantile,
         temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, chunk_size=chunk_size,
-        accurate=accurate, return_per_token=return_per_token,
+        accurate=accurate, return_per_token=return_per_token, skip_ignored=skip_ignored,
     )
 
     def check_arguments(heads):
@@ -817,7 +827,8 @@ def fused_linear_grpo(
         ref = ref_logps.detach().to(torch.float32)
     elif ref_x is not None:
         ref = reference_sums(ref_x, heads["ref_weight"], heads["ref_bias"], target, ignore_index=ignore_index,
-                             chunk_size=chunk_size, shard=shard, logit_scale=1.0 / opts.temperature, per_token=True)
+                             chunk_size=chunk_size, shard=shard, logit_scale=1.0 / opts.temperature, per_token=True,
+                             skip_ignored=opts.skip_ignored)
     else:
         ref = None
     adv = advantages.detach().to(torch.float32)

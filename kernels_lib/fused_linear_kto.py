@@ -92,6 +92,7 @@ class _KTOOptions:
     undesirable_weight: float = 1.0
     chunk_size: int | None = None
     accurate: bool = False
+    skip_ignored: bool = True
     needs: tuple[bool, bool, bool] = (False, False, False)  #: whether dx, dW, db are wanted
 
     def resolved(self, needs: tuple[bool, bool, bool]) -> "_KTOOptions":
@@ -108,7 +109,8 @@ def _reference_logps(target, counts, ref_x, ref_weight, ref_bias, ref_logps, opt
     if ref_logps is not None:
         return ref_logps.detach().to(torch.float32)
     sums = reference_sums(
-        ref_x, ref_weight, ref_bias, target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, shard=shard
+        ref_x, ref_weight, ref_bias, target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size, shard=shard,
+        skip_ignored=opts.skip_ignored,
     )
     return _sequence_logps(sums, counts, opts.average_log_prob)
 
@@ -145,7 +147,7 @@ def _forward(x, weight, bias, inputs: _KTOInputs, opts: _KTOOptions) -> Sequence
         rows, weight, bias, inputs.target.reshape(-1), seq_len=seq_len, ignore_index=opts.ignore_index,
         rows_per_chunk=chunk_rows(opts.chunk_size, seq_len, rows.shape[0], weight.shape[1]),
         coefficients=functools.partial(_coefficients, inputs, opts), needs=opts.needs, accurate=opts.accurate,
-        shard=inputs.shard,
+        shard=inputs.shard, skip_ignored=opts.skip_ignored,
     )
     logps = _sequence_logps(sums, inputs.counts, opts.average_log_prob)
     r = logps - inputs.ref
@@ -196,6 +198,7 @@ def _validate_options(options: _KTOOptions) -> None:
     for name in ("desirable_weight", "undesirable_weight"):
         v.require_real(name, getattr(options, name))
     v.require_chunk_options(options.chunk_size, options.accurate)
+    v.require_bool("skip_ignored", options.skip_ignored)
 
 
 def fused_linear_kto(
@@ -217,6 +220,7 @@ def fused_linear_kto(
     undesirable_weight: float = 1.0,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> KTOOutput:
     """KTO loss of the head ``x @ weight.T + bias`` against a reference (SPEC §2.4), never materializing logits.
@@ -244,6 +248,11 @@ def fused_linear_kto(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
+        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
+            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
+            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
+            is one host sync per head the call runs (the policy's, and the reference model's when given);
+            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
             ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of
@@ -267,7 +276,8 @@ def fused_linear_kto(
             both or neither of ``ref_logps`` and the reference model. With a process group: on every
             rank, as ``fused_linear_cross_entropy`` says.
     """
-    options = _KTOOptions(beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate)
+    options = _KTOOptions(beta, ignore_index, average_log_prob, desirable_weight, undesirable_weight, chunk_size, accurate,
+                          skip_ignored)
 
     def check_arguments(heads):
         tensors = _validate(x, heads["weight"], target, preference_labels, kl, heads["bias"], options)

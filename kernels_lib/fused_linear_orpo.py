@@ -117,6 +117,7 @@ class _ORPOOptions:
     ignore_index: int
     chunk_size: int | None
     accurate: bool
+    skip_ignored: bool
     needs: tuple[bool, bool, bool]  #: whether dx, dW, db are wanted
 
 
@@ -140,7 +141,7 @@ def _forward(x, weight, bias, inputs: _ORPOInputs, opts: _ORPOOptions) -> Sequen
     chosen, rejected, nll, grads = paired_logprobs(
         x, weight, bias, inputs.target, inputs.counts, pair_grad=functools.partial(_pair_grad, opts), average=True,
         nll_weight=1.0, nll_target=inputs.nll_target, ignore_index=opts.ignore_index, chunk_size=opts.chunk_size,
-        accurate=opts.accurate, needs=opts.needs, shard=inputs.shard,
+        accurate=opts.accurate, needs=opts.needs, shard=inputs.shard, skip_ignored=opts.skip_ignored,
     )
     o = log_odds(chosen, rejected)
     ratio = F.logsigmoid(o)
@@ -151,16 +152,17 @@ def _forward(x, weight, bias, inputs: _ORPOInputs, opts: _ORPOOptions) -> Sequen
     return SequenceLossResult(outputs, grads)
 
 
-def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate) -> None:
+def _validate(x, weight, target, bias, nll_target, beta, ignore_index, chunk_size, accurate, skip_ignored) -> None:
     tensors = validate_pairs(x, weight, target, bias, nll_target)
     v.require_same_device(tensors)
-    _validate_options(beta, ignore_index, chunk_size, accurate)
+    _validate_options(beta, ignore_index, chunk_size, accurate, skip_ignored)
 
 
-def _validate_options(beta, ignore_index, chunk_size, accurate) -> None:
+def _validate_options(beta, ignore_index, chunk_size, accurate, skip_ignored=True) -> None:
     v.require_real("beta", beta)
     v.require_int("ignore_index", ignore_index)
     v.require_chunk_options(chunk_size, accurate)
+    v.require_bool("skip_ignored", skip_ignored)
 
 
 def fused_linear_orpo(
@@ -174,6 +176,7 @@ def fused_linear_orpo(
     nll_target: torch.Tensor | None = None,
     chunk_size: int | None = None,
     accurate: bool = False,
+    skip_ignored: bool = True,
     process_group=None,
 ) -> ORPOOutput:
     """ORPO loss of the head ``x @ weight.T + bias`` (SPEC §2.3), never materializing the logits.
@@ -193,6 +196,11 @@ def fused_linear_orpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024). The speed/memory dial.
         accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
+        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
+            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
+            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
+            is one host sync per head the call runs (the policy's, and the reference model's when given);
+            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
             DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
             ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
@@ -213,7 +221,8 @@ def fused_linear_orpo(
             group: on every rank, as ``fused_linear_cross_entropy`` says.
     """
     def check_arguments(heads):
-        _validate(x, heads["weight"], target, heads["bias"], nll_target, beta, ignore_index, chunk_size, accurate)
+        _validate(x, heads["weight"], target, heads["bias"], nll_target, beta, ignore_index, chunk_size, accurate,
+                  skip_ignored)
 
     def targets():
         named = {"target": target}
@@ -222,7 +231,8 @@ def fused_linear_orpo(
     heads, shard = vp.shard_heads(
         process_group, {"weight": weight, "bias": bias}, check_arguments, rows=lambda: x.shape[0] * x.shape[1],
         targets=targets, ignore_index=ignore_index,
-        options=lambda: (beta, ignore_index, chunk_size, accurate, bias is None, x.dtype, wanted_grads(x, weight, bias)),
+        options=lambda: (beta, ignore_index, chunk_size, accurate, skip_ignored, bias is None, x.dtype,
+                         wanted_grads(x, weight, bias)),
     )
     weight, bias = heads["weight"], heads["bias"]
     n_cols = weight.shape[0] if shard is None else shard.n_classes
@@ -230,7 +240,7 @@ def fused_linear_orpo(
     checks = [v.check_targets(target, n_cols, ignore_index, sequences="every")]
     if nll_target is not None:
         checks.append(v.check_targets(nll_target[: x.shape[0] // 2], n_cols, ignore_index, "nll_target", sequences="any"))
-    opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, wanted_grads(x, weight, bias))
+    opts = _ORPOOptions(float(beta), ignore_index, chunk_size, accurate, skip_ignored, wanted_grads(x, weight, bias))
     inputs = _ORPOInputs(target, nll_target, checks[0].counts, shard)
     out = fused_sequence_loss(x, weight, bias, SequenceLossCall(_forward, inputs, opts))
     for check in checks:  # the targets' checks, read now that the call's kernels are queued
