@@ -79,6 +79,7 @@ from . import _vocab_parallel as vp
 from ._sequence_logprobs import (
     SequenceLossCall, SequenceLossResult, fused_sequence_loss, reference_sums, validate_reference, wanted_grads,
 )
+from ._docs import shared_arguments
 from ._vocab_parallel import VocabShard
 
 #: The per-pair loss types of TRL 1.16's DPOTrainer that are formed here (``sft``: the chosen NLL).
@@ -288,6 +289,7 @@ def _options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_div
                     ignore_index, average_log_prob, chunk_size, accurate, skip_ignored)
 
 
+@shared_arguments
 def fused_linear_dpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -342,11 +344,7 @@ def fused_linear_dpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
-        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
-            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
-            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
-            is one host sync per head the call runs (the policy's, and the reference model's when given);
-            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
+        skip_ignored: <shared>
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
             ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of

@@ -93,6 +93,7 @@ from ._sequence_logprobs import (
     validate_reference, wanted_grads,
 )
 from ._vocab_parallel import VocabShard
+from ._docs import shared_arguments
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 LEVELS = ("token", "sequence")
@@ -641,6 +642,7 @@ _REAL_OPTIONS = (
 _OPTIONAL_REAL_OPTIONS = ("delta", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
+@shared_arguments
 def fused_linear_grpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -747,11 +749,7 @@ def fused_linear_grpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
-        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
-            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
-            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
-            is one host sync per head the call runs (the policy's, and the reference model's when given);
-            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
+        skip_ignored: <shared>
             The positions only ``completion_mask`` leaves out still run (their ``per_token_logps`` are
             read); give them ``ignore_index`` in ``target`` to drop them too (they then read 0).
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with

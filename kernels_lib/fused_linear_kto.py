@@ -67,6 +67,7 @@ from ._sequence_logprobs import (
     validate_reference, wanted_grads,
 )
 from ._vocab_parallel import VocabShard
+from ._docs import shared_arguments
 
 
 class KTOOutput(NamedTuple):
@@ -201,6 +202,7 @@ def _validate_options(options: _KTOOptions) -> None:
     v.require_bool("skip_ignored", options.skip_ignored)
 
 
+@shared_arguments
 def fused_linear_kto(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -248,11 +250,7 @@ def fused_linear_kto(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole sequences, at least one;
             None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
-        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
-            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
-            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
-            is one host sync per head the call runs (the policy's, and the reference model's when given);
-            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
+        skip_ignored: <shared>
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with
             DTensor heads sharded ``(Shard(0),)`` over a 1-D mesh): ``weight`` ``(V_r, H)``, ``bias``,
             ``ref_weight`` ``(V_r, H_ref)`` and ``ref_bias`` are this rank's rows (the same rows of

@@ -75,6 +75,7 @@ from ._module import loss_module
 from ._paired_logprobs import paired_logprobs, validate_pairs
 from ._sequence_logprobs import SequenceLossCall, SequenceLossResult, fused_sequence_loss, wanted_grads
 from ._vocab_parallel import VocabShard
+from ._docs import shared_arguments
 
 
 class ORPOOutput(NamedTuple):
@@ -165,6 +166,7 @@ def _validate_options(beta, ignore_index, chunk_size, accurate, skip_ignored=Tru
     v.require_bool("skip_ignored", skip_ignored)
 
 
+@shared_arguments
 def fused_linear_orpo(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -196,11 +198,7 @@ def fused_linear_orpo(
         chunk_size: rows (tokens) per logits chunk, rounded down to whole pairs (``2T`` rows), at
             least one pair; None for the default (H / 2 rows, at least 1024). The speed/memory dial.
         accurate: accumulate ``dW``/``db`` in float32 across chunks (see ``fused_linear_cross_entropy``).
-        skip_ignored: True (default): the positions whose target is ``ignore_index`` are dropped before the
-            head's matmuls (their rows of ``x`` gathered out; ``dx`` is 0 there); the loss, the outputs and
-            every gradient are unchanged, and a NaN in a dropped row of ``x`` reaches nothing. Counting them
-            is one host sync per head the call runs (the policy's, and the reference model's when given);
-            nothing is gathered when none is ignored. False: every position through the matmuls, no sync.
+        skip_ignored: <shared>
         process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
             DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
             ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
