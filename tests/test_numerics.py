@@ -264,17 +264,20 @@ def test_cross_entropy_inf_gives_non_finite_loss(where, value, reduction):
     assert not torch.isfinite(ref) and not torch.isfinite(loss), (loss, ref)
 
 
-def test_cross_entropy_nan_in_an_ignored_row_stays_out_of_the_loss_as_in_torch():
-    """An ignored row counts nowhere, in torch as here: its NaN leaves the loss finite, but dW = dzᵀx still
-    multiplies its 0 by NaN: the gradient shows it, as torch's does."""
+@pytest.mark.parametrize("skip_ignored", [True, False], ids=["ignored-dropped", "ignored-kept"])
+def test_cross_entropy_nan_in_an_ignored_row_stays_out_of_the_loss_as_in_torch(skip_ignored):
+    """An ignored row counts nowhere, in torch as here: its NaN leaves the loss finite. Kept in the matmuls
+    (``skip_ignored=False``), dW = dzᵀx still multiplies its 0 by NaN: the gradient shows it, as torch's does;
+    dropped before the matmuls (the default), it reaches nothing."""
     x, w, b, target = small_inputs()
     target[1, 2] = -100
     x = poisoned({"x": x}, "x", math.nan, index=(1 * 3 + 2) * 5)["x"]
-    _, loss, (dx, dw) = loss_and_grads(fused_linear_cross_entropy, leaves([x, w]), target)
+    _, loss, (dx, dw) = loss_and_grads(fused_linear_cross_entropy, leaves([x, w]), target, skip_ignored=skip_ignored)
     _, ref, (ref_dx, ref_dw) = loss_and_grads(reference.fused_linear_cross_entropy, leaves([x, w], torch.float64), target)
     assert torch.isfinite(ref) and torch.isfinite(loss)
     assert relative_error(loss, ref) < TOLERANCE[torch.float32]
-    assert torch.isnan(ref_dw).any() and torch.isnan(dw).any()
+    assert torch.isnan(ref_dw).any()
+    assert torch.isnan(dw).any() != skip_ignored, "a dropped row's NaN must reach no gradient; a kept one's dW, as torch's"
     assert torch.isfinite(dx[target != -100]).all()
 
 
