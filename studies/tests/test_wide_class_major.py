@@ -48,7 +48,7 @@ def test_wide_class_major_route_only_within_its_limit(class_major_route, monkeyp
     for rows_per_hidden, lead, options in [(2, (145,), {}), (2, (101,), dict(chunk_size=64)), (1, (101,), {})]:
         monkeypatch.setattr(flce_module, "_class_major_route_takes", wide_class_major.route_takes(rows_per_hidden))
         x, w, b, target = make_inputs(lead, 72, 517, ROUTE_DTYPE)
-        fused_linear_cross_entropy(x, w, target, b, **options)
+        fused_linear_cross_entropy(x, w, target, b, skip_ignored=False, **options)  # N rows as given
     assert class_major_route == []
 
 
@@ -61,7 +61,7 @@ def test_weight_grad_holds_what_the_route_says(rows_per_hidden, class_major_rout
     hidden, vocab, slab = 40, 517, flce_class_major.CLASS_MAJOR_SLAB_ROWS
     for rows in (hidden, 2 * hidden):
         x, w, b, target = make_inputs((rows,), hidden, vocab, ROUTE_DTYPE)
-        fused_linear_cross_entropy(x, w, target, b).backward()
+        fused_linear_cross_entropy(x, w, target, b, skip_ignored=False).backward()  # N rows as given
         held = w.grad.untyped_storage().nbytes() // w.grad.element_size()
         wide = rows > hidden and rows_per_hidden == 2
         expected = vocab * rows + slab * hidden if wide else (vocab + slab) * hidden if rows <= hidden else vocab * hidden
