@@ -662,7 +662,7 @@ def grpo_cases(draw):
     )
 
 
-@settings(max_examples=150, **properties.SETTINGS)
+@settings(max_examples=properties.examples(150), **properties.SETTINGS)
 @given(grpo_cases())
 def test_fused_linear_grpo_matches_reference(case):
     """As tests/test_properties.py: loss, per-token log-probs, metrics and gradients against the float64

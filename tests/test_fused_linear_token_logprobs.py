@@ -50,7 +50,7 @@ def token_cases(draw):
     )
 
 
-@settings(max_examples=120, **properties.SETTINGS)
+@settings(max_examples=properties.examples(120), **properties.SETTINGS)
 @given(token_cases())
 def test_matches_reference(case):
     gen = torch.Generator().manual_seed(case["seed"])
