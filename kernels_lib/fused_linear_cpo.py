@@ -229,14 +229,7 @@ def fused_linear_cpo(
             least one pair; None for the default (H / 2 rows, at least 1024).
         accurate: accumulate ``dW``/``db`` in float32 across chunks.
         skip_ignored: <shared>
-        process_group: split the vocabulary over this ``torch.distributed`` group (or None with a
-            DTensor ``weight``/``bias`` sharded ``(Shard(0),)`` over a 1-D mesh): ``weight``
-            ``(V_r, H)`` and ``bias`` ``(V_r,)`` are this rank's rows, in group-rank order, of any
-            sizes; ``x``, the targets (global ids) and the options are the same on every rank, and
-            so are the outputs. ``dx`` comes back complete on every rank, ``dW``/``db`` as the local
-            slices. Every option works. Wire: once per call an all_gather of 13 int64 per rank (the
-            checks over the ranks); per chunk and row 3 float32 (4 with ``nll_target``: the
-            shards' lse max, sum-exp, the target's logit from its owner); once ``dx`` (``2n·T × H``).
+        process_group: <shared:paired_process_group>
 
     Returns:
         :class:`CPOOutput`: the float32 loss (TRL's ``losses.mean() + cpo_alpha * policy_nll_loss``)

@@ -42,3 +42,10 @@ def test_a_mark_is_filled_at_its_indent_and_an_unknown_one_refused():
 
     with pytest.raises(KeyError, match="nothing_known"):
         _docs.shared_arguments(g)
+
+
+@pytest.mark.parametrize("name", ["fused_linear_cpo", "fused_linear_orpo"])
+def test_a_mark_with_a_key_takes_that_description(name):
+    flat = " ".join(getattr(kernels_lib, name).__doc__.split())
+    assert "process_group: " + " ".join(_docs.SHARED["paired_process_group"].split()) in flat
+    assert _docs.MARK not in flat and "<shared:" not in flat
