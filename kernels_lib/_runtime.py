@@ -137,3 +137,8 @@ def check_kernel_device(name: str, tensor: torch.Tensor) -> None:
             f"{name} is on {tensor.device}, but kernels_lib runs its kernels with {mode} and "
             f"needs {KERNEL_DEVICE} tensors; move {name} with .to({KERNEL_DEVICE!r})."
         )
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (a host sync would be an error there)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -67,6 +67,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._runtime import capturing
 from . import _validate as v
 from ._autocast import compute_dtype_for
 from .chunks.gradient_sums import GradientSums, scaled_to_dtypes
@@ -113,10 +114,6 @@ class RowPlan(NamedTuple):
     chunks: tuple  #: ``(rows, seqs)`` per chunk: a slice of the kept rows and the slice of sequences they cover
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def row_plan(target: torch.Tensor, ignore_index: int, seq_len: int, rows_per_chunk: int, group_seqs: int = 1,
              enabled: bool = True, target2: torch.Tensor | None = None) -> RowPlan | None:
     """The valid rows of the flat ``target`` (``S·T``; valid in ``target`` or ``target2``) and chunks of whole groups of ``group_seqs``
@@ -125,7 +122,7 @@ def row_plan(target: torch.Tensor, ignore_index: int, seq_len: int, rows_per_chu
 
     The valid tokens per sequence are read on the host (the one sync). With every row ignored row 0
     stands for them all (its target ignored: it adds 0 everywhere)."""
-    if not enabled or _capturing(target.device):
+    if not enabled or capturing(target.device):
         return None
     n_rows = target.shape[0]
     n_seqs = n_rows // seq_len

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import torch
 
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+from .._runtime import capturing
 
 
 def valid_rows(target: torch.Tensor, ignore_index: int, enabled: bool) -> torch.Tensor | None:
     """The indices (int64, ascending) of the rows of the flat ``target`` to run, or None to run them all
     (``enabled`` False, a CUDA graph being captured, or no row ignored). With every row ignored: row 0."""
-    if not enabled or _capturing(target.device):
+    if not enabled or capturing(target.device):
         return None
     index = torch.nonzero(target != ignore_index).squeeze(1)  # the host sync: the count sizes the result
     if index.numel() == target.numel():
