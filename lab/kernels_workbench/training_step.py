@@ -1123,12 +1123,13 @@ def estimate_beside_reference(tokens: int = 16 * SEQ) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["model", "checkpointing", "LM head"])
 
 
-def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Series, steps: pd.DataFrame | None = None,
+def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Series | None, steps: pd.DataFrame | None = None,
                      small: pd.DataFrame | None = None, convergence: pd.DataFrame | None = None,
                      largest: pd.DataFrame | None = None) -> str:
     """Notebook 05's conclusion as markdown bullets, every figure from its arguments: ``costs`` one model's
     row of :func:`analytic_costs`, ``curve_distance`` kernels_lib's largest loss difference from the
-    unpatched model per dtype, ``steps`` :func:`step_comparison` of the sweep (per GPU; None: not measured) and
+    unpatched model per dtype (None: the checks were not run), ``steps`` :func:`step_comparison` of the
+    sweep (per GPU; None: not measured) and
     ``largest`` its :func:`largest_comparison`, ``small`` the small steps' :func:`step_comparison`,
     ``convergence`` the 16-bit runs' summary (``gpu_name`` where several GPUs ran it, mode, provider,
     ``max_abs_diff_huggingface``, ``weights_rel_dist_huggingface``)."""
@@ -1139,9 +1140,11 @@ def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Seri
         f"{costs['LM head at 16 × 2048 tokens (GB)']:.0f} GB, {costs['LM head at 16 × 2048 tokens (GB)'] / costs['weights + grads + AdamW (GB)']:.1f}× "
         f"the {costs['weights + grads + AdamW (GB)']:.1f} GB of weights, gradients and AdamW state. Gradient checkpointing "
         "removes most activations and none of it.",
-        f"- **On this machine** ({check_model}), a fused head keeps per token exactly the unfused one's minus $4V$ bytes, and the "
-        "patched model's loss curve follows the unpatched one's to " + ", ".join(f"{v:.0e} ({d})" for d, v in curve_distance.items())
-        + f" over 20 AdamW steps. kernels_lib and Liger form $dW$ in forward and keep it until backward (a fixed $2VH$ bytes: "
+        (f"- **On this machine** ({check_model}), a fused head keeps per token exactly the unfused one's minus $4V$ bytes, and the "
+         "patched model's loss curve follows the unpatched one's to " + ", ".join(f"{v:.0e} ({d})" for d, v in curve_distance.items())
+         + " over 20 AdamW steps." if curve_distance is not None else
+         "- **The checks of section 3 were not run in this report** (`checks = False`).")
+        + f" kernels_lib and Liger form $dW$ in forward and keep it until backward (a fixed $2VH$ bytes: "
         f"{2 * vocab * hidden / 1e9:.2f} GB at V = {vocab}, H = {hidden}); TRL recomputes the logits in backward instead.",
     ]
     if steps is None or not len(steps):
