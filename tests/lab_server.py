@@ -1,5 +1,5 @@
-"""A JupyterLab server for the browser tests, and Debian's chromium to drive it: one helper shared by
-``test_browser.py`` (a server over a copy of the notebooks) and ``test_lab.py`` (``./workbench lab`` itself)."""
+"""A JupyterLab server for the browser tests, and Debian's chromium to drive it (``test_lab.py`` starts
+``./workbench lab`` itself; ``test_browser.py`` opens the exported reports with the same chromium)."""
 
 from __future__ import annotations
 
