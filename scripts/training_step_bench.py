@@ -1,6 +1,6 @@
 """What the LM head costs in a whole training step, measured: one model shape, every provider, gradient
 checkpointing off then on, tokens per step 4 × 2048 upward (doubling the batch) until each provider's
-first OOM (issue 10, part D; the logic is :mod:`kernels_workbench.training_step`).
+first OOM (the logic is :mod:`kernels_workbench.training_step`).
 
 On the GPU machine (no package registry: TRL, Liger-Kernel and what `import trl.trainer.utils` needs
 travel as wheels in `.whl/`), one call per model shape, each inside the 10-minute limit of a call:
@@ -29,6 +29,11 @@ CUDA GPU; `--device cpu --tiny` runs the same path at a tiny shape on a CPU (the
 Triton's interpreter; no memory figures, batch 1, 2, 4 × 32 tokens), to check it end to end:
 
     python scripts/training_step_bench.py --out /tmp/ts --model llama --device cpu --tiny   # about 40 s
+
+With half of every sequence's labels masked beside the unmasked step, in one run (notebook 05's appendix reads
+`data/measured/gpu_runs/training_step_masked.csv`; append `$OUT/training_step.csv` there):
+
+    python3 scripts/training_step_bench.py --out $OUT --model llama --masked-shares 0,0.5 --checkpointing off --batches 4,8,16,32
 
 Estimated on an H200 from the step times and memory measured earlier (SPEC §7): about 8.5 minutes per
 model with the default budget; the ckpt-on points of 256 × 2048 tokens and up may be `skipped: budget`
@@ -78,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-point-s", type=float, default=20.0,
                         help="fewer timed steps (at least 3) and one warm-up when steps are long; default 20")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--masked-shares", default="0",
+                        help="comma-separated shares of every sequence's first positions labelled -100 (a prompt), each "
+                        "measured at every point of the run; default 0 (e.g. 0,0.5)")
     parser.add_argument("--run-id", default=None,
                         help="join an earlier call's run (its run_id) instead of starting a new one: the targets "
                         "are judged on the newest run of each model")
@@ -96,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in (args.batches or ("1,2,4" if args.tiny else ",".join(map(str, ts.BATCHES)))).split(",")]
     seq = args.seq or (32 if args.tiny else ts.SEQ)
     checkpointing = {"both": (False, True), "off": (False,), "on": (True,)}[args.checkpointing]
+    shares = [float(s) for s in args.masked_shares.split(",") if s.strip()]
+    if not shares or any(not 0.0 <= s < 1.0 for s in shares):
+        parser.error(f"--masked-shares takes shares in [0, 1), e.g. 0,0.5; got {args.masked_shares!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     csv = args.out / "training_step.csv"
     env = ts.training_provenance(args.device)
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s - (time.perf_counter() - STARTED)
     rows = ts.run_sweep([model], providers, checkpointing, batches, seq, args.device, warmup=args.warmup,
                         steps=args.steps, seed=args.seed, budget_s=budget, max_point_s=args.max_point_s, on_row=append,
-                        run_id=args.run_id,
+                        run_id=args.run_id, masked_shares=shares,
                         log=lambda line: print(line, flush=True))
     rows = pd.read_csv(csv)
     rows = rows[rows.run_id == rows.run_id.iloc[-1]]

@@ -390,6 +390,59 @@ def test_saved_for_backward_sees_the_float32_logits():
     assert hf["saved bytes"] - trl["saved bytes"] == pytest.approx(32 * 4 * vocab, rel=0.05)
 
 
+def test_masked_labels_mask_each_sequences_prompt():
+    ids = torch.arange(2 * 10).reshape(2, 10)
+    assert torch.equal(ts.masked_labels(ids, 0.0), ids)
+    half = ts.masked_labels(ids, 0.5)
+    assert (half[:, :5] == -100).all() and torch.equal(half[:, 5:], ids[:, 5:]) and (ids[:, :5] != -100).all()
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="masked_share must be in"):
+            ts.masked_labels(ids, bad)
+
+
+def test_masked_step_comparison_within_one_run_per_share():
+    """Each provider's masked step over its own unmasked step of the same run and size, and the peers compared at
+    the masked share only; the unmasked comparison does not read the masked rows."""
+    unmasked = _two_gpus()
+    masked = unmasked.assign(masked_share=0.5)
+    masked.loc[masked.provider == "kernels_lib", "step_ms_50"] *= 0.6  # drops the masked rows
+    masked.loc[masked.provider == "trl", "step_ms_50"] *= 0.95
+    rows = pd.concat([unmasked.assign(masked_share=0.0), masked], ignore_index=True)
+    assert ts.step_comparison(rows).equals(ts.step_comparison(_two_gpus()))
+    table = ts.masked_step_comparison(rows).set_index(["gpu_name", "checkpointing", "tokens", "masked share"])
+    assert set(table.index.get_level_values("masked share")) == {0.5}
+    h200 = table.loc[("NVIDIA H200", False, 8 * 2048, 0.5)]
+    assert h200["kernels_lib masked / unmasked"] == pytest.approx(0.6) and h200["liger masked / unmasked"] == pytest.approx(1.0)
+    assert h200["trl masked / unmasked"] == pytest.approx(0.95)
+    assert h200["× liger"] == pytest.approx(37 * 0.6 / 38) and h200["fastest peer"] == "liger"
+    h100 = table.loc[("NVIDIA H100 80GB HBM3", False, 8 * 2048, 0.5)]
+    assert h100["kernels_lib masked / unmasked"] == pytest.approx(0.6)  # the newest H100 run against itself
+    assert h100["× liger"] == pytest.approx(37 * 1.1 * 0.6 / 38)
+    assert ts.masked_step_comparison(_two_gpus()).empty  # rows measured before the column: unmasked
+
+
+def test_script_measures_each_share_in_one_run(tmp_path):
+    """``--masked-shares 0,0.5``: every point at both shares in one run; with half the labels masked the
+    patched model's loss still equals the unpatched one's, and it is not the unmasked loss."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import training_step_bench
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    args = ["--out", str(tmp_path), "--model", "llama", "--tiny", "--device", "cpu", "--seq", "16", "--batches", "2",
+            "--providers", "huggingface,kernels_lib", "--steps", "1", "--warmup", "1", "--checkpointing", "off",
+            "--masked-shares", "0,0.5"]
+    assert training_step_bench.main(args) == 0
+    rows = pd.read_csv(tmp_path / "training_step.csv")
+    assert rows.note.isna().all() and rows.run_id.nunique() == 1
+    first = rows.set_index(["masked_share", "provider"]).loss_first
+    assert sorted(set(rows.masked_share)) == [0.0, 0.5] and len(rows) == 4
+    assert first[(0.5, "kernels_lib")] == pytest.approx(first[(0.5, "huggingface")], rel=2e-2)
+    assert abs(first[(0.5, "huggingface")] - first[(0.0, "huggingface")]) > 1e-4
+    with pytest.raises(SystemExit):
+        training_step_bench.main([*args[:-1], "1.0"])
+
+
 def test_script_runs_end_to_end_on_cpu(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:

@@ -74,7 +74,7 @@ COLUMNS = [
     "warmup_steps", "timed_steps", "step_ms_50", "step_ms_20", "step_ms_80", "tokens_per_s",
     "peak_gib", "held_gib", "step_gib", "peak_reserved_gib", "parameters", "loss_first", "loss_last", "losses",
     "note", "gpu_name", "gpu_memory_gib", "timestamp", "torch_version", "triton_version", "transformers_version", "trl_version",
-    "liger_version", "kernels_lib_commit",
+    "liger_version", "kernels_lib_commit", "masked_share",
 ]
 
 
@@ -257,12 +257,23 @@ def _batch(vocab: int, batch: int, seq: int, step: int, seed: int, device) -> to
     return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
 
 
+def masked_labels(ids: torch.Tensor, share: float) -> torch.Tensor:
+    """The labels of an SFT batch whose first ``round(share · T)`` positions of every sequence are a prompt
+    (label ``-100``: no loss, no gradient); ``share = 0`` gives the inputs themselves."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"masked_share must be in [0, 1); got {share}")
+    labels = ids.clone()
+    labels[:, : round(share * ids.shape[1])] = -100
+    return labels
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state):
+def _run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state,
+               masked_share=0.0):
     """The measurement; ``state`` receives the model and optimizer so the caller can free them."""
     model = state["model"] = build_model(model_name, device, seed, checkpointing)
     loss_of = prepare(provider, model)
@@ -273,9 +284,10 @@ def _run_point(model_name, provider, checkpointing, batch, seq, device, warmup, 
 
     def step(index: int) -> float:
         ids = _batch(vocab, batch, seq, index, seed, device)
+        labels = masked_labels(ids, masked_share)
         _sync(device)
         start = time.perf_counter()
-        loss = loss_of(ids, ids)
+        loss = loss_of(ids, labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -318,24 +330,26 @@ def new_run_id() -> str:
 
 
 def _blank_row(run_id: str, model: str, provider: str, checkpointing: bool, batch: int, seq: int,
-               device: torch.device, note: str = "") -> dict:
+               device: torch.device, note: str = "", masked_share: float = 0.0) -> dict:
     """A row of :data:`COLUMNS` with the point's identity and provenance, figures NaN."""
     row = {column: float("nan") for column in COLUMNS}
     row.update({"run_id": run_id, "model": model, "family": MODEL_SHAPES[model]["family"], "provider": provider,
                 "checkpointing": bool(checkpointing), "batch": batch, "seq": seq, "tokens": batch * seq,
-                "device": torch.device(device).type, "losses": "", "note": note, **training_provenance(device)})
+                "device": torch.device(device).type, "losses": "", "note": note, **training_provenance(device),
+                "masked_share": float(masked_share)})
     return row
 
 
 def measure_point(model_name: str, provider: str, checkpointing: bool, batch: int, seq: int = SEQ,
                   device: torch.device | str = "cuda", *, warmup: int = 2, steps: int = 5, lr: float = 1e-4,
-                  seed: int = 0, max_point_s: float | None = None, run_id: str = "") -> dict:
+                  seed: int = 0, max_point_s: float | None = None, run_id: str = "", masked_share: float = 0.0) -> dict:
     """Measure one point (module docstring); return its row (:data:`COLUMNS`). An OOM gives the note
     ``OOM``, a missing or failing provider a note saying why, and NaN figures. ``max_point_s`` lowers
-    the number of timed steps (to at least 3) when the last warm-up step says they would take longer."""
+    the number of timed steps (to at least 3) when the last warm-up step says they would take longer.
+    ``masked_share``: that share of every sequence's first positions has label ``-100`` (:func:`masked_labels`)."""
     device = torch.device(device)
     family = MODEL_SHAPES[model_name]["family"]
-    row = _blank_row(run_id, model_name, provider, checkpointing, batch, seq, device)
+    row = _blank_row(run_id, model_name, provider, checkpointing, batch, seq, device, masked_share=masked_share)
     unavailable = provider_unavailable(provider, family)
     if unavailable:
         row["note"] = unavailable
@@ -345,7 +359,8 @@ def measure_point(model_name: str, provider: str, checkpointing: bool, batch: in
         free_memory(device)
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        row.update(_run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state))
+        row.update(_run_point(model_name, provider, checkpointing, batch, seq, device, warmup, steps, lr, seed, max_point_s, state,
+                              masked_share))
     except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
         if not is_oom(error):
             first = str(error).splitlines()[0][:200] if str(error) else ""
@@ -547,11 +562,12 @@ def run_sweep(models: Sequence[str], providers: Sequence[str] = PROVIDERS, check
               batches: Sequence[int] = BATCHES, seq: int = SEQ, device: torch.device | str = "cuda", *,
               warmup: int = 2, steps: int = 5, lr: float = 1e-4, seed: int = 0, budget_s: float | None = None,
               max_point_s: float | None = None, default_point_s: float = 10.0, run_id: str | None = None,
-              on_row: Callable[[dict], None] | None = None, log: Callable[[str], None] | None = print) -> pd.DataFrame:
-    """Every (model, batch, checkpointing, provider): batches ascending, and at each batch every
-    checkpointing setting and provider before the next batch, so that what a budget cuts off is the
-    largest sizes (where, with checkpointing, only the fused heads still fit). A provider stops at its
-    first OOM (or error) for that model and checkpointing. With ``budget_s`` (seconds from the call), a
+              on_row: Callable[[dict], None] | None = None, log: Callable[[str], None] | None = print,
+              masked_shares: Sequence[float] = (0.0,)) -> pd.DataFrame:
+    """Every (model, batch, checkpointing, masked share, provider): batches ascending, and at each batch every
+    checkpointing setting, share (:func:`masked_labels`) and provider before the next batch, so that what a budget
+    cuts off is the largest sizes (where, with checkpointing, only the fused heads still fit). A provider stops at its
+    first OOM (or error) for that model, checkpointing and share. With ``budget_s`` (seconds from the call), a
     point whose estimated duration (:func:`_estimate_s`) would end past the budget is not run but
     recorded with the note ``skipped: budget (...)``. A provider that cannot run here gives one row per
     checkpointing setting saying why. ``on_row`` sees each row as it comes (the script appends it to a
@@ -573,36 +589,38 @@ def run_sweep(models: Sequence[str], providers: Sequence[str] = PROVIDERS, check
         family = MODEL_SHAPES[model]["family"]
         unavailable = {p: provider_unavailable(p, family) for p in providers}
         stopped: set[tuple[bool, str]] = set()
-        for batch in batches:
-            for ckpt in checkpointing:
-                for provider in providers:
-                    tokens = batch * seq
-                    if unavailable[provider]:
-                        if batch == batches[0]:  # one row says why
-                            emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, unavailable[provider]))
-                        continue
-                    if (ckpt, provider) in stopped:
-                        continue
-                    estimate = _estimate_s(done, model, provider, ckpt, tokens, default_point_s, warmup, steps, max_point_s)
-                    elapsed = time.perf_counter() - start
-                    if budget_s is not None and elapsed + estimate > budget_s:
-                        note = f"skipped: budget ({elapsed:.0f} s spent, ~{estimate:.0f} s needed, budget {budget_s:.0f} s)"
-                        emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, note))
-                        continue
-                    t0 = time.perf_counter()
-                    row = measure_point(model, provider, ckpt, batch, seq, device, warmup=warmup, steps=steps,
-                                        lr=lr, seed=seed, max_point_s=max_point_s, run_id=run_id)
-                    if row["note"]:
-                        stopped.add((ckpt, provider))
-                    else:
-                        done.append({**row, "_seconds": time.perf_counter() - t0})
-                    emit(row)
+        points = [(batch, ckpt, share, provider) for batch in batches for ckpt in checkpointing
+                  for share in masked_shares for provider in providers]
+        for batch, ckpt, share, provider in points:
+            tokens = batch * seq
+            if unavailable[provider]:
+                if batch == batches[0]:  # one row says why
+                    emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, unavailable[provider], share))
+                continue
+            if (ckpt, share, provider) in stopped:
+                continue
+            estimate = _estimate_s(done, model, provider, ckpt, tokens, default_point_s, warmup, steps, max_point_s)
+            elapsed = time.perf_counter() - start
+            if budget_s is not None and elapsed + estimate > budget_s:
+                note = f"skipped: budget ({elapsed:.0f} s spent, ~{estimate:.0f} s needed, budget {budget_s:.0f} s)"
+                emit(_blank_row(run_id, model, provider, ckpt, batch, seq, device, note, share))
+                continue
+            t0 = time.perf_counter()
+            row = measure_point(model, provider, ckpt, batch, seq, device, warmup=warmup, steps=steps,
+                                lr=lr, seed=seed, max_point_s=max_point_s, run_id=run_id, masked_share=share)
+            if row["note"]:
+                stopped.add((ckpt, share, provider))
+            else:
+                done.append({**row, "_seconds": time.perf_counter() - t0})
+            emit(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def describe_row(row: dict) -> str:
     """One line per row, for the script's log."""
     head = f"{row['model']:>13} ckpt={'on ' if row['checkpointing'] else 'off'} {row['provider']:>11} B={row['batch']:<4} tokens={row['tokens']:<7}"
+    if row.get("masked_share", 0.0) > 0:
+        head += f" masked {row['masked_share']:.0%}"
     if row["note"]:
         return f"{head} {row['note']}"
     memory = "" if math.isnan(row["peak_gib"]) else f" peak {row['peak_gib']:.1f} GiB (held {row['held_gib']:.1f})"
@@ -720,9 +738,16 @@ def _peer_order(providers, provider: str) -> list[str]:
     return known + sorted(p for p in present if p not in known)
 
 
-def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+def masked_share(rows: pd.DataFrame) -> pd.Series:
+    """Each row's share of masked label positions (:func:`masked_labels`); 0 for rows measured before the column."""
+    if "masked_share" not in rows:
+        return pd.Series(0.0, index=rows.index)
+    return pd.to_numeric(rows["masked_share"], errors="coerce").fillna(0.0)
+
+
+def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib", share: float = 0.0) -> pd.DataFrame:
     """Per GPU (its newest run of each model, :func:`newest_runs_per_gpu`), model, checkpointing and tokens per
-    step that ``provider`` measured: its median step time (``kernels_lib ms``), that time over each peer's at the
+    step that ``provider`` measured (the rows with ``share`` of their labels masked, :func:`masked_share`): its median step time (``kernels_lib ms``), that time over each peer's at the
     same size (``× <peer>``, NaN where the peer did not measure it: out of memory, skipped or not run), the
     fastest peer there and the time over its (``× fastest peer``), its peak memory (``kernels_lib GiB``), the
     leanest peer there and the peak over its (``memory × leanest``). Every ratio is taken inside one run on one
@@ -730,6 +755,7 @@ def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.Dat
     out, peers_seen = [], []
     for gpu, latest in newest_runs_per_gpu(rows).items():
         ok = measured(latest)
+        ok = ok[masked_share(ok) == share]
         for (model, ckpt), group in ok.groupby(["model", "checkpointing"], sort=False):
             time_ = group.groupby(["tokens", "provider"]).step_ms_50.median().unstack()
             memory = group.groupby(["tokens", "provider"]).peak_gib.median().unstack().reindex(index=time_.index, columns=time_.columns)
@@ -750,6 +776,32 @@ def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.Dat
     head = ["gpu_name", "run_id", "model", "checkpointing", "tokens", f"{provider} ms"]
     tail = ["fastest peer", "× fastest peer", f"{provider} GiB", "leanest peer", "memory × leanest"]
     return pd.DataFrame(out, columns=head + [f"× {p}" for p in peers_seen] + tail)
+
+
+def masked_step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
+    """The steps measured with a share of every sequence's labels masked (``--masked-shares 0,0.5`` of
+    scripts/training_step_bench.py), per GPU, model, checkpointing, tokens and masked share above 0: what
+    :func:`step_comparison` says at that share (``× fastest peer``, ``memory × leanest``, ...), and each provider's
+    step time over its own unmasked step at the same size in the same run (``<provider> masked / unmasked``): a
+    head that skips the masked rows gets faster with the share, one that only zeroes them does not. Empty when no
+    row has a masked share."""
+    keys = ["gpu_name", "model", "checkpointing", "tokens"]
+    shares = sorted(s for s in masked_share(rows).unique() if s > 0)
+    frames = [step_comparison(rows, provider, s).assign(**{"masked share": s}) for s in shares]
+    if not any(len(f) for f in frames):
+        return pd.DataFrame(columns=keys + ["masked share"])
+    table = pd.concat(frames, ignore_index=True)
+    for gpu, latest in newest_runs_per_gpu(rows).items():
+        ok = measured(latest).assign(share=lambda r: masked_share(r))
+        medians = ok.groupby(["model", "checkpointing", "tokens", "provider", "share"]).step_ms_50.median()
+        for name in ok.provider.unique():
+            column = f"{name} masked / unmasked"
+            for i in table.index[table.gpu_name == gpu]:
+                point = tuple(table.loc[i, keys[1:]]) + (name,)
+                masked, unmasked = medians.get(point + (table.at[i, "masked share"],)), medians.get(point + (0.0,))
+                table.loc[i, column] = masked / unmasked if masked is not None and unmasked is not None else math.nan
+    first = keys + ["masked share"]
+    return table[first + [c for c in table.columns if c not in first and c != "run_id"]]
 
 
 def largest_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
