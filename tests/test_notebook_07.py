@@ -1,7 +1,7 @@
-"""Notebook 07 (JSD, TVD) as papermill runs it in CI: CPU parameters, derivation and checks asserted, the three
-published charts exported; the comparison with the peers and the floor taken on synthetic rows of two GPUs for two
-charts (``measured_dir``: the H200's run measured its ceilings, the H100's none), the third chart left unmeasured
-("not measured yet")."""
+"""Notebook 07 (JSD, TVD) as papermill runs it in CI: CPU parameters, derivation and checks asserted on the shared
+execution (:mod:`notebook_runs`), the three published charts exported; the comparison with the peers and the floor
+taken on synthetic rows of two GPUs for two charts (``measured_dir``, ``run_checks=False``: the H200's run measured
+its ceilings, the H100's none), the third chart left unmeasured ("not measured yet")."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_workbench import data, overview, report
 from kernels_workbench.bench import get_spec
 from kernels_workbench.bench.sweep import MEASURED_COLUMNS
@@ -76,21 +77,12 @@ def _span(values) -> str:
 
 
 @pytest.mark.notebook
-def test_divergence_notebook_runs_checks_charts_and_compares_each_gpu(tmp_path):
-    measured = tmp_path / "measured"
-    measured.mkdir()
-    for kernel_name, x_name in (("jsd", "BT"), ("tvd", "V")):  # JSD's V chart stays unmeasured
-        pd.concat([_synthetic_rows(kernel_name, x_name, gpu) for gpu in RUNS]).to_csv(measured / f"{kernel_name}.csv", index=False)
-    _ceilings().to_csv(measured / "ceilings.csv", index=False)
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), "measured_dir": str(measured)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
-
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
-    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
-    assert [o for o in outputs if o.get("output_type") == "error"] == []
-    assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
-
+@notebook_runs.GROUP
+def test_divergence_notebook_derives_bounds_and_passes_its_checks():
+    """The shared execution at CPU parameters: the derivation against float64, the bounds, every check."""
+    _, results, executed_path = notebook_runs.executed(NOTEBOOK)
+    executed = nbformat.read(executed_path, as_version=4)
+    assert [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"] == []
     derivation = pd.read_csv(results / "divergence_derivation.csv")
     assert {"JSD β=0.0", "JSD β=0.5", "JSD β=1.0", "TVD"} <= set(derivation["loss"])
     assert (derivation.filter(like=" vs ") < 1e-12).all().all()
@@ -103,6 +95,27 @@ def test_divergence_notebook_runs_checks_charts_and_compares_each_gpu(tmp_path):
     assert set(checks["dtype"]) == {"float32", "bfloat16", "float16"}
     assert set(checks.loc[checks["loss"] == "jsd", "beta"]) >= {0.0, 0.5, 1.0}
     assert (checks.loc[checks.dtype == "float32", ["kernels_lib loss err", "kernels_lib grad err"]] < 1e-5).all().all()
+
+
+@pytest.mark.notebook
+def test_divergence_notebook_charts_and_compares_each_gpu(tmp_path):
+    """The same notebook over synthetic rows of two GPUs (``measured_dir``), its checks left to the shared run."""
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    for kernel_name, x_name in (("jsd", "BT"), ("tvd", "V")):  # JSD's V chart stays unmeasured
+        pd.concat([_synthetic_rows(kernel_name, x_name, gpu) for gpu in RUNS]).to_csv(measured / f"{kernel_name}.csv", index=False)
+    _ceilings().to_csv(measured / "ceilings.csv", index=False)
+    results = tmp_path / "results"
+    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), "measured_dir": str(measured),
+                  "run_checks": False}
+    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
+
+    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
+    assert [o for o in outputs if o.get("output_type") == "error"] == []
+    assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
+
+    assert not (results / "divergence_checks.csv").exists()  # run_checks=False: the shared run checks
 
     # Each GPU's comparison per measured chart: the ratios the synthetic rows were made with; the floor (and forward's
     # share of the copy bandwidth) only where the run measured its ceilings, never another run's.

@@ -1,5 +1,6 @@
 """Notebook 08 (fused linear JSD, distillation losses) as papermill runs it in CI: CPU parameters, derivation and
-checks asserted, the three published charts exported; each chart compared per GPU on synthetic rows (``measured_dir``):
+checks asserted on the shared execution (:mod:`notebook_runs`), the three published charts exported; each chart
+compared per GPU on synthetic rows (``measured_dir``, ``run_checks=False``):
 fused_linear_jsd on the H200 over two runs (the newest compared) and on the H100, with TRL's provider;
 distill_cosine_loss on the H200; the third (distill_jsd_loss) left unmeasured ("not measured yet"). Each run measured
 ceilings of its own, so a floor taken from another run's or another GPU's ceilings would show in the ratios."""
@@ -14,6 +15,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_runs  # each notebook executed once, shared with the browser tests
 from kernels_workbench import overview, report
 from kernels_workbench.bench import get_spec
 from kernels_workbench.bench.sweep import MEASURED_COLUMNS
@@ -102,22 +104,12 @@ def _assert_comparison(table: pd.DataFrame, kernel_name: str, commit: str) -> No
 
 
 @pytest.mark.notebook
-def test_distillation_notebook_runs_checks_charts_and_compares_per_gpu(tmp_path):
-    measured = tmp_path / "measured"
-    measured.mkdir()
-    for kernel_name in ("fused_linear_jsd", "distill_cosine_loss"):
-        pd.concat([_synthetic_rows(name, commit) for name, commit in RUNS if name == kernel_name]).to_csv(
-            measured / f"{kernel_name}.csv", index=False)
-    _ceilings().to_csv(measured / "ceilings.csv", index=False)
-    results = tmp_path / "results"
-    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), "measured_dir": str(measured)}
-    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
-
-    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
-    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
-    assert [o for o in outputs if o.get("output_type") == "error"] == []
-    assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
-
+@notebook_runs.GROUP
+def test_distillation_notebook_derives_and_passes_its_checks():
+    """The shared execution at CPU parameters: the derivation against float64 and every check."""
+    _, results, executed_path = notebook_runs.executed(NOTEBOOK)
+    executed = nbformat.read(executed_path, as_version=4)
+    assert [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"] == []
     derivation = pd.read_csv(results / "distillation_derivation.csv")
     assert set(derivation["loss"]) == {"fused_linear_jsd", "distill_jsd_loss", "distill_cosine_loss"}
     assert {0.0, 1.0} <= set(derivation.loc[derivation["loss"] == "fused_linear_jsd", "β"]) and (derivation["T"] != 1).any()
@@ -131,6 +123,28 @@ def test_distillation_notebook_runs_checks_charts_and_compares_per_gpu(tmp_path)
     assert {0.0, 0.5, 1.0} <= set(trl["beta"]) and (trl["temperature"] != 1).all() and (trl["ignore_fraction"] > 0).all()
     every_row_ignored = checks[checks["ignore_fraction"] == 1.0]
     assert len(every_row_ignored) == 3 * 2 and (every_row_ignored[["kernels_lib loss err", "kernels_lib grad err"]] == 0).all().all()
+
+
+@pytest.mark.notebook
+def test_distillation_notebook_charts_and_compares_per_gpu(tmp_path):
+    """The same notebook over synthetic rows (``measured_dir``), its checks left to the shared run."""
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    for kernel_name in ("fused_linear_jsd", "distill_cosine_loss"):
+        pd.concat([_synthetic_rows(name, commit) for name, commit in RUNS if name == kernel_name]).to_csv(
+            measured / f"{kernel_name}.csv", index=False)
+    _ceilings().to_csv(measured / "ceilings.csv", index=False)
+    results = tmp_path / "results"
+    parameters = {**report.notebook_parameters("cpu"), "results_dir": str(results), "measured_dir": str(measured),
+                  "run_checks": False}
+    html_path = report.run_notebook(NOTEBOOK, tmp_path, parameters, timeout=600)
+
+    executed = nbformat.read(tmp_path / "executed" / NOTEBOOK.name, as_version=4)
+    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
+    assert [o for o in outputs if o.get("output_type") == "error"] == []
+    assert not any("ipywidgets" in str(o.get("data", {})) for o in outputs)
+
+    assert not (results / "distillation_checks.csv").exists()  # run_checks=False: the shared run checks
 
     # Per chart and GPU, the newest run's comparison (run0, the older H200 run, nowhere); no target or verdict written.
     newest = {("fused_linear_jsd", H200): "run1", ("fused_linear_jsd", H100): "runh", ("distill_cosine_loss", H200): "run1"}

@@ -1195,7 +1195,7 @@ def conclusion_lines(costs: pd.Series, check_model: str, curve_distance: pd.Seri
         (f"- **On this machine** ({check_model}), a fused head keeps per token exactly the unfused one's minus $4V$ bytes, and the "
          "patched model's loss curve follows the unpatched one's to " + ", ".join(f"{v:.0e} ({d})" for d, v in curve_distance.items())
          + " over 20 AdamW steps." if curve_distance is not None else
-         "- **The checks of section 3 were not run in this report** (`checks = False`).")
+         "- **The checks of section 3 were not run in this report** (`run_checks = False`).")
         + f" kernels_lib and Liger form $dW$ in forward and keep it until backward (a fixed $2VH$ bytes: "
         f"{2 * vocab * hidden / 1e9:.2f} GB at V = {vocab}, H = {hidden}); TRL recomputes the logits in backward instead.",
     ]
