@@ -287,22 +287,32 @@ def test_readme_is_a_manual():
     assert "lse" in spec and "128256" in spec and "../shared" not in spec
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_a_parallel_run_removes_its_shared_notebook_folder(tmp_path, keep):
+def test_a_parallel_run_removes_its_shared_notebook_folder(tmp_path):
     """The notebook executions of a run (~140 MB) do not outlive it: the process that started the
-    xdist workers removes their shared folder, unless KERNELS_LIB_KEEP_NOTEBOOK_RUNS is set."""
+    xdist workers removes their shared folder."""
     root = Path(__file__).resolve().parents[1]
-    uid = "cleanup" + ("keep" if keep else "")
-    folder = tmp_path / f"kernels_lib-notebooks-{uid}"
+    folder = tmp_path / "kernels_lib-notebooks-cleanup"
     folder.mkdir()
     (folder / "executed.html").write_text("x")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("KERNELS_LIB_KEEP_NOTEBOOK_RUNS", None)
-    if keep:
-        env["KERNELS_LIB_KEEP_NOTEBOOK_RUNS"] = "1"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", f"--testrunuid={uid}",
+        [sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "--testrunuid=cleanup",
          "tests/test_project.py::test_ci_runs_workbench_test"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert folder.exists() == keep, f"keep={keep}: the folder {'was removed' if keep else 'outlived the run'}"
+    assert not folder.exists(), "the shared notebook folder outlived the run"
+
+
+def test_kept_notebook_runs_stay_and_say_where(tmp_path, monkeypatch, capsys):
+    """With KERNELS_LIB_KEEP_NOTEBOOK_RUNS set, the end of a run leaves the executions and says where they are."""
+    import notebook_runs
+
+    folder = tmp_path / "kernels_lib-notebooks-kept"
+    folder.mkdir()
+    monkeypatch.setenv(notebook_runs.KEEP_ENV, "1")
+    notebook_runs.remove(folder)
+    assert folder.exists() and str(folder) in capsys.readouterr().out
+    monkeypatch.delenv(notebook_runs.KEEP_ENV)
+    notebook_runs.remove(folder)
+    assert not folder.exists()
