@@ -588,7 +588,7 @@ def run_sweep(models: Sequence[str], providers: Sequence[str] = PROVIDERS, check
     for model in models:
         family = MODEL_SHAPES[model]["family"]
         unavailable = {p: provider_unavailable(p, family) for p in providers}
-        stopped: set[tuple[bool, str]] = set()
+        stopped: set[tuple[bool, float, str]] = set()
         points = [(batch, ckpt, share, provider) for batch in batches for ckpt in checkpointing
                   for share in masked_shares for provider in providers]
         for batch, ckpt, share, provider in points:
