@@ -25,7 +25,21 @@ import torch
 import gpu_target as _target  # tests/gpu_target.py: the GPU target's scheduler
 
 
+def _hold_to_a_share_of_the_cores(config) -> None:
+    """An xdist worker (one per core) runs torch on its share of the cores, and so do the processes it starts
+    (notebook kernels, gloo ranks, scripts: ``OMP_NUM_THREADS``): two workers of two threads each on two cores
+    spend their time waiting for each other (a mixed CPU selection ran about 15 % faster held so). An
+    ``OMP_NUM_THREADS`` already set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not hasattr(config, "workerinput") or workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
+    _hold_to_a_share_of_the_cores(config)
     config.addinivalue_line("markers", "gpu: a CUDA-only route (deselected, not skipped, on a machine without CUDA)")
     config.addinivalue_line("markers", "shared_notebook: reads a notebook execution shared by the run's workers (tests/notebook_runs.py)")
     config.addinivalue_line("markers", "gpu_memory(gib): the test's measured peak reserved device memory in GiB; "

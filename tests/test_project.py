@@ -316,3 +316,28 @@ def test_kept_notebook_runs_stay_and_say_where(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(notebook_runs.KEEP_ENV)
     notebook_runs.remove(folder)
     assert not folder.exists()
+
+
+def test_an_xdist_worker_runs_torch_on_its_share_of_the_cores(monkeypatch):
+    """conftest: each of N workers (and what it starts) gets cores // N threads; a set OMP_NUM_THREADS is kept."""
+    import types
+
+    import conftest
+    import torch
+
+    before = torch.get_num_threads()
+    worker = types.SimpleNamespace(workerinput={})
+    try:
+        monkeypatch.setattr(os, "cpu_count", lambda: 8)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        conftest._hold_to_a_share_of_the_cores(worker)
+        assert os.environ["OMP_NUM_THREADS"] == "2" and torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        conftest._hold_to_a_share_of_the_cores(worker)
+        assert os.environ["OMP_NUM_THREADS"] == "3" and torch.get_num_threads() == 2  # the user's setting stands
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        conftest._hold_to_a_share_of_the_cores(types.SimpleNamespace())  # the controller, or a run without workers
+        assert "OMP_NUM_THREADS" not in os.environ
+    finally:
+        torch.set_num_threads(before)
