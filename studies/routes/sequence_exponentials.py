@@ -32,7 +32,9 @@ from kernels_lib._autocast import compute_dtype_for
 from kernels_lib.chunks.epilogue import epilogue_loss, logits_with_loss
 from kernels_lib.chunks.matmuls import logits_chunk
 from kernels_lib._sequence_logprobs import (Coefficients, TokenCoefficients, chunk_buffers, chunk_weights,
-                                            keep_chunk_logprobs, two_pass_gradient)
+                                            keep_chunk_logprobs, row_plan, scatter_kept, sequence_sums,
+                                            two_pass_gradient)
+from kernels_lib.chunks.operands import chunk_slices
 from kernels_lib._vocab_parallel import VocabShard
 from kernels_lib.kernels.token_logprobs import launch_token_logprobs
 
@@ -88,9 +90,12 @@ def sequence_logprobs(
     token_logps: torch.Tensor | None = None,
     token_entropy: torch.Tensor | None = None,
     shard: VocabShard | None = None,
+    skip_ignored: bool = False,
+    group_seqs: int = 1,
 ):
     """:func:`kernels_lib._sequence_logprobs.sequence_logprobs` with the stored-exponentials route taken
-    where it applies (module docstring); the same arguments and results. Per-sequence summed log-probs of
+    where it applies (module docstring); the same arguments and results, the ignored rows dropped as the
+    library drops them (``skip_ignored``: its row plan) on both routes. Per-sequence summed log-probs of
     ``target`` (and ``target2``), and the fused gradients.
 
     Args:
@@ -111,6 +116,7 @@ def sequence_logprobs(
             ``target`` (0 at ignored rows) and its softmax's entropy (0 at ignored rows).
         shard: this rank's slice of a vocabulary split over a process group (module docstring);
             ``weight``/``bias`` are then the shard's rows, the targets global. No ``token_entropy``.
+        skip_ignored, group_seqs: as the library's (its row plan, :func:`kernels_lib._sequence_logprobs.row_plan`).
 
     Returns:
         ``(sums, sums2, grads)``: float32 ``(S,)`` sums (``sums2`` None without ``target2``), and
@@ -124,54 +130,78 @@ def sequence_logprobs(
     if shard is not None and token_entropy is not None:
         raise NotImplementedError("token_entropy on a vocabulary shard (process_group): not implemented")
     compute_dtype = compute_dtype_for(x)  # the autocast dtype inside torch.autocast, else x's
+    n_rows, n_seqs = x.shape[0], x.shape[0] // seq_len
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
         col_offset = 0 if shard is None else shard.offset
-        n_rows = x.shape[0]
-        n_seqs = n_rows // seq_len
         route = _route_applies(target2, token_entropy, shard)
         epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
+        plan = row_plan(target, ignore_index, seq_len, rows_per_chunk, group_seqs, skip_ignored, target2)
+        if plan is None:
+            kept_x, kept_target, kept_target2, kept_logps, kept_entropy = x, target, target2, token_logps, token_entropy
+            chunk_list = [(rows, slice(rows.start // seq_len, rows.stop // seq_len))
+                          for rows in chunk_slices(n_rows, min(rows_per_chunk, n_rows))]
+        else:
+            kept_x, kept_target = x.index_select(0, plan.index), target.index_select(0, plan.index)
+            kept_target2 = None if target2 is None else target2.index_select(0, plan.index)
+            kept_logps, kept_entropy = (None if t is None else t.new_empty(plan.index.shape[0])
+                                        for t in (token_logps, token_entropy))
+            chunk_list = list(plan.chunks)
         if route and TAKE_NO_GRAD and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
-            every_logp = -epilogue_loss(x, weight, bias, target, epilogue_opts, compute_dtype)
-            if token_logps is not None:
+            every_logp = -epilogue_loss(kept_x, weight, bias, kept_target, epilogue_opts, compute_dtype)
+            if token_logps is not None and plan is None:
                 token_logps.copy_(every_logp)
-            return every_logp.view(n_seqs, seq_len).sum(1), None, None
-        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(x, weight, bias, seq_len, rows_per_chunk, target2,
-                                                                  needs, accurate, compute_dtype, logit_scale)
+            elif token_logps is not None:
+                scatter_kept(every_logp, plan, n_rows, token_logps)
+            return sequence_sums(every_logp, seq_len, None if plan is None else plan.index, n_seqs), None, None
+        ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(
+            kept_x, weight, bias, n_seqs, max(r.stop - r.start for r, _ in chunk_list), kept_target2, needs, accurate,
+            compute_dtype, logit_scale,
+        )
         exponentials = None  # decided at the first chunk: every chunk's operand is aligned alike
         one = torch.ones(1, dtype=torch.float32, device=x.device)  # the route's scale: the weights are in the factors
-        for rows, x_c, buffer in ops.chunks():
+        for (rows, seqs), (_, x_c, buffer) in zip(chunk_list, ops.chunks([r for r, _ in chunk_list])):
             n = rows.stop - rows.start
-            seqs = slice(rows.start // seq_len, rows.stop // seq_len)
-            y2 = None if target2 is None else target2[rows]
+            local = positions = None
+            if plan is not None:
+                local = plan.seq[rows] - seqs.start
+                positions = plan.index[rows] - seqs.start * seq_len
+            y2 = None if kept_target2 is None else kept_target2[rows]
             if exponentials is None:
                 exponentials = route and TAKE_GRAD and _exponentials_route(x_c, ops.w, grads)
             if exponentials:
                 # lse and target logit from the GEMM's epilogue, the buffer left holding ẽ, the factors u
-                e, factors = logits_with_loss(buffer, x_c, ops, target[rows], lse[:n], logp[:n], epilogue_opts,
+                e, factors = logits_with_loss(buffer, x_c, ops, kept_target[rows], lse[:n], logp[:n], epilogue_opts,
                                               exponentials=True)
                 logp[:n].neg_()  # lse − c_y (0 at ignored rows) → the log-prob
             else:
                 logits = logits_chunk(buffer, x_c, ops.w, ops.b, ops.pre)
                 launch_token_logprobs(
-                    logits, target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
+                    logits, kept_target[rows], lse=lse[:n], logp=logp[:n], ignore_index=ignore_index,
                     target2=y2, logp2=None if y2 is None else logp2[:n],
-                    entropy=None if token_entropy is None else token_entropy[rows], col_offset=col_offset,
+                    entropy=None if kept_entropy is None else kept_entropy[rows], col_offset=col_offset,
                 )
-            keep_chunk_logprobs(rows, seqs, n, seq_len, target, y2, lse, logp, logp2, sums, sums2, token_logps, shard,
-                                ignore_index)
+            keep_chunk_logprobs(rows, seqs, n, seq_len, kept_target, y2, lse, logp, logp2, sums, sums2, kept_logps,
+                                shard, ignore_index, positions)
             if grads is None:
                 continue
             w, w2, rows_per_weight = chunk_weights(rows, seqs, n, seq_len, logp, sums, sums2, coefficients,
-                                                   token_coefficients, logit_scale)
+                                                   token_coefficients, logit_scale, local, positions)
             if exponentials:  # dz = −w · diag(u) ẽ: the weights, one per row, join the factors
                 row_w = w if rows_per_weight == 1 else w.repeat_interleave(rows_per_weight)
                 grads.add_exponentials(e, factors * -row_w, one, x_c, ops.w, rows)
                 continue
-            two_pass_gradient(grads, logits, x_c, ops.w, rows, target, y2, lse[:n], logp[:n], w, w2, rows_per_weight,
-                              ignore_index, col_offset)
+            two_pass_gradient(grads, logits, x_c, ops.w, rows, kept_target, y2, lse[:n], logp[:n], w, w2,
+                              rows_per_weight, ignore_index, col_offset)
         if shard is not None and grads is not None and grads.dx is not None:
             shard.sum_(grads.dx)
-    return sums, sums2, None if grads is None else grads.result()
+        result = None if grads is None else grads.result()
+        if plan is not None:
+            for kept, out in ((kept_logps, token_logps), (kept_entropy, token_entropy)):
+                if out is not None:
+                    scatter_kept(kept, plan, n_rows, out)
+            if result is not None and result[0] is not None:
+                result = (scatter_kept(result[0], plan, n_rows), *result[1:])
+    return sums, sums2, result
 
 
 def arm(interpreted_gemm: bool = True, parts: tuple[str, ...] = PARTS) -> dict:

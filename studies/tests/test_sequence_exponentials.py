@@ -253,11 +253,12 @@ def test_the_ab_script_appends_calls_of_some_losses(tmp_path, monkeypatch):
 
 
 def test_a_reference_pass_takes_the_epilogue_gemm_without_chunks(route):
-    """DPO's reference model (no gradient) through the no-gradient epilogue: one call over every row, the
+    """DPO's reference model (no gradient) through the no-gradient epilogue: one call over its valid rows, the
     loss and gradients as the two-pass route's, the reference log-probs equal to the reference's own."""
     x, w, b, target, ref = dpo.make_inputs(n=3)
     with_route = fused_linear_dpo_outputs(x, w, b, target, ref)
-    assert [tuple(shape) for shape in NO_GRAD_CALLS] == [(6 * 7, 24)]  # the reference's 2n·T rows, H_ref = 24, at once
+    valid = int((target != -100).sum())  # the reference's valid rows of its 2n·T (skip_ignored), H_ref = 24, at once
+    assert 0 < valid < 6 * 7 and [tuple(shape) for shape in NO_GRAD_CALLS] == [(valid, 24)]
     _library_route()
     without = fused_linear_dpo_outputs(x, w, b, target, ref)
     for a, b_ in zip(with_route, without):
