@@ -747,10 +747,10 @@ def masked_share(rows: pd.DataFrame) -> pd.Series:
 
 def step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib", share: float = 0.0) -> pd.DataFrame:
     """Per GPU (its newest run of each model, :func:`newest_runs_per_gpu`), model, checkpointing and tokens per
-    step that ``provider`` measured (the rows with ``share`` of their labels masked, :func:`masked_share`): its median step time (``kernels_lib ms``), that time over each peer's at the
-    same size (``× <peer>``, NaN where the peer did not measure it: out of memory, skipped or not run), the
-    fastest peer there and the time over its (``× fastest peer``), its peak memory (``kernels_lib GiB``), the
-    leanest peer there and the peak over its (``memory × leanest``). Every ratio is taken inside one run on one
+    step that ``provider`` measured (the rows with ``share`` of their labels masked, :func:`masked_share`): its
+    median step time (``kernels_lib ms``), that time over each peer's at the same size (``× <peer>``, NaN where
+    the peer did not measure it: out of memory, skipped or not run), the fastest peer there and the time over its
+    (``× fastest peer``), its peak memory (``kernels_lib GiB``), the leanest peer there and the peak over its (``memory × leanest``). Every ratio is taken inside one run on one
     GPU. Columns ``gpu_name``, ``run_id``, ``model``, ``checkpointing``, ``tokens`` first; empty without CUDA rows."""
     out, peers_seen = [], []
     for gpu, latest in newest_runs_per_gpu(rows).items():
@@ -790,18 +790,16 @@ def masked_step_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") ->
     frames = [step_comparison(rows, provider, s).assign(**{"masked share": s}) for s in shares]
     if not any(len(f) for f in frames):
         return pd.DataFrame(columns=keys + ["masked share"])
-    table = pd.concat(frames, ignore_index=True)
-    for gpu, latest in newest_runs_per_gpu(rows).items():
-        ok = measured(latest).assign(share=lambda r: masked_share(r))
-        medians = ok.groupby(["model", "checkpointing", "tokens", "provider", "share"]).step_ms_50.median()
-        for name in ok.provider.unique():
-            column = f"{name} masked / unmasked"
-            for i in table.index[table.gpu_name == gpu]:
-                point = tuple(table.loc[i, keys[1:]]) + (name,)
-                masked, unmasked = medians.get(point + (table.at[i, "masked share"],)), medians.get(point + (0.0,))
-                table.loc[i, column] = masked / unmasked if masked is not None and unmasked is not None else math.nan
+    table = pd.concat(frames, ignore_index=True).drop(columns="run_id")
+    # each provider's median step per point and share, over its own unmasked one, in the newest run of each GPU
+    newest = pd.concat([measured(latest).assign(gpu_name=gpu) for gpu, latest in newest_runs_per_gpu(rows).items()])
+    medians = newest.assign(share=masked_share(newest)).groupby(keys + ["provider", "share"]).step_ms_50.median().unstack("share")
+    ratios = medians.drop(columns=0.0, errors="ignore").div(medians.get(0.0, math.nan), axis=0)
+    ratios = ratios.rename_axis(columns="masked share").stack().unstack("provider")
+    ratios = ratios.rename(columns=lambda name: f"{name} masked / unmasked").reset_index()
+    table = table.merge(ratios, on=keys + ["masked share"], how="left")
     first = keys + ["masked share"]
-    return table[first + [c for c in table.columns if c not in first and c != "run_id"]]
+    return table[first + [c for c in table.columns if c not in first]]
 
 
 def largest_comparison(rows: pd.DataFrame, provider: str = "kernels_lib") -> pd.DataFrame:
