@@ -224,21 +224,26 @@ def pytest_command(pytest_args: list[str], junit: Path, workers: int) -> list[st
     arguments (``-k``, ``-x``, ...) are passed on. Without the replacement a named file would run beside
     the whole suite, not instead of it."""
     named = _named_tests(pytest_args)
-    command = [sys.executable, "-m", "pytest", *([] if named else [str(ROOT / "tests")]), "-m", MARKERS, "-q", "-rfE",
-               "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    # -v: each test's outcome on its own line as it ends, so that a run cut short (a lent machine's call limit)
+    # still names what failed before the cut; -rfE repeats the failures at the end.
+    command = [sys.executable, "-m", "pytest", *([] if named else [str(ROOT / "tests")]), "-m", MARKERS, "-v", "-rfE",
+               "--tb=short", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     if workers > 0 and importlib.util.find_spec("xdist") is not None:
         command += ["-n", str(workers), "--dist", "loadgroup"]
     return command + list(pytest_args)
 
 
 def _run_phase(command: list[str], env: dict, log: Path) -> int:
-    """Run one phase's pytest, its output to the terminal and to ``log``; its exit code."""
+    """Run one phase's pytest, its output to the terminal and to ``log`` line by line (flushed: a run killed at a
+    time limit leaves its log); its exit code."""
     print(f"gpu_tests: {shlex.join(command)}", flush=True)
     with log.open("w") as handle:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in process.stdout:
             handle.write(line)
+            handle.flush()
             sys.stdout.write(line)
+            sys.stdout.flush()
         return process.wait()
 
 

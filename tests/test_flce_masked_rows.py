@@ -58,7 +58,7 @@ def subset_reference(x, w, b, target, reduction, options):
         denominator = normalizer(target, class_weight, options)
         loss = loss / denominator
     elif reduction == "none":
-        loss = torch.zeros(target.numel(), dtype=loss.dtype).index_put((valid.nonzero().squeeze(1),), loss)
+        loss = loss.new_zeros(target.numel()).index_put((valid.nonzero().squeeze(1),), loss)
         loss = loss.reshape(target.shape)
     return loss, ref_leaves
 

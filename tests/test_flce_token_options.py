@@ -65,11 +65,10 @@ def check(seed, *, lead=(N,), masked=0.3, dtype=torch.float32, tol=TOL, **option
         options["token_weight"] = weight.to(DEVICE)
     leaves = [t.to(DEVICE, dtype).requires_grad_() for t in (x, w, b)]
     loss = fused_linear_cross_entropy(*leaves[:2], target.to(DEVICE), leaves[2], chunk_size=16, **options)
-    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    ref = reference(*ref_leaves, target, **{k: (val.cpu() if isinstance(val, torch.Tensor) else val)
-                                             for k, val in options.items()})
-    upstream = torch.rand(loss.shape, generator=torch.Generator().manual_seed(seed)) + 0.5
-    got = torch.autograd.grad(loss, leaves, upstream.to(DEVICE))
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]  # on the kernel's device, as its inputs
+    ref = reference(*ref_leaves, target.to(DEVICE), **options)
+    upstream = (torch.rand(loss.shape, generator=torch.Generator().manual_seed(seed)) + 0.5).to(DEVICE)
+    got = torch.autograd.grad(loss, leaves, upstream)
     want = torch.autograd.grad(ref, ref_leaves, upstream.double())
     errors = {"loss": rel_err(loss, ref), **{n: rel_err(g, r) for n, g, r in zip(("dx", "dW", "db"), got, want)}}
     assert all(e < tol for e in errors.values()), errors
@@ -155,7 +154,8 @@ def test_lse_output_and_its_gradient(reduction, option_set, skip_ignored):
     options = dict(OPTION_SETS[option_set], reduction=reduction)
     x, w, b, target, _ = inputs(zlib.crc32(f"lse{reduction}{option_set}".encode()) % 1000)
     leaves = [t.to(DEVICE).requires_grad_() for t in (x, w, b)]
-    out = fused_linear_cross_entropy(*leaves[:2], target.to(DEVICE), leaves[2], chunk_size=16, return_lse=True,
+    target = target.to(DEVICE)  # the float64 reference runs beside the kernel, on its device
+    out = fused_linear_cross_entropy(*leaves[:2], target, leaves[2], chunk_size=16, return_lse=True,
                                      return_predicted=True, skip_ignored=skip_ignored, **options)
     assert out.entropy is None and out.lse.shape == target.shape and out.lse.dtype == torch.float32
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -165,19 +165,18 @@ def test_lse_output_and_its_gradient(reduction, option_set, skip_ignored):
     z = z / options.get("temperature", 1.0)
     valid = target != -100
     ref_lse = torch.where(valid, torch.logsumexp(z, -1), 0.0)
-    assert torch.equal(out.predicted.cpu(), torch.where(valid, z.argmax(-1), -100))
+    assert torch.equal(out.predicted, torch.where(valid, z.argmax(-1), -100))
     ref_loss = reference(*ref_leaves, target, **options)
-    g_lse = torch.randn(target.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    upstream = torch.rand(out.loss.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5
-    total = (out.loss * upstream.to(DEVICE, torch.float32)).sum() + (out.lse * g_lse.to(DEVICE, torch.float32)).sum()
+    g_lse = torch.randn(target.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(DEVICE)
+    upstream = (torch.rand(out.loss.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5).to(DEVICE)
+    total = (out.loss * upstream.float()).sum() + (out.lse * g_lse.float()).sum()
     ref_total = (ref_loss * upstream).sum() + (ref_lse * g_lse).sum()
     assert rel_err(out.lse, ref_lse) < TOL
     got = torch.autograd.grad(total, leaves)
     want = torch.autograd.grad(ref_total, ref_leaves, retain_graph=True)
     assert all(rel_err(a, c) < TOL for a, c in zip(got, want)), [rel_err(a, c) for a, c in zip(got, want)]
-    alone = fused_linear_cross_entropy(*leaves[:2], target.to(DEVICE), leaves[2], chunk_size=16, return_lse=True,
-                                       **options)
-    got = torch.autograd.grad((alone.lse * g_lse.to(DEVICE, torch.float32)).sum(), leaves)
+    alone = fused_linear_cross_entropy(*leaves[:2], target, leaves[2], chunk_size=16, return_lse=True, **options)
+    got = torch.autograd.grad((alone.lse * g_lse.float()).sum(), leaves)
     want = torch.autograd.grad((ref_lse * g_lse).sum(), ref_leaves)
     assert all(rel_err(a, c) < TOL for a, c in zip(got, want)), "the lse's gradient alone"
 

@@ -4,7 +4,7 @@ For each class of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (one row per ``model_typ
 (:func:`kernels_lib.hf.forward_pattern`; a departure is *refused*, naming the class and the reason); a tiny random
 configuration is built (:func:`tiny_config`: hidden 32, 2 layers, vocabulary 128, 4 experts, the logit transforms
 switched on with values that matter); and the patched model's loss and every parameter's gradient are compared
-with the unpatched model's own, in float32 on the CPU, the head's weights scaled so that the logits spread over
+with the unpatched model's own, in float32 (on the CPU for ``kernel="torch"``, on the kernels' device for the kernel), the head's weights scaled so that the logits spread over
 about ±20 (a missed softcap of 10 or a logit scale of 4 is then off by far more than the tolerance).
 ``kernel="torch"`` runs the patched forward with :func:`torch_linear_cross_entropy` in place of the kernel: the same
 function of the same arguments in plain torch, so that the walk over some 200 classes checks what is per class (the
@@ -207,14 +207,15 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _build_and_run(cls, config):
-    """The model of ``config`` (its head scaled so that the logits spread), its inputs, its own loss and gradients."""
+def _build_and_run(cls, config, device="cpu"):
+    """The model of ``config`` on ``device`` (its head scaled so that the logits spread), its inputs, its own loss
+    and gradients."""
     with torch.device("meta"):
         size = sum(p.numel() for p in cls(config).parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"the tiny configuration still has {size / 1e6:.0f}M parameters (a part SMALL does not shrink)")
     torch.manual_seed(0)
-    model = cls(config).float().eval()
+    model = cls(config).float().to(device).eval()
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
     if isinstance(weight, torch.Tensor):
@@ -227,7 +228,8 @@ def _build_and_run(cls, config):
     # they are) with tied embeddings would otherwise predict its own inputs, and a loss of 0 checks nothing
     labels = torch.randint(3, min(vocab, SMALL["vocab_size"]), (BATCH, SEQUENCE), generator=generator)
     labels[0, :3] = -100
-    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    inputs = {name: t.to(device) for name, t in
+              {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}.items()}
     ref_loss, ref_grads = _loss_and_grads(model, inputs)
     if not torch.isfinite(ref_loss):
         raise ValueError(f"the unpatched loss is {ref_loss.item()}")
@@ -236,13 +238,15 @@ def _build_and_run(cls, config):
 
 def check(model_type: str, class_name: str, kernel: str = "kernels_lib") -> Row:
     """One class: refused (by its forward's pattern or at :func:`patch`), could not build, or compared; ``kernel``:
-    ``"kernels_lib"`` (the fused kernel) or ``"torch"`` (:func:`torch_linear_cross_entropy`, :func:`counted_kernel`)."""
+    ``"kernels_lib"`` (the fused kernel, on :func:`kernels_lib.default_device`: a GPU where there is one) or
+    ``"torch"`` (:func:`torch_linear_cross_entropy`, :func:`counted_kernel`, on the CPU)."""
     if kernel not in ("kernels_lib", "torch"):
         raise ValueError(f"kernel must be 'kernels_lib' or 'torch'; got {kernel!r}")
     import transformers
 
-    from kernels_lib import hf
+    from kernels_lib import default_device, hf
 
+    device = default_device() if kernel == "kernels_lib" else "cpu"
     start = time.perf_counter()
     row = Row(model_type, class_name, "refused")
     try:
@@ -258,7 +262,7 @@ def check(model_type: str, class_name: str, kernel: str = "kernels_lib") -> Row:
     failures = []
     for make in tiny_configs(model_type, cls):
         try:
-            model, inputs, ref_loss, ref_grads = _build_and_run(cls, make())
+            model, inputs, ref_loss, ref_grads = _build_and_run(cls, make(), device)
             break
         except Exception as error:  # noqa: BLE001 - each class's failure to build is a row with its reason
             failures.append(error)
