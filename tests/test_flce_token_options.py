@@ -138,6 +138,16 @@ def test_bad_options_name_the_argument(name, value, error, fragment):
         fused_linear_cross_entropy(x.to(DEVICE), w.to(DEVICE), target.to(DEVICE), b.to(DEVICE), **{name: value})
 
 
+@pytest.mark.parametrize("bad", [V, -5])
+def test_a_target_out_of_range_is_named_with_token_scaling(bad):
+    """The target's probability is read before the call's range check: a bad target must still meet that check
+    (its message), not an indexing error of the read (on CUDA a device-side assert that ends the context)."""
+    x, w, b, target, _ = (t.to(DEVICE) for t in inputs(15))
+    target[2] = bad
+    with pytest.raises(ValueError, match=rf"target holds 1 value\(s\) outside \[0, {V}\).*\(e\.g\. {bad}\)"):
+        fused_linear_cross_entropy(x, w, target, b, token_scaling=True, chunk_size=16)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on NaN, in the interpreter
 def test_nan_weight_gives_nan():
     x, w, b, target, weight = (t.to(DEVICE) for t in inputs(12, masked=0.0))

@@ -97,7 +97,7 @@ def test_committed_run_keeps_the_newest_run_of_each_gpu(tmp_path, monkeypatch):
 def test_row_options_check_covers_every_option_and_reduction():
     """Notebook 01's table of row options: every option set × reduction within 1e-5 of float64, the
     predicted classes the argmax."""
-    table = fce.row_options_check(seed=1)
+    table = fce.row_options_check(seed=1, device=default_device())  # the kernels' device, as notebook 01
     assert len(table) == 3 * len(fce.ROW_OPTIONS) and set(table.reduction) == {"none", "sum", "mean"}
     assert (table.filter(like=" err") < 1e-5).all().all()
     assert table["predicted = argmax"].dropna().all() and table["predicted = argmax"].notna().any()

@@ -39,9 +39,12 @@ def _max_weight(class_weight: torch.Tensor | None):
 
 def _target_probability(logits, target, lse, ignore_index: int, softcap: float | None) -> torch.Tensor:
     """Each row's ``p_y = exp(c_y - lse)`` from the chunk's logits (before pass 2 overwrites
-    them): the target's column gathered (``rows`` elements), capped as the kernel caps it; 0 at ignored rows."""
+    them): the target's column gathered (``rows`` elements), capped as the kernel caps it; 0 at ignored rows.
+    A target outside ``[0, V)`` reads column 0 here (on CUDA an out-of-range gather is a device-side assert that
+    ends the context): the call's deferred range check names it when the call ends."""
     valid = target != ignore_index
-    z_y = logits.gather(1, torch.where(valid, target, 0).long().unsqueeze(1)).squeeze(1).float()
+    column = torch.where(valid & (target >= 0) & (target < logits.shape[1]), target, 0)
+    z_y = logits.gather(1, column.long().unsqueeze(1)).squeeze(1).float()
     c_y = z_y if softcap is None else softcap * torch.tanh(z_y / softcap)
     return torch.where(valid, torch.exp(c_y - lse), 0.0)
 
