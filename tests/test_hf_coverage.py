@@ -21,6 +21,10 @@ import transformers
 from kernels_lib import default_device, fused_linear_cross_entropy, hf
 from kernels_workbench import hf_coverage
 
+#: One worker takes the module under ``--dist loadgroup`` (the GPU target): a machine whose Transformers or torch
+#: differs from the cache's walks every class once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hf_coverage_walk")
+
 
 @pytest.fixture(scope="module")
 def rows():
