@@ -231,8 +231,7 @@ def _drive_sweep_panel(page, cpu: bool) -> dict:
     page.wait_for_selector(f"{PANEL} .js-plotly-plot .main-svg", timeout=60_000)
     # the svg is drawn before the widget's layout (title, notes) reaches it: wait for its notes, then read
     plot = page.locator(f"{PANEL} .js-plotly-plot").element_handle()
-    # (on a loaded 2-core machine the widget's first layout has taken over 30 s to arrive)
-    page.wait_for_function("plot => ((plot.layout || {}).annotations || []).length > 0", arg=plot, timeout=120_000)
+    page.wait_for_function("plot => ((plot.layout || {}).annotations || []).length > 0", arg=plot, timeout=30_000)
     before = _panel_chart(page)
     liger = page.locator(f"{PANEL} .widget-checkbox:has-text('liger') input")
     liger_label = page.locator(f"{PANEL} .widget-checkbox:has-text('liger')").text_content()
