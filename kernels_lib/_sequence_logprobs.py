@@ -152,6 +152,22 @@ def row_plan(target: torch.Tensor, ignore_index: int, seq_len: int, rows_per_chu
     return RowPlan(index, index // seq_len, tuple(chunks))
 
 
+def kept_rows(plan: RowPlan | None, x, target, target2, token_logps, token_entropy, seq_len: int, rows_per_chunk: int):
+    """The rows the chunks run on and the chunks: with a ``plan``, the kept rows of ``x`` and the targets gathered
+    (the per-token outputs as buffers of the kept length, scattered back afterwards) and the plan's chunks; without
+    one, everything as given in chunks of ``rows_per_chunk`` rows. Returns ``(x, target, target2, token_logps,
+    token_entropy, chunks)``, each chunk ``(rows, seqs)``."""
+    if plan is None:
+        n_rows = x.shape[0]
+        chunks = [(rows, slice(rows.start // seq_len, rows.stop // seq_len))
+                  for rows in chunk_slices(n_rows, min(rows_per_chunk, n_rows))]
+        return x, target, target2, token_logps, token_entropy, chunks
+    index = plan.index
+    kept_logps, kept_entropy = (None if t is None else t.new_empty(index.shape[0]) for t in (token_logps, token_entropy))
+    return (x.index_select(0, index), target.index_select(0, index),
+            None if target2 is None else target2.index_select(0, index), kept_logps, kept_entropy, list(plan.chunks))
+
+
 def chunk_buffers(x, weight, bias, n_seqs: int, rows_per_chunk: int, target2, needs, accurate: bool,
                   compute_dtype: torch.dtype, logit_scale: float):
     """What :func:`sequence_logprobs` fills chunk by chunk: the operands, each chunk's ``lse`` and log-probs
@@ -298,16 +314,8 @@ def sequence_logprobs(
     with torch.autocast(x.device.type, enabled=False):  # the dtypes are chosen: compute_dtype
         col_offset = 0 if shard is None else shard.offset
         plan = row_plan(target, ignore_index, seq_len, rows_per_chunk, group_seqs, skip_ignored, target2)
-        if plan is None:
-            kept_x, kept_target, kept_target2, kept_logps, kept_entropy = x, target, target2, token_logps, token_entropy
-            chunk_list = [(rows, slice(rows.start // seq_len, rows.stop // seq_len))
-                          for rows in chunk_slices(n_rows, min(rows_per_chunk, n_rows))]
-        else:
-            kept_x, kept_target = x.index_select(0, plan.index), target.index_select(0, plan.index)
-            kept_target2 = None if target2 is None else target2.index_select(0, plan.index)
-            kept_logps, kept_entropy = (None if t is None else t.new_empty(plan.index.shape[0])
-                                        for t in (token_logps, token_entropy))
-            chunk_list = list(plan.chunks)
+        kept_x, kept_target, kept_target2, kept_logps, kept_entropy, chunk_list = kept_rows(
+            plan, x, target, target2, token_logps, token_entropy, seq_len, rows_per_chunk)
         ops, lse, logp, logp2, sums, sums2, grads = chunk_buffers(
             kept_x, weight, bias, n_seqs, max(r.stop - r.start for r, _ in chunk_list), kept_target2, needs, accurate,
             compute_dtype, logit_scale,

@@ -32,9 +32,8 @@ from kernels_lib._autocast import compute_dtype_for
 from kernels_lib.chunks.epilogue import epilogue_loss, logits_with_loss
 from kernels_lib.chunks.matmuls import logits_chunk
 from kernels_lib._sequence_logprobs import (Coefficients, TokenCoefficients, chunk_buffers, chunk_weights,
-                                            keep_chunk_logprobs, row_plan, scatter_kept, sequence_sums,
+                                            keep_chunk_logprobs, kept_rows, row_plan, scatter_kept, sequence_sums,
                                             two_pass_gradient)
-from kernels_lib.chunks.operands import chunk_slices
 from kernels_lib._vocab_parallel import VocabShard
 from kernels_lib.kernels.token_logprobs import launch_token_logprobs
 
@@ -136,16 +135,8 @@ def sequence_logprobs(
         route = _route_applies(target2, token_entropy, shard)
         epilogue_opts = _IgnoreIndex(ignore_index, logit_scale)
         plan = row_plan(target, ignore_index, seq_len, rows_per_chunk, group_seqs, skip_ignored, target2)
-        if plan is None:
-            kept_x, kept_target, kept_target2, kept_logps, kept_entropy = x, target, target2, token_logps, token_entropy
-            chunk_list = [(rows, slice(rows.start // seq_len, rows.stop // seq_len))
-                          for rows in chunk_slices(n_rows, min(rows_per_chunk, n_rows))]
-        else:
-            kept_x, kept_target = x.index_select(0, plan.index), target.index_select(0, plan.index)
-            kept_target2 = None if target2 is None else target2.index_select(0, plan.index)
-            kept_logps, kept_entropy = (None if t is None else t.new_empty(plan.index.shape[0])
-                                        for t in (token_logps, token_entropy))
-            chunk_list = list(plan.chunks)
+        kept_x, kept_target, kept_target2, kept_logps, kept_entropy, chunk_list = kept_rows(
+            plan, x, target, target2, token_logps, token_entropy, seq_len, rows_per_chunk)
         if route and TAKE_NO_GRAD and not any(needs) and FLCE._no_grad_epilogue_runs():  # no chunks, buffer or stats pass
             every_logp = -epilogue_loss(kept_x, weight, bias, kept_target, epilogue_opts, compute_dtype)
             if token_logps is not None and plan is None:
